@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from service import table_cli
 from service.settings import Settings
 
 
@@ -35,6 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     for key, value in overrides.items():
         os.environ[f"POSENC_{key.upper()}"] = str(value)
+    from service.logs import log_config
+
     uvicorn.run(
         "service.app:app_from_env",
         factory=True,
@@ -42,6 +45,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=settings.workers,
         log_level=settings.log_level,
+        log_config=log_config(settings),
+        access_log=False,  # the service writes its own access log (POSENC_ACCESS_LOG, POSENC_LOG_FORMAT)
     )
     return 0
 
@@ -55,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="worker processes (POSENC_WORKERS, default 1)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="POSENC_LOG_LEVEL")
     serve.set_defaults(handler=_serve)
+    table_cli.add_parser(commands)
     return parser
 
 
