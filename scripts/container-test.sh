@@ -95,7 +95,7 @@ step_image_facts() {
   local user
   user=$("$ENGINE" image inspect --format '{{.Config.User}}' "$IMAGE")
   [ -n "$user" ] && [ "$user" != root ] && [ "$user" != 0 ] || fail "image runs as root (User=$user)"
-  timeout 60 "$ENGINE" run --rm "${RUN_ARGS[@]}" --network none "$IMAGE" python3 -c '
+  timeout 60 "$ENGINE" run --rm --no-healthcheck --network none "$IMAGE" python3 -c '
 import importlib.metadata as md, importlib.util as iu, os, shutil, sys
 problems = []
 if os.getuid() == 0: problems.append("runs as uid 0")
@@ -119,7 +119,9 @@ step_serve() {
     fail "not ready"; show_logs main; return
   fi
   local model_args=() model
-  model=$(find "$REPO/onnx" -mindepth 2 -maxdepth 2 -name config.json 2>/dev/null | sort | head -n 1 || true)
+  # The shipped rope_attention model if present, else the first one.
+  model=$(find "$REPO/onnx" -mindepth 2 -maxdepth 2 -name config.json 2>/dev/null \
+            | awk '/\/rope_attention\/config.json$/ { print "0 " $0; next } { print "1 " $0 }' | sort | head -n 1 | cut -d' ' -f2- || true)
   if [ -n "$model" ]; then
     model_args=(--model "$(basename "$(dirname "$model")")" --model-config "$model")
     log "serve: inference check with model ${model_args[1]}"
@@ -128,7 +130,7 @@ step_serve() {
   fi
   "${CHECK[@]}" check "http://127.0.0.1:$port" "${model_args[@]}" || { fail "HTTP checks"; show_logs main; }
   healthy main || fail "HEALTHCHECK does not report healthy"
-  timeout 30 "$ENGINE" stop -t 10 "$PREFIX-main" >/dev/null || fail "stop"
+  timeout 30 "$ENGINE" stop -t 10 "$PREFIX-main" >/dev/null 2>&1 || fail "stop"
 }
 
 # step_unready NAME DIR: the service must stay up and answer 503 on /readyz.
@@ -143,20 +145,20 @@ step_unready() {
   "${CHECK[@]}" expect-unready "http://127.0.0.1:$port" --timeout 60 || rc=$?
   if [ "$rc" = 3 ]; then
     log "unready: SKIPPED ($name): this build has no inference routes (/v2), so no models to be unready about"
-    timeout 30 "$ENGINE" stop -t 10 "$PREFIX-$name" >/dev/null || true
+    timeout 30 "$ENGINE" stop -t 10 "$PREFIX-$name" >/dev/null 2>&1 || true
     return
   fi
   [ "$rc" = 0 ] || fail "$name: not up-but-unready"
   sleep 2
   running "$name" || { fail "$name: container exited"; show_logs "$name"; return; }
   if healthy "$name"; then fail "$name: HEALTHCHECK says healthy with a $name repository"; fi
-  timeout 30 "$ENGINE" stop -t 10 "$PREFIX-$name" >/dev/null || true
+  timeout 30 "$ENGINE" stop -t 10 "$PREFIX-$name" >/dev/null 2>&1 || true
 }
 
 step_bad_setting() {
   log "bad setting: POSENC_MAX_TABLE_BYTES=lots must stop start-up, naming the variable"
   local rc=0
-  timeout 60 "$ENGINE" run "${RUN_ARGS[@]}" --name "$PREFIX-badenv" --network host -e POSENC_MAX_TABLE_BYTES=lots "$IMAGE" \
+  timeout 60 "$ENGINE" run --no-healthcheck --name "$PREFIX-badenv" --network host -e POSENC_MAX_TABLE_BYTES=lots "$IMAGE" \
     >"$WORK/badenv.log" 2>&1 || rc=$?
   sed 's/^/    /' "$WORK/badenv.log" | head -n 5
   [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || fail "bad setting: exit status $rc (expected non-zero, no hang)"

@@ -174,12 +174,14 @@ def check_infer(url: str, model: str, causal: bool) -> None:
            f"infer: output {out['shape']} has {len(values)} values or non-finite ones")
     if causal:
         value_header, value_bytes = next((h, d) for h, d in inputs if h["name"] == "value")
-        _, heads, seq, dim = value_header["shape"]
+        _, kv_heads, seq, dim = value_header["shape"]
+        heads = out["shape"][1]
         v = floats32(value_bytes)
         for h in range(heads):
-            start = h * seq * dim  # [1, H, S, D]: head h, position 0
-            diff = max(abs(a - b) for a, b in zip(values[start:start + dim], v[start:start + dim], strict=True))
-            expect(diff < 1e-5, f"infer: head {h} position 0 differs from value[0] by {diff}")
+            kv = h // (heads // kv_heads)  # grouped-query attention: query head h reads kv head h // group
+            got, want = values[h * seq * dim:][:dim], v[kv * seq * dim:][:dim]  # [1, H, S, D]: position 0
+            diff = max(abs(a - b) for a, b in zip(got, want, strict=True))
+            expect(diff < 1e-5, f"infer: head {h} position 0 differs from value[kv head {kv}, 0] by {diff}")
 
 
 def main() -> int:
