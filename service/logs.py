@@ -51,4 +51,6 @@ def log_config(settings: Settings) -> dict[str, Any]:
         "loggers": {"posenc": logger, "uvicorn": logger, "uvicorn.error": {"level": level},
                     # Requests are logged once, by the service's own access log (it knows the route).
                     "uvicorn.access": {"handlers": [], "propagate": False}},
+        # Libraries' own loggers (onnxruntime's Python side, asyncio, ...) in the same format.
+        "root": {"handlers": ["default"], "level": "WARNING"},
     }

@@ -117,6 +117,7 @@ def test_access_log_can_be_switched_off(caplog: pytest.LogCaptureFixture) -> Non
 @pytest.mark.parametrize("fmt", ["text", "json"])
 def test_log_config_is_valid(fmt: str) -> None:
     config = log_config(Settings(log_format=fmt))  # type: ignore[arg-type]
+    root_handlers, root_level = list(logging.getLogger().handlers), logging.getLogger().level
     try:
         logging.config.dictConfig(config)  # raises on a malformed document
         assert isinstance(logging.getLogger("posenc").handlers[0].formatter, JsonFormatter) == (fmt == "json")
@@ -127,6 +128,8 @@ def test_log_config_is_valid(fmt: str) -> None:
             logger.handlers.clear()
             logger.propagate = True
             logger.setLevel(logging.NOTSET)
+        logging.getLogger().handlers[:] = root_handlers
+        logging.getLogger().setLevel(root_level)
     formatter = config["formatters"]["default"]
     assert ("()" in formatter) == (fmt == "json")
     assert config["loggers"]["uvicorn.access"]["handlers"] == []
