@@ -5,7 +5,7 @@ onnxruntime distribution for the one chosen at build time, keeping its version b
 
     python3 scripts/runtime_requirements.py pyproject.toml onnxruntime-gpu > requirements.txt
 
-Exactly one of `onnxruntime` / `onnxruntime-gpu` ends up in the list (both would fight over the same
+Exactly one of `onnxruntime` / `onnxruntime-gpu` (extras allowed) ends up in the list (both would fight over the same
 `onnxruntime` import package).
 """
 
@@ -24,8 +24,14 @@ def normalized(requirement: str) -> str:
 
 
 def runtime_requirements(pyproject: str, runtime: str) -> list[str]:
-    if runtime not in RUNTIMES:
-        raise SystemExit(f"ONNXRUNTIME must be one of {', '.join(RUNTIMES)} (got {runtime!r})")
+    """pyproject's dependencies with the onnxruntime entry swapped for `runtime`.
+
+    `runtime` is `onnxruntime` or `onnxruntime-gpu`, optionally with extras
+    (`onnxruntime-gpu[cuda,cudnn]` also installs NVIDIA's CUDA and cuDNN wheels).
+    """
+    if normalized(runtime) not in RUNTIMES or not re.fullmatch(r"[A-Za-z0-9._-]+(\[[A-Za-z0-9_,-]+\])?", runtime):
+        raise SystemExit(f"ONNXRUNTIME must be one of {', '.join(RUNTIMES)}, optionally with extras "
+                         f"such as onnxruntime-gpu[cuda,cudnn] (got {runtime!r})")
     with open(pyproject, "rb") as fh:
         deps: list[str] = tomllib.load(fh)["project"]["dependencies"]
     out = []
@@ -36,7 +42,7 @@ def runtime_requirements(pyproject: str, runtime: str) -> list[str]:
             out.append(runtime + dep[match.end():])
         else:
             out.append(dep)
-    if not any(normalized(d) == runtime for d in out):
+    if not any(normalized(d) == normalized(runtime) for d in out):
         out.append(runtime)
     return out
 
