@@ -84,7 +84,7 @@ def _pow32(base: float | np.ndarray, exponent: float | np.ndarray) -> np.ndarray
 
 
 def _rdiv32(numerator: float, x: np.ndarray) -> np.ndarray:
-    """`numerator / x` for a python scalar and a float32 tensor: torch computes `x.reciprocal() * numerator`."""
+    """`numerator / x` for a python scalar and a float32 tensor: torch's `x.reciprocal() * numerator`."""
     return (F32(1.0) / x) * F32(numerator)
 
 
@@ -97,7 +97,7 @@ def _base_inv_freq(theta: float, stop: int, denominator: int) -> np.ndarray:
 
 
 def _field(p: RopeParameters, name: str) -> Any:
-    """A field the formula of p.rope_type needs (set by `make_rope_parameters`; checked for hand-built ones)."""
+    """A field the formula of p.rope_type reads (always set by `make_rope_parameters`)."""
     value = getattr(p, name)
     if value is None:
         raise ParameterError(name, f"is required for rope_type {p.rope_type!r}")
@@ -134,7 +134,7 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
 
 
 def yarn_attention_factor(p: RopeParameters) -> float:
-    """`attention_factor`, else mscale ratio when mscale and mscale_all_dim are both truthy, else 0.1 ln(s) + 1."""
+    """`attention_factor`, else the mscale ratio (mscale and mscale_all_dim truthy), else 0.1 ln(s) + 1."""
     factor = _field(p, "factor")
     if p.attention_factor is not None:
         return p.attention_factor
@@ -216,7 +216,9 @@ def _proportional(p: RopeParameters) -> np.ndarray:
     return np.concatenate([rotated, zeros]) / F32(_field(p, "factor"))  # [head_dim/2]
 
 
-def inv_freq_and_attention_factor(params: RopeParameters, seq_len: int | None = None) -> tuple[np.ndarray, float]:
+def inv_freq_and_attention_factor(
+    params: RopeParameters, seq_len: int | None = None
+) -> tuple[np.ndarray, float]:
     """Inverse frequencies (float32 [rotary_dim/2]; proportional [head_dim/2]) and attention factor.
 
     `seq_len` is the largest position + 1 of the batch; it matters for `dynamic` (rescaled base
@@ -240,7 +242,8 @@ def inv_freq_and_attention_factor(params: RopeParameters, seq_len: int | None = 
     elif p.rope_type == "proportional":
         inv_freq = _proportional(p)
     else:
-        raise ParameterError("rope_type", f"unknown rope_type {p.rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+        known = ", ".join(ROPE_TYPES)
+        raise ParameterError("rope_type", f"unknown rope_type {p.rope_type!r}; known: {known}")
     return inv_freq.astype(F32), float(attention_factor)
 
 

@@ -62,11 +62,12 @@ def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
     if config.get("head_dim"):
         return config["head_dim"]
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
-    if _positive_int(hidden) and _positive_int(heads):
+    if isinstance(hidden, int) and isinstance(heads, int) and _positive_int(hidden) and _positive_int(heads):
         return hidden // heads
     raise ParameterError(
         "head_dim",
-        "config.json has no head size: give head_dim, or hidden_size and num_attention_heads (positive integers)",
+        "config.json has no head size: give head_dim, or hidden_size and num_attention_heads "
+        "(positive integers)",
     )
 
 
@@ -124,7 +125,7 @@ def rope_parameters_from_config(
     if not isinstance(config, Mapping):
         raise ParameterError("config", "config.json must be a JSON object")
     section, cfg = _model_section(config)
-    source = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters" if cfg.get("rope_parameters") else "none"
+    source = next((key for key in ("rope_scaling", "rope_parameters") if cfg.get(key)), "none")
     rope = copy.deepcopy(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
     if not isinstance(rope, dict):
         raise ParameterError(source, "must be a JSON object")

@@ -40,7 +40,9 @@ _FIELDS_READ: dict[str, frozenset[str]] = {
     "longrope": frozenset(
         {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"}
     ),
-    "llama3": frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
+    "llama3": frozenset(
+        {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
+    ),
     "proportional": frozenset({"factor"}),
 }
 
@@ -204,10 +206,9 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     if max_pos is not None:
         max_pos = _integer("max_position_embeddings", max_pos)
     if "original_max_position_embeddings" in reads:
-        orig = v["original_max_position_embeddings"] if v["original_max_position_embeddings"] is not None \
-            else max_pos
-        orig = _integer("original_max_position_embeddings", _require(rope_type, "original_max_position_embeddings", orig))
-        out["original_max_position_embeddings"] = orig
+        name = "original_max_position_embeddings"
+        orig = v[name] if v[name] is not None else max_pos  # standardize_rope_params' setdefault
+        out[name] = _integer(name, _require(rope_type, name, orig))
     if "max_position_embeddings" in reads:
         out["max_position_embeddings"] = _require(rope_type, "max_position_embeddings", max_pos)
 
@@ -243,7 +244,8 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
                        minimum=0.0, strict=True)
         if low == high:
             raise ParameterError(
-                "high_freq_factor", f"must differ from low_freq_factor ({low!r}); the smoothing divides by their difference"
+                "high_freq_factor",
+                f"must differ from low_freq_factor ({low!r}); the smoothing divides by their difference",
             )
         out["low_freq_factor"], out["high_freq_factor"] = low, high
     if rope_type == "dynamic" and rot <= 2:
