@@ -56,9 +56,15 @@ def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
 
 
 def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
-    """`config.head_dim or hidden_size // num_attention_heads` (Gemma-4: `global_head_dim` on full layers)."""
+    """`config.head_dim or hidden_size // num_attention_heads`.
+
+    Model classes that override it: Gemma-4 (`global_head_dim` on full-attention layers) and
+    DeepSeek-V2/V3 (`qk_rope_head_dim`, only that part of the head is rotated).
+    """
     if layer_type == "full_attention" and config.get("global_head_dim"):
         return config["global_head_dim"]
+    if config.get("qk_rope_head_dim"):  # DeepSeek-V2/V3 MLA: DeepseekV3Config sets head_dim to it
+        return config["qk_rope_head_dim"]
     if config.get("head_dim"):
         return config["head_dim"]
     hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")

@@ -141,6 +141,32 @@ def _require(rope_type: str, name: str, value: Any) -> Any:
     return value
 
 
+def _check_required(rope_type: str, kwargs: dict[str, Any]) -> None:
+    """Name every missing field at once, as transformers' KeyError lists every missing key.
+
+    A missing original_max_position_embeddings falls back to max_position_embeddings, and yarn /
+    longrope derive a missing factor from max_position_embeddings / original (transformers 5.23).
+    """
+    has = {name for name, value in kwargs.items() if value is not None}
+    if "max_position_embeddings" in has:
+        has |= {"original_max_position_embeddings"} | ({"factor"} if rope_type in ("yarn", "longrope") else set())
+    required = {
+        "linear": ["factor"],
+        "dynamic": ["factor", "max_position_embeddings"],
+        "yarn": ["factor", "original_max_position_embeddings"],
+        "longrope": ["short_factor", "long_factor", "original_max_position_embeddings", "factor"],
+        "llama3": ["factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"],
+    }.get(rope_type, [])
+    missing = [name for name in required if name not in has]
+    if missing:
+        hint = {
+            "yarn": "; with max_position_embeddings, original defaults to it and factor to max / original",
+            "longrope": "; with max_position_embeddings, original defaults to it and factor to max / original",
+            "llama3": "; original_max_position_embeddings defaults to max_position_embeddings",
+        }.get(rope_type, "")
+        raise ParameterError(", ".join(missing), f"required for rope_type {rope_type!r}{hint}")
+
+
 def _resolve_dims(
     head_dim: Any, partial_rotary_factor: Any, rotary_dim: Any, rope_type: str
 ) -> tuple[int, int, float]:
@@ -193,6 +219,7 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     head, rot, prf = _resolve_dims(
         kwargs.get("head_dim"), kwargs.get("partial_rotary_factor"), kwargs.get("rotary_dim"), rope_type
     )
+    _check_required(rope_type, kwargs)
     theta_in = kwargs.get("rope_theta")
     theta = 10000.0 if theta_in is None else _number("rope_theta", theta_in, minimum=1.0, strict=True)
     reads = _FIELDS_READ[rope_type]
