@@ -145,7 +145,7 @@ def rope_parameters_from_config(
     if entry["rope_type"] in _SCALED_TYPES:
         if not nested and cfg.get("original_max_position_embeddings") is not None:
             entry["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
-        else:
+        elif max_pos is not None:
             entry.setdefault("original_max_position_embeddings", max_pos)
     rope_type = _check_required(entry)
 
