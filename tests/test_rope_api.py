@@ -187,6 +187,8 @@ def test_bad_parameters_are_422_naming_them(client: TestClient, query: str, para
     [
         (b"{not json", 400, None),
         (b"[1, 2]", 400, None),
+        (b"\xff\xfe", 400, None),
+        (b" " * (2**20 + 1), 413, None),
         (json.dumps({"rope_theta": 1e4, "max_position_embeddings": 8}).encode(), 422, "head_dim"),
         (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_scaling": {"type": "dynamic"}}).encode(),
          422, "factor"),

@@ -157,9 +157,13 @@ def rope(
 
 async def config_body(request: Request) -> dict[str, Any]:
     """The request body parsed as a JSON object (400 when it is not JSON, 413 when too large)."""
+    limit = min(MAX_CONFIG_BYTES, request.app.state.settings.max_request_bytes)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"config.json body is {declared} bytes; the limit is {limit}")
     body = await request.body()
-    if len(body) > MAX_CONFIG_BYTES:
-        raise PayloadTooLarge(f"config.json body is {len(body)} bytes; the limit is {MAX_CONFIG_BYTES}")
+    if len(body) > limit:
+        raise PayloadTooLarge(f"config.json body is {len(body)} bytes; the limit is {limit}")
     try:
         config = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
