@@ -94,7 +94,7 @@ class RopeParameters:
         out: dict[str, str] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None:
+            if value is None or (f.name == "truncate" and self.rope_type != "yarn"):
                 continue
             if isinstance(value, tuple):
                 out[f.name] = ",".join(repr(float(v)) for v in value)

@@ -338,3 +338,42 @@ def test_table_arguments_are_checked() -> None:
         with pytest.raises(ParameterError) as caught:
             rope_cos_sin(p, **kwargs)
         assert caught.value.parameter == parameter
+
+
+@pytest.mark.parametrize(
+    ("rope_parameters", "head_dim", "max_pos"),
+    [
+        ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096, "beta_fast": 0,
+          "beta_slow": 0}, 128, 16384),  # `or`: zero betas mean the defaults 32 / 1
+        ({"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 4096}, 128, 16384),
+        ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 4096, "attention_factor": 1.5,
+          "beta_fast": 16.0, "beta_slow": 2.0}, 96, 32768),
+        ({"rope_type": "longrope", "factor": 16.0, "attention_factor": 1.25, "original_max_position_embeddings": 2048,
+          "short_factor": [1.0] * 32, "long_factor": [4.0] * 32}, 64, 131072),
+        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+          "original_max_position_embeddings": 8192}, 128, 131072),  # reversed factors: no medium band
+        ({"rope_type": "proportional", "partial_rotary_factor": 1.0, "factor": 4.0}, 128, 8192),
+        ({"rope_type": "linear", "partial_rotary_factor": 0.5, "factor": 2.0}, 64, 8192),
+        ({"rope_type": "dynamic", "factor": 1.7, "partial_rotary_factor": 0.75}, 80, 3000),
+    ],
+)
+def test_edge_parameters_match_transformers(rope_parameters: dict[str, Any], head_dim: int, max_pos: int) -> None:
+    hf = llama_config({"rope_theta": 10000.0, **rope_parameters}, head_dim, max_pos)
+    ours = make_rope_parameters(head_dim=head_dim, max_position_embeddings=max_pos, **rope_parameters)
+    for seq_len in (None, max_pos // 2, max_pos + 1, 4 * max_pos):
+        ref, ref_factor = hf_init(hf, seq_len)
+        inv, factor = inv_freq_and_attention_factor(ours, seq_len)
+        assert_inv_freq_close(inv, ref)
+        assert factor == pytest.approx(ref_factor, rel=1e-15)
+    positions = np.arange(4 * max_pos - 16, 4 * max_pos)
+    ref_cos, _ = forward_cos_sin(rotary_module(hf), positions)
+    cos, _, info = rope_cos_sin(ours, 16, offset=4 * max_pos - 16)
+    tol = np.concatenate([cos_sin_tolerance(positions, info.inv_freq, info.attention_factor)] * 2, axis=1)
+    assert np.all(np.abs(cos - ref_cos) <= tol)
+
+
+def test_rope_theta_inside_the_dict_wins_over_top_level() -> None:
+    config = {"head_dim": 64, "rope_theta": 1e4, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}
+    assert rope_parameters_from_config(config)[0].rope_theta == 5e5
+    assert rope_parameters_from_config({"head_dim": 64, "rope_theta": 1e6})[0].rope_theta == 1e6
+    assert rope_parameters_from_config({"head_dim": 64})[0].rope_theta == 1e4
