@@ -199,6 +199,35 @@ def _resolve_dims(
     return head, rot, prf
 
 
+def _yarn_fields(v: dict[str, Any]) -> dict[str, Any]:
+    """beta_fast / beta_slow with transformers' `or` defaults, optional mscales, truncate (default true)."""
+    out: dict[str, Any] = {
+        "beta_fast": _number("beta_fast", v["beta_fast"]) if v["beta_fast"] else YARN_BETA_FAST_DEFAULT,
+        "beta_slow": _number("beta_slow", v["beta_slow"]) if v["beta_slow"] else YARN_BETA_SLOW_DEFAULT,
+    }
+    for name in ("mscale", "mscale_all_dim"):
+        if v[name] is not None:
+            out[name] = _number(name, v[name])
+    truncate = v["truncate"]
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ParameterError("truncate", f"must be true or false, got {truncate!r}")
+    out["truncate"] = True if truncate is None else truncate
+    return out
+
+
+def _llama3_fields(v: dict[str, Any]) -> dict[str, Any]:
+    """low/high frequency factors: positive and different (the smoothing divides by high - low)."""
+    low = _number("low_freq_factor", _require("llama3", "low_freq_factor", v["low_freq_factor"]),
+                  minimum=0.0, strict=True)
+    high = _number("high_freq_factor", _require("llama3", "high_freq_factor", v["high_freq_factor"]),
+                   minimum=0.0, strict=True)
+    if low == high:
+        raise ParameterError(
+            "high_freq_factor", f"must differ from low_freq_factor ({low!r}); the smoothing divides by their difference"
+        )
+    return {"low_freq_factor": low, "high_freq_factor": high}
+
+
 def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     """Validate and resolve RoPE parameters (API names, transformers 5.23 defaults).
 
@@ -252,29 +281,12 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     if v.get("attention_factor") is not None:
         out["attention_factor"] = _number("attention_factor", v["attention_factor"], minimum=0.0)
     if rope_type == "yarn":
-        out["beta_fast"] = _number("beta_fast", v["beta_fast"]) if v["beta_fast"] else YARN_BETA_FAST_DEFAULT
-        out["beta_slow"] = _number("beta_slow", v["beta_slow"]) if v["beta_slow"] else YARN_BETA_SLOW_DEFAULT
-        for name in ("mscale", "mscale_all_dim"):
-            if v[name] is not None:
-                out[name] = _number(name, v[name])
-        truncate = v["truncate"]
-        if truncate is not None and not isinstance(truncate, bool):
-            raise ParameterError("truncate", f"must be true or false, got {truncate!r}")
-        out["truncate"] = True if truncate is None else truncate
+        out.update(_yarn_fields(v))
     if rope_type == "longrope":
         for name in ("short_factor", "long_factor"):
             out[name] = _factors(name, _require(rope_type, name, v[name]), rot // 2)
     if rope_type == "llama3":
-        low = _number("low_freq_factor", _require(rope_type, "low_freq_factor", v["low_freq_factor"]),
-                      minimum=0.0, strict=True)
-        high = _number("high_freq_factor", _require(rope_type, "high_freq_factor", v["high_freq_factor"]),
-                       minimum=0.0, strict=True)
-        if low == high:
-            raise ParameterError(
-                "high_freq_factor",
-                f"must differ from low_freq_factor ({low!r}); the smoothing divides by their difference",
-            )
-        out["low_freq_factor"], out["high_freq_factor"] = low, high
+        out.update(_llama3_fields(v))
     if rope_type == "dynamic" and rot <= 2:
         raise ParameterError("rotary_dim", "dynamic RoPE needs rotary_dim > 2 (exponent d / (d - 2))")
     return RopeParameters(**out)
