@@ -43,9 +43,9 @@ FormQuery = Annotated[
 ]
 
 
-def _factor_list(name: str, text: str | None) -> tuple[float, ...] | None:
-    """Parse a comma-separated list of numbers (longrope short/long factors)."""
-    if text is None:
+def _factor_list(name: str, text: str) -> tuple[float, ...] | None:
+    """Parse a comma-separated list of numbers (longrope short/long factors); empty = not given."""
+    if not text:
         return None
     try:
         return tuple(float(item) for item in text.split(","))
@@ -92,63 +92,76 @@ def rope(
     head_dim: Annotated[int, Query(ge=2, le=MAX_DIM, description="Attention head size.")],
     offset: OffsetQuery = 0,
     partial_rotary_factor: Annotated[
-        float | None,
+        float,
         Query(gt=0, le=1, description="Fraction of head_dim that is rotated: rotary_dim = int(head_dim * factor) "
-                                      "(transformers truncation; an odd result is refused). Default 1.0. "
-                                      "Exclusive with rotary_dim."),
-    ] = None,
+                                      "(transformers truncation; an odd result is refused)."),
+    ] = 1.0,
     rotary_dim: Annotated[
-        int | None, Query(ge=2, le=MAX_DIM, description="Rotated channels (even, <= head_dim); exclusive with "
-                                                        "partial_rotary_factor.")
-    ] = None,
+        int, Query(ge=0, le=MAX_DIM, description="Rotated channels (even, <= head_dim), instead of "
+                                                 "partial_rotary_factor. 0: from partial_rotary_factor.")
+    ] = 0,
     rope_theta: Annotated[float, Query(gt=1, le=1e12, description="RoPE base.")] = 10000.0,
     rope_type: Annotated[RopeType, Query(description="Scaling variant, as transformers' rope_type.")] = "default",
     factor: Annotated[
-        float | None,
-        Query(ge=1, le=1e6, description="Scaling factor (>= 1). Required by linear, dynamic, yarn, llama3; "
-                                        "yarn/longrope derive it as max/original when absent; proportional: 1."),
-    ] = None,
+        float,
+        Query(ge=0, le=1e6, description="Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn "
+                                        "and longrope derive it as max / original from max_position_embeddings; "
+                                        "proportional: 1). 0: not given."),
+    ] = 0.0,
     original_max_position_embeddings: Annotated[
-        int | None, Query(ge=1, le=MAX_LENGTH, description="Pre-training context length (yarn, longrope, llama3); "
-                                                           "default max_position_embeddings.")
-    ] = None,
+        int, Query(ge=0, le=MAX_LENGTH, description="Pre-training context length (yarn, longrope, llama3). "
+                                                    "0: not given (then max_position_embeddings).")
+    ] = 0,
     max_position_embeddings: Annotated[
-        int | None, Query(ge=1, le=MAX_LENGTH, description="The model's context length: dynamic's original length, "
-                                                           "yarn/longrope's factor when factor is absent.")
-    ] = None,
+        int, Query(ge=0, le=MAX_LENGTH, description="The model's context length: dynamic's original length "
+                                                    "(required there), yarn/longrope's factor when factor is not "
+                                                    "given. 0: not given.")
+    ] = 0,
     attention_factor: Annotated[
-        float | None, Query(ge=0, le=1e6, description="yarn/longrope: scale of cos and sin (default from factor).")
-    ] = None,
-    beta_fast: Annotated[float | None, Query(ge=0, le=1e6, description="yarn: extrapolation boundary (32).")] = None,
-    beta_slow: Annotated[float | None, Query(ge=0, le=1e6, description="yarn: interpolation boundary (1).")] = None,
-    mscale: Annotated[float | None, Query(ge=0, le=1e6, description="yarn: attention-factor numerator scale.")] = None,
+        float, Query(ge=0, le=1e6, description="yarn/longrope: scale of cos and sin. 0: derived from factor.")
+    ] = 0.0,
+    beta_fast: Annotated[
+        float, Query(ge=0, le=1e6, description="yarn: extrapolation boundary (0 means 32, as in transformers).")
+    ] = 32.0,
+    beta_slow: Annotated[
+        float, Query(ge=0, le=1e6, description="yarn: interpolation boundary (0 means 1, as in transformers).")
+    ] = 1.0,
+    mscale: Annotated[
+        float, Query(ge=0, le=1e6, description="yarn: attention-factor numerator scale; used when mscale and "
+                                               "mscale_all_dim are both non-zero.")
+    ] = 0.0,
     mscale_all_dim: Annotated[
-        float | None, Query(ge=0, le=1e6, description="yarn: attention-factor denominator scale.")
-    ] = None,
-    truncate: Annotated[
-        bool | None, Query(description="yarn: floor/ceil the correction range (default true).")
-    ] = None,
-    low_freq_factor: Annotated[float | None, Query(gt=0, le=1e6, description="llama3: low-frequency factor.")] = None,
+        float, Query(ge=0, le=1e6, description="yarn: attention-factor denominator scale.")
+    ] = 0.0,
+    truncate: Annotated[bool, Query(description="yarn: floor/ceil the correction range.")] = True,
+    low_freq_factor: Annotated[
+        float, Query(ge=0, le=1e6, description="llama3: low-frequency factor (> 0, required). 0: not given.")
+    ] = 0.0,
     high_freq_factor: Annotated[
-        float | None, Query(gt=0, le=1e6, description="llama3: high-frequency factor (!= low_freq_factor).")
-    ] = None,
+        float, Query(ge=0, le=1e6, description="llama3: high-frequency factor (> 0, != low_freq_factor, "
+                                               "required). 0: not given.")
+    ] = 0.0,
     short_factor: Annotated[
-        str | None, Query(description="longrope: rotary_dim/2 comma-separated factors for short contexts.")
-    ] = None,
+        str, Query(max_length=1 << 20, description="longrope: rotary_dim/2 comma-separated factors for short "
+                                                   "contexts (required). Empty: not given.")
+    ] = "",
     long_factor: Annotated[
-        str | None, Query(description="longrope: rotary_dim/2 comma-separated factors beyond the original length.")
-    ] = None,
+        str, Query(max_length=1 << 20, description="longrope: rotary_dim/2 comma-separated factors beyond "
+                                                   "original_max_position_embeddings (required). Empty: not given.")
+    ] = "",
     layout: LayoutQuery = "half",
     form: FormQuery = "full",
     dtype: FloatDTypeQuery = "float32",
 ) -> Response:
+    if rotary_dim and partial_rotary_factor != 1.0:
+        raise InvalidParameter("rotary_dim: give either rotary_dim or partial_rotary_factor, not both")
     params = make_rope_parameters(
-        head_dim=head_dim, rotary_dim=rotary_dim, partial_rotary_factor=partial_rotary_factor,
-        rope_theta=rope_theta, rope_type=rope_type, factor=factor,
-        original_max_position_embeddings=original_max_position_embeddings,
-        max_position_embeddings=max_position_embeddings, attention_factor=attention_factor,
+        head_dim=head_dim, rotary_dim=rotary_dim or None, partial_rotary_factor=None if rotary_dim else
+        partial_rotary_factor, rope_theta=rope_theta, rope_type=rope_type, factor=factor or None,
+        original_max_position_embeddings=original_max_position_embeddings or None,
+        max_position_embeddings=max_position_embeddings or None, attention_factor=attention_factor or None,
         beta_fast=beta_fast, beta_slow=beta_slow, mscale=mscale, mscale_all_dim=mscale_all_dim,
-        truncate=truncate, low_freq_factor=low_freq_factor, high_freq_factor=high_freq_factor,
+        truncate=truncate, low_freq_factor=low_freq_factor or None, high_freq_factor=high_freq_factor or None,
         short_factor=_factor_list("short_factor", short_factor),
         long_factor=_factor_list("long_factor", long_factor),
     )
@@ -196,25 +209,25 @@ def rope_from_config(
     table: TableDep,
     config: Annotated[dict[str, Any], Depends(config_body)],
     max_position: Annotated[
-        int | None, Query(ge=1, le=MAX_ROWS, description="Number of rows; default the config's "
-                                                         "max_position_embeddings.")
-    ] = None,
+        int, Query(ge=0, le=MAX_ROWS, description="Number of rows. 0: the config's max_position_embeddings.")
+    ] = 0,
     offset: OffsetQuery = 0,
     layer_type: Annotated[
-        str | None, Query(max_length=128, description="For per-layer rope_parameters (e.g. Gemma's "
-                                                      "full_attention / sliding_attention): which entry.")
-    ] = None,
+        str, Query(max_length=128, description="For per-layer rope_parameters (e.g. Gemma's full_attention / "
+                                               "sliding_attention): which entry. Empty: the config's only one.")
+    ] = "",
     layout: LayoutQuery = "half",
     form: FormQuery = "full",
     dtype: FloatDTypeQuery = "float32",
 ) -> Response:
-    params, info = rope_parameters_from_config(config, layer_type=layer_type)
-    rows = max_position if max_position is not None else info["max_position_embeddings"]
+    params, info = rope_parameters_from_config(config, layer_type=layer_type or None)
+    rows = max_position or info["max_position_embeddings"]
     if rows is None:
         raise InvalidParameter("max_position: the config has no max_position_embeddings; give max_position")
     if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MAX_ROWS:
         raise InvalidParameter(f"max_position: must be an integer in [1, {MAX_ROWS}], got {rows!r}")
-    request_params = {"layer_type": layer_type, "config_max_position_embeddings": info["max_position_embeddings"]}
+    request_params = {"layer_type": layer_type or None,
+                      "config_max_position_embeddings": info["max_position_embeddings"]}
     extra = {"rope_source": info["rope_source"], "config_section": info["config_section"] or "top-level"}
     return _serve(table, "rope/from-config", params, request_params, rows, offset, layout, form, dtype, extra)
 
