@@ -128,6 +128,22 @@ def test_layouts_and_forms(client: TestClient, layout: str, form: str, width: in
     np.testing.assert_allclose(row, expected[form], atol=1e-6)
 
 
+def test_form_half_ignores_layout_in_the_cache_key(client: TestClient) -> None:
+    etags = {client.get(f"/v1/rope?max_position=5&head_dim=64&form=half&layout={layout}").headers["ETag"]
+             for layout in ("half", "interleaved")}
+    assert len(etags) == 1
+    full = {client.get(f"/v1/rope?max_position=5&head_dim=64&layout={layout}").headers["ETag"]
+            for layout in ("half", "interleaved")}
+    assert len(full) == 2
+
+
+def test_zero_means_not_given(client: TestClient) -> None:
+    response = client.get("/v1/rope?max_position=4&head_dim=64&rope_type=linear&factor=0")
+    assert response.status_code == 422 and response.json()["error"].startswith("factor: required")
+    explicit = client.get("/v1/rope?max_position=4&head_dim=64&rotary_dim=32&format=npy&tensor=cos")
+    assert np.load(io.BytesIO(explicit.content)).shape == (4, 32)
+
+
 def test_raw_bfloat16_and_partial_rotary(client: TestClient) -> None:
     response = client.get("/v1/rope?max_position=16&head_dim=80&partial_rotary_factor=0.4&dtype=bfloat16"
                           "&format=raw&tensor=sin")

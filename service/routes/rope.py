@@ -64,8 +64,9 @@ def _serve(table: TableRequest, endpoint: str, params: RopeParameters, request_p
         "sin": TensorSpec((max_position, width), out_dtype),
         "inv_freq": TensorSpec((params.n_frequencies,), np_dtype("float32")),
     }
+    # form=half has one column per frequency: the layout does not apply (and must not split the cache)
     canonical = {**params.as_metadata(), **request_params, "max_position": max_position, "offset": offset,
-                 "layout": layout, "form": form, "dtype": dtype}
+                 "layout": layout if form == "full" else None, "form": form, "dtype": dtype}
 
     def compute() -> Bundle:
         cos, sin, info = rope_cos_sin(params, max_position, offset, layout, form, out_dtype)
