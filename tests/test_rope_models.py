@@ -377,3 +377,11 @@ def test_rope_theta_inside_the_dict_wins_over_top_level() -> None:
     assert rope_parameters_from_config(config)[0].rope_theta == 5e5
     assert rope_parameters_from_config({"head_dim": 64, "rope_theta": 1e6})[0].rope_theta == 1e6
     assert rope_parameters_from_config({"head_dim": 64})[0].rope_theta == 1e4
+
+
+def test_multimodal_config_reads_text_config() -> None:
+    text = MODEL_CONFIGS["gemma-4-proportional"]
+    wrapped = {"model_type": "gemma4", "text_config": text, "vision_config": {"hidden_size": 768}}
+    params, info = rope_parameters_from_config(wrapped, layer_type="full_attention")
+    assert params == rope_parameters_from_config(text, layer_type="full_attention")[0]
+    assert info["config_section"] == "text_config"
