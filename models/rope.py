@@ -34,6 +34,8 @@ from models.rope_params import (
 
 __all__ = [
     "ROPE_TYPES",
+    "Form",
+    "Layout",
     "RopeInfo",
     "RopeParameters",
     "RopeType",

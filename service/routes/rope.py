@@ -7,13 +7,21 @@ pasted.
 """
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
 from models.dtypes import np_dtype
-from models.rope import RopeParameters, RopeType, make_rope_parameters, rope_cos_sin, rope_parameters_from_config
+from models.rope import (
+    Form,
+    Layout,
+    RopeParameters,
+    RopeType,
+    make_rope_parameters,
+    rope_cos_sin,
+    rope_parameters_from_config,
+)
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
 from service.tables import FloatDTypeQuery, TableDep, TableRequest, TensorSpec
@@ -25,9 +33,6 @@ MAX_DIM = 1 << 16
 MAX_OFFSET = 1 << 40
 MAX_LENGTH = 1 << 40  # context lengths (max_position_embeddings and the original one)
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
-
-Layout = Literal["half", "interleaved"]
-Form = Literal["full", "half"]
 
 OffsetQuery = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Position of the first row.")]
 LayoutQuery = Annotated[
