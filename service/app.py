@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from service import __version__
 from service.cache import ByteLRUCache
 from service.errors import install_error_handlers
-from service.routes import health, sinusoidal
+from service.routes import health, rope, sinusoidal
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -17,6 +17,7 @@ log = logging.getLogger("posenc")
 ROUTERS = [
     health.router,
     sinusoidal.router,
+    rope.router,
 ]
 
 
