@@ -31,17 +31,22 @@ def key_minus_query(query_length: int, key_length: int) -> np.ndarray:
     return np.arange(-(query_length - 1), key_length, dtype=np.int64)
 
 
-def toeplitz(per_offset: np.ndarray, query_length: int, key_length: int) -> np.ndarray:
-    """Expand values indexed by d = j − i (layout of `key_minus_query`) to a C-order table.
+def toeplitz_view(per_offset: np.ndarray, query_length: int, key_length: int) -> np.ndarray:
+    """Read-only strided view [query_length, key_length]: out[i, j] = per_offset[j − i + query_length − 1].
 
-    per_offset: [query_length + key_length − 1]. Returns a new contiguous array
-    [query_length, key_length] with out[i, j] = per_offset[j − i + query_length − 1].
+    per_offset: [query_length + key_length − 1], indexed as `key_minus_query` lays it out. No copy:
+    assign it into a preallocated output, or use `toeplitz` for a contiguous table.
     """
     if per_offset.shape != (query_length + key_length - 1,):
         raise ValueError(f"per_offset has shape {per_offset.shape}, need ({query_length + key_length - 1},)")
     # window s = per_offset[s : s + key_length]; row i starts at d = −i, i.e. window q − 1 − i
-    windows = sliding_window_view(per_offset, key_length)  # [query_length, key_length], row order reversed
-    return np.ascontiguousarray(windows[::-1])  # [query_length, key_length]
+    windows = sliding_window_view(per_offset, key_length)  # [query_length, key_length], rows reversed
+    return windows[::-1]  # [query_length, key_length]
+
+
+def toeplitz(per_offset: np.ndarray, query_length: int, key_length: int) -> np.ndarray:
+    """`toeplitz_view` as a new C-order array [query_length, key_length]."""
+    return np.ascontiguousarray(toeplitz_view(per_offset, query_length, key_length))
 
 
 def clipped_relative_indices(
