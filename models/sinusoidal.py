@@ -1,0 +1,90 @@
+"""Sinusoidal absolute position tables (ENCODINGS.md §6), closed form in float64, cast once.
+
+Variants differ in frequency spacing and column layout:
+- paper:         omega_k = base^(-2k/d); interleaved, PE[p, 2k] = sin, PE[p, 2k+1] = cos
+                 (Vaswani et al. §3.5; odd d as HF XLM `create_sinusoidal_embeddings`: sin gets the extra column)
+- tensor2tensor: omega_k = exp(-k ln(base) / max(d//2 - 1, 1)); [sin | cos], zero column if d is odd
+                 (tensor2tensor `get_timing_signal_1d` with min_timescale 1, max_timescale base)
+- fairseq:       tensor2tensor spacing with d//2 - 1 (no guard), row `padding_idx` zeroed
+                 (fairseq `SinusoidalPositionalEmbedding.get_embedding`; HF M2M100 likewise)
+- marian:        paper omega; [sin | cos], sin in the first ceil(d/2) columns (HF `MarianSinusoidalPositionalEmbedding`)
+"""
+
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from models.errors import ParameterError
+
+SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
+
+
+def paper_frequencies(count: int, dim: int, base: float) -> np.ndarray:
+    """omega_k = base^(-2k/dim), k < count. float64 [count]."""
+    return np.power(float(base), -2.0 * np.arange(count, dtype=np.float64) / dim)
+
+
+def log_spaced_frequencies(count: int, base: float, guard: bool) -> np.ndarray:
+    """omega_k = exp(-k ln(base) / (count - 1)), k < count: lowest frequency exactly 1/base. float64 [count].
+
+    tensor2tensor guards the denominator with max(count - 1, 1); fairseq does not (count == 1 divides by 0).
+    """
+    denominator = max(count - 1, 1) if guard else count - 1
+    if denominator == 0:
+        raise ParameterError("dim", "fairseq divides by dim//2 - 1, so dim must be at least 4 "
+                                    "(the reference raises ZeroDivisionError for dim 2 and 3)")
+    return np.exp(-np.arange(count, dtype=np.float64) * (np.log(float(base)) / denominator))
+
+
+def _concatenated(angles_sin: np.ndarray, angles_cos: np.ndarray, dim: int) -> np.ndarray:
+    """[sin | cos | zero padding up to dim] float64 [P, dim]."""
+    out = np.zeros((angles_sin.shape[0], dim), dtype=np.float64)
+    n_sin, n_cos = angles_sin.shape[1], angles_cos.shape[1]
+    np.sin(angles_sin, out=out[:, :n_sin])
+    np.cos(angles_cos, out=out[:, n_sin:n_sin + n_cos])
+    return out
+
+
+def sinusoidal_table(
+    max_position: int,
+    dim: int,
+    variant: SinusoidalVariant = "paper",
+    base: float = 10000.0,
+    offset: int = 0,
+    padding_idx: int = 1,
+    dtype: npt.DTypeLike = np.float32,
+) -> np.ndarray:
+    """Rows for positions offset .. offset + max_position - 1 of the `variant` table.
+
+    Returns `dtype` [max_position, dim]. `padding_idx` is read by `fairseq` only: the row whose
+    position equals it is all zeros (fairseq's table index is the position, real tokens start at
+    padding_idx + 1).
+    """
+    if max_position < 1:
+        raise ParameterError("max_position", f"must be >= 1 (got {max_position})")
+    if dim < 1:
+        raise ParameterError("dim", f"must be >= 1 (got {dim})")
+    if not base > 0:
+        raise ParameterError("base", f"must be > 0 (got {base})")
+    positions = np.arange(offset, offset + max_position, dtype=np.float64)[:, None]  # [P, 1]
+
+    if variant == "paper":
+        omega = paper_frequencies((dim + 1) // 2, dim, base)  # [ceil(d/2)]
+        angles = positions * omega  # [P, ceil(d/2)]
+        table = np.empty((max_position, dim), dtype=np.float64)
+        np.sin(angles, out=table[:, 0::2])
+        np.cos(angles[:, : dim // 2], out=table[:, 1::2])
+    elif variant == "marian":
+        omega = paper_frequencies((dim + 1) // 2, dim, base)  # [ceil(d/2)]
+        angles = positions * omega  # [P, ceil(d/2)]
+        table = _concatenated(angles, angles[:, : dim // 2], dim)
+    elif variant in ("tensor2tensor", "fairseq"):
+        omega = log_spaced_frequencies(dim // 2, base, guard=variant == "tensor2tensor")  # [d//2]
+        angles = positions * omega  # [P, d//2]
+        table = _concatenated(angles, angles, dim)
+        if variant == "fairseq" and offset <= padding_idx < offset + max_position:
+            table[padding_idx - offset] = 0.0
+    else:
+        raise ParameterError("variant", f"unknown variant {variant!r}; one of paper, tensor2tensor, fairseq, marian")
+    return table.astype(dtype, copy=False)

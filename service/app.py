@@ -1,0 +1,50 @@
+"""Application factory: `create_app(settings)`; nothing here reads the environment at import."""
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import __version__
+from service.cache import ByteLRUCache
+from service.errors import install_error_handlers
+from service.routes import health, sinusoidal
+from service.settings import Settings
+
+log = logging.getLogger("posenc")
+
+ROUTERS = [
+    health.router,
+    sinusoidal.router,
+]
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service with `settings` (default: read from `POSENC_*` now, at call time)."""
+    settings = settings if settings is not None else Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.readiness_problems = []
+        log.info("posenc %s ready", __version__)
+        yield
+
+    app = FastAPI(
+        title="posenc",
+        version=__version__,
+        description="Positional-encoding tables, attention biases and ONNX RoPE-attention inference.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.table_cache = ByteLRUCache(settings.cache_bytes)
+    app.state.readiness_problems = ["starting"]
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory (`service.app:app_from_env`): settings from the environment of the worker."""
+    return create_app(Settings())

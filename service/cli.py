@@ -1,0 +1,67 @@
+"""The `posenc` console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def settings_or_exit(**overrides: object) -> Settings:
+    """Settings from `POSENC_*` (+ CLI overrides); a bad value exits with the variable named."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"])
+            lines.append(f"  POSENC_{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+        sys.stderr.write("posenc: invalid configuration:\n" + "\n".join(lines) + "\n")
+        raise SystemExit(2) from None
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "workers": args.workers,
+                                   "log_level": args.log_level}.items() if v is not None}
+    settings = settings_or_exit(**overrides)
+    # Workers re-read the environment: pass the CLI overrides down through it.
+    import os
+
+    for key, value in overrides.items():
+        os.environ[f"POSENC_{key.upper()}"] = str(value)
+    uvicorn.run(
+        "service.app:app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
+    serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")
+    serve.add_argument("--workers", type=int, help="worker processes (POSENC_WORKERS, default 1)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="POSENC_LOG_LEVEL")
+    serve.set_defaults(handler=_serve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""One error taxonomy for the whole service, mapped to HTTP in one place (`install_error_handlers`).
+
+Every error response has the envelope `{"error": "<message a person can act on>", "type": "<code>"}`.
+Unexpected exceptions are logged with their traceback and answered with a generic 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from models.errors import ParameterError
+
+log = logging.getLogger("posenc.errors")
+
+
+class ServiceError(Exception):
+    """Base of every error the service answers on purpose."""
+
+    status_code = 500
+    error_type = "internal"
+
+    def __init__(self, message: str, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+class BadRequest(ServiceError):
+    """Malformed body or bytes (400)."""
+
+    status_code = 400
+    error_type = "bad_request"
+
+
+class InvalidParameter(ServiceError):
+    """A parameter value outside its allowed range (422); the message names the parameter."""
+
+    status_code = 422
+    error_type = "invalid_parameter"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class NotAcceptable(ServiceError):
+    """Unsupported response format (406)."""
+
+    status_code = 406
+    error_type = "not_acceptable"
+
+
+class PayloadTooLarge(ServiceError):
+    """Request or response larger than a configured limit (413)."""
+
+    status_code = 413
+    error_type = "too_large"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    error_type = "unsupported_media_type"
+
+
+class Unavailable(ServiceError):
+    """Overloaded or not ready (503); `retry_after` seconds go into the Retry-After header."""
+
+    status_code = 503
+    error_type = "unavailable"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after)} if retry_after else None)
+
+
+def error_response(status_code: int, error_type: str, message: str,
+                   headers: Mapping[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, "type": error_type}, status_code=status_code,
+                        headers=dict(headers or {}))
+
+
+def _describe_validation_error(err: Mapping[str, Any]) -> str:
+    """One line per pydantic error: `<parameter>: <what is allowed> (got <value>)`."""
+    loc: Sequence[Any] = err.get("loc", ())
+    where = [str(part) for part in loc if part not in ("query", "path", "header", "body")]
+    name = ".".join(where) or "request"
+    kind = err.get("type", "")
+    ctx = err.get("ctx") or {}
+    got = err.get("input")
+    if kind == "missing":
+        return f"{name}: required parameter is missing"
+    bounds = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+              "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+    if kind in bounds:
+        symbol, key = bounds[kind]
+        return f"{name}: must be {symbol} {ctx.get(key)} (got {got!r})"
+    if kind == "literal_error" and "expected" in ctx:
+        return f"{name}: must be one of {ctx['expected']} (got {got!r})"
+    return f"{name}: {err.get('msg', 'invalid value')} (got {got!r})"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map every exception to the one JSON envelope."""
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
+
+    @app.exception_handler(ParameterError)
+    async def _parameter_error(_: Request, exc: ParameterError) -> JSONResponse:
+        return error_response(422, InvalidParameter.error_type, str(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message = "; ".join(_describe_validation_error(e) for e in exc.errors())
+        return error_response(422, InvalidParameter.error_type, message)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"no route {request.method} {request.url.path}"
+            return error_response(404, NotFound.error_type, message)
+        if exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+            return error_response(405, "method_not_allowed", message, exc.headers)
+        return error_response(exc.status_code, "http_error", str(exc.detail), exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal", "internal server error; the service log has the details")
