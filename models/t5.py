@@ -102,6 +102,16 @@ def t5_buckets(
     return toeplitz(per_offset.astype(np_dtype(dtype)), query_length, key_length)
 
 
+def check_t5_weight_shape(shape: tuple[int, ...], num_buckets: int) -> None:
+    """The learned table must be [num_buckets, num_heads] with at least one head."""
+    if len(shape) != 2 or shape[1] < 1:
+        raise ParameterError("weight", f"must be 2-D [num_buckets, num_heads >= 1], got shape {list(shape)}")
+    if shape[0] != num_buckets:
+        raise ParameterError(
+            "weight", f"has {shape[0]} rows but num_buckets={num_buckets}; expected [{num_buckets}, num_heads]"
+        )
+
+
 def t5_bias(
     weight: np.ndarray,
     query_length: int,
@@ -116,17 +126,7 @@ def t5_bias(
     weight: the `relative_attention_bias` embedding table [num_buckets, num_heads]. Equals
     `compute_bias(q, k, past_seen_tokens=offset)[0]` (an exact gather; no arithmetic on the weight).
     """
-    if weight.ndim != 2:
-        shape = list(weight.shape)
-        raise ParameterError("weight", f"must be 2-D [num_buckets, num_heads], got shape {shape}")
-    if weight.shape[0] != num_buckets:
-        raise ParameterError(
-            "weight",
-            f"has {weight.shape[0]} rows but num_buckets={num_buckets}; "
-            f"expected shape [{num_buckets}, num_heads]",
-        )
-    if weight.shape[1] < 1:
-        raise ParameterError("weight", "needs at least one head column")
+    check_t5_weight_shape(weight.shape, num_buckets)
     buckets = t5_buckets(query_length, key_length, bidirectional, num_buckets, max_distance, offset)
     by_head = np.ascontiguousarray(weight.T)  # [num_heads, num_buckets]
     return np.take(by_head, buckets, axis=1)  # [num_heads, query_length, key_length]

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from service import __version__
 from service.cache import ByteLRUCache
 from service.errors import install_error_handlers
-from service.routes import health, sinusoidal
+from service.routes import alibi, health, relative, sinusoidal, t5
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -17,6 +17,9 @@ log = logging.getLogger("posenc")
 ROUTERS = [
     health.router,
     sinusoidal.router,
+    alibi.router,
+    t5.router,
+    relative.router,
 ]
 
 
