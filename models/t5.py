@@ -11,7 +11,7 @@ import numpy as np
 
 from models.dtypes import IntDType, np_dtype
 from models.errors import ParameterError
-from models.relative import check_lengths, key_minus_query, toeplitz
+from models.relative import check_lengths, key_minus_query, toeplitz, toeplitz_view
 
 
 def _effective_buckets(bidirectional: bool, num_buckets: int) -> int:
@@ -127,6 +127,13 @@ def t5_bias(
     `compute_bias(q, k, past_seen_tokens=offset)[0]` (an exact gather; no arithmetic on the weight).
     """
     check_t5_weight_shape(weight.shape, num_buckets)
-    buckets = t5_buckets(query_length, key_length, bidirectional, num_buckets, max_distance, offset)
-    by_head = np.ascontiguousarray(weight.T)  # [num_heads, num_buckets]
-    return np.take(by_head, buckets, axis=1)  # [num_heads, query_length, key_length]
+    check_lengths(query_length, key_length)
+    check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
+    offsets = key_minus_query(query_length, key_length) - offset  # [q + k − 1], key − query
+    per_offset = t5_relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
+    # the bias is Toeplitz too: gather per offset, then lay out rows (no [q, k] index table)
+    values = np.ascontiguousarray(weight.T)[:, per_offset]  # [num_heads, q + k − 1]
+    out = np.empty((weight.shape[1], query_length, key_length), dtype=weight.dtype)
+    for head in range(weight.shape[1]):
+        out[head] = toeplitz_view(values[head], query_length, key_length)  # [q, k]
+    return out
