@@ -1,13 +1,13 @@
 """GET /v1/t5/buckets and POST /v1/t5/bias: T5 relative-position buckets and bias (ENCODINGS.md §3)."""
 
 import hashlib
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from models.dtypes import FLOAT_DTYPES, FloatDType, dtype_name, np_dtype
+from models.dtypes import FLOAT_DTYPES, dtype_name, np_dtype
 from models.t5 import check_t5_parameters, check_t5_weight_shape, t5_bias, t5_buckets
 from service.arrays import Bundle
 from service.errors import InvalidParameter
@@ -16,6 +16,8 @@ from service.tables import IntDTypeQuery, TableDep, TensorSpec
 from service.uploads import UPLOAD_MEDIA_TYPES, decode_tensor, read_body
 
 router = APIRouter(tags=["tables"])
+
+BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 
 QueryLength = Annotated[int, Query(ge=1, le=MAX_LENGTH, description=(
     "Number of query rows; row i is the query at absolute position offset + i."))]
@@ -88,9 +90,9 @@ async def bias(
     num_buckets: NumBuckets = 32,
     max_distance: MaxDistance = 128,
     offset: Offset = 0,
-    dtype: Annotated[FloatDType | None, Query(description=(
-        "Element type of `bias`; default: the weight's dtype (the gather is exact, so a cast equals "
-        "casting the weight)."))] = None,
+    dtype: Annotated[BiasDType, Query(description=(
+        "Element type of `bias`; `weight` (default) keeps the uploaded weight's dtype. The gather is "
+        "exact, so any other choice equals casting the weight."))] = "weight",
 ) -> Response:
     """`T5Attention.compute_bias(q, k, past_seen_tokens=offset)[0]` with the uploaded weight."""
     check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
@@ -101,7 +103,7 @@ async def bias(
     if weight_dtype not in FLOAT_DTYPES:
         raise InvalidParameter(f"weight: must be a float tensor ({', '.join(FLOAT_DTYPES)}), got {weight_dtype}")
     check_t5_weight_shape(weight.shape, num_buckets)
-    out_dtype = np_dtype(dtype or weight_dtype)
+    out_dtype = np_dtype(weight_dtype if dtype == "weight" else dtype)
     params = {"query_length": query_length, "key_length": key_length, "bidirectional": bidirectional,
               "num_buckets": num_buckets, "max_distance": max_distance, "offset": offset,
               "dtype": dtype_name(out_dtype), "weight_shape": list(weight.shape), "weight_dtype": weight_dtype,
