@@ -105,7 +105,7 @@ GOOD_NPY = npy_bytes(np.arange(12, dtype=np.float32).reshape(3, 4))
     (b"\x93NUMPY\x02\x00" + struct.pack("<I", 2**31) + b"{", "limit"),
     (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }".replace("'", "\xff"), b""),
      "literal"),
-])
+], ids=lambda value: value if isinstance(value, str) else f"{len(value)}B")
 def test_bad_npy_is_a_clear_400(body: bytes, words: str) -> None:
     with pytest.raises(BadRequest, match=words):
         decode_npy(body)
@@ -154,7 +154,7 @@ F32x4 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
                               "weight": {**F32x4, "shape": [2], "data_offsets": [8, 16]}}, b"\0" * 16), "overlaps"),
     (safetensors_with_header({"weight": {**F32x4, "shape": [2], "data_offsets": [8, 16]}}, b"\0" * 16), "hole"),
     (safetensors_with_header({"__metadata__": {"a": 1}, "weight": F32x4}, b"\0" * 16), "__metadata__"),
-])
+], ids=lambda value: value if isinstance(value, str) else f"{len(value)}B")
 def test_bad_safetensors_is_a_clear_400(body: bytes, words: str) -> None:
     with pytest.raises(BadRequest, match=words):
         decode_safetensors(body)
