@@ -16,6 +16,7 @@ import ast
 import json
 import math
 import struct
+import warnings
 from collections.abc import AsyncIterable
 from typing import Any, Literal
 
@@ -149,8 +150,11 @@ def decode_npy(body: bytes) -> np.ndarray:
 
 def _npy_header_fields(text: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
     try:
-        header = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        with warnings.catch_warnings():
+            # an odd escape sequence in a string is a compile warning; here it is a malformed header
+            warnings.simplefilter("error")
+            header = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, Warning):
         raise BadRequest("npy: header is not a Python literal dict") from None
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise BadRequest("npy: header must be a dict with exactly the keys 'descr', 'fortran_order', 'shape'")

@@ -192,3 +192,28 @@ def test_body_limit() -> None:
         asyncio.run(read_body(None, chunks([b"abcd", b"efgh", b"never read"]), 6))
     with pytest.raises(BadRequest, match="Content-Length"):
         asyncio.run(read_body("lots", chunks([]), 6))
+
+
+@pytest.mark.parametrize("kind", ["npy", "safetensors"])
+def test_mutated_bodies_decode_or_fail_with_400(kind: str) -> None:
+    """Random truncations and header byte flips: a valid array or a BadRequest, never another error."""
+    array = np.arange(24, dtype=np.float32).reshape(4, 6)
+    good = npy_bytes(array) if kind == "npy" else safetensors_save({"weight": array})
+    header_end = 128 if kind == "npy" else 8 + int(struct.unpack_from("<Q", good)[0])
+    rng = np.random.default_rng(1234)
+    outcomes = {"decoded": 0, "rejected": 0}
+    for _ in range(600):
+        body = bytearray(good)
+        if rng.random() < 0.3:
+            body = body[: int(rng.integers(0, len(body)))]
+        for _ in range(int(rng.integers(1, 4))):
+            if body:
+                body[int(rng.integers(0, min(header_end, len(body))))] = int(rng.integers(0, 256))
+        try:
+            got = decode_tensor(bytes(body), f"application/x-{kind}")
+        except BadRequest:
+            outcomes["rejected"] += 1
+        else:
+            assert isinstance(got, np.ndarray) and got.nbytes <= len(body)
+            outcomes["decoded"] += 1
+    assert outcomes["rejected"] > 100  # and nothing else escaped
