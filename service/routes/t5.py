@@ -98,7 +98,7 @@ async def bias(
     check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
     body = await read_body(request.headers.get("content-length"), request.stream(),
                            table.settings.max_request_bytes)
-    weight = decode_tensor(body, request.headers.get("content-type"), name="weight")
+    weight = await run_in_threadpool(decode_tensor, body, request.headers.get("content-type"), "weight")
     weight_dtype = dtype_name(weight.dtype)
     if weight_dtype not in FLOAT_DTYPES:
         raise InvalidParameter(f"weight: must be a float tensor ({', '.join(FLOAT_DTYPES)}), got {weight_dtype}")
