@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from service import __version__
 from service.cache import ByteLRUCache
 from service.errors import install_error_handlers
-from service.routes import health, rope, sinusoidal
+from service.routes import alibi, health, relative, rope, sinusoidal, t5
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -18,6 +18,9 @@ ROUTERS = [
     health.router,
     sinusoidal.router,
     rope.router,
+    alibi.router,
+    t5.router,
+    relative.router,
 ]
 
 
