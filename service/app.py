@@ -10,7 +10,7 @@ from service import __version__
 from service.cache import ByteLRUCache
 from service.errors import install_error_handlers
 from service.metrics import install_metrics
-from service.routes import health, sinusoidal
+from service.routes import alibi, health, relative, rope, sinusoidal, t5
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -18,6 +18,10 @@ log = logging.getLogger("posenc")
 ROUTERS = [
     health.router,
     sinusoidal.router,
+    rope.router,
+    alibi.router,
+    t5.router,
+    relative.router,
 ]
 
 
