@@ -86,3 +86,28 @@ def test_size_limit_applies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_stdout_output(capsysbinary: pytest.CaptureFixture[bytes], client: TestClient) -> None:
     assert main(["table", "/v1/sinusoidal", *PARAMS, "--format", "raw", "-o", "-"]) == 0
     assert capsysbinary.readouterr().out == client.get(f"/v1/sinusoidal?{QUERY}&format=raw").content
+
+
+def test_post_endpoint_with_body(tmp_path: Path, client: TestClient) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"rope_theta": 10000, "head_dim": 8, "max_position_embeddings": 16, '
+                      '"hidden_size": 64, "num_attention_heads": 8}')
+    out = tmp_path / "rope.safetensors"
+    assert main(["table", "/v1/rope/from-config", "--body", str(config), "-o", str(out)]) == 0
+    http = client.post("/v1/rope/from-config", content=config.read_bytes(),
+                       headers={"Content-Type": "application/json"})
+    assert out.read_bytes() == http.content
+    assert set(load_file(str(out))) == {"cos", "sin", "inv_freq"}
+
+
+def test_every_get_table_route_works(tmp_path: Path, client: TestClient) -> None:
+    """A multi-tensor GET endpoint through the same routes: the file equals the HTTP answer."""
+    out = tmp_path / "cos.npy"
+    assert main(["table", "/v1/rope", "max_position=16", "head_dim=8", "--tensor", "cos", "-o", str(out)]) == 0
+    assert out.read_bytes() == client.get("/v1/rope?max_position=16&head_dim=8&format=npy&tensor=cos").content
+
+
+def test_missing_body_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["table", "/v1/rope/from-config", "--body", str(tmp_path / "nope.json"),
+                 "-o", str(tmp_path / "r.safetensors")]) == 2
+    assert "cannot read --body" in capsys.readouterr().err
