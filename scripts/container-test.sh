@@ -28,7 +28,9 @@ fail() { log "FAIL: $*"; FAILURES=$((FAILURES + 1)); }
 if [ -x "$TOOLS/podman" ] && [ -x "$TOOLS/python-base-image" ]; then
   ENGINE="$TOOLS/podman"
   log "base image: building or reusing the local python base image"
-  BUILD_ARGS=(--format docker --build-arg "BASE_IMAGE=$("$TOOLS/python-base-image")")
+  BASE_IMAGE=$("$TOOLS/python-base-image") || { log "FAIL: $TOOLS/python-base-image"; exit 1; }
+  # Docker image format: the OCI format has no HEALTHCHECK.
+  BUILD_ARGS=(--format docker --build-arg "BASE_IMAGE=$BASE_IMAGE")
 else
   ENGINE=${CONTAINER_ENGINE:-docker}
   BUILD_ARGS=()
