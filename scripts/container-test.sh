@@ -29,16 +29,22 @@ if [ -x "$TOOLS/podman" ] && [ -x "$TOOLS/python-base-image" ]; then
   ENGINE="$TOOLS/podman"
   log "base image: building or reusing the local python base image"
   BASE_IMAGE=$("$TOOLS/python-base-image") || { log "FAIL: $TOOLS/python-base-image"; exit 1; }
-  # Docker image format: the OCI format has no HEALTHCHECK.
-  BUILD_ARGS=(--format docker --build-arg "BASE_IMAGE=$BASE_IMAGE")
+  BUILD_ARGS=(--build-arg "BASE_IMAGE=$BASE_IMAGE")
 else
   ENGINE=${CONTAINER_ENGINE:-docker}
   BUILD_ARGS=()
+  command -v "$ENGINE" >/dev/null || { log "FAIL: no container engine ($ENGINE not found)"; exit 1; }
 fi
+# ONNXRUNTIME=onnxruntime-gpu scripts/container-test.sh tests the CUDA flavour of the image.
+[ -z "${ONNXRUNTIME:-}" ] || BUILD_ARGS+=(--build-arg "ONNXRUNTIME=$ONNXRUNTIME")
 IS_PODMAN=$("$ENGINE" --version 2>/dev/null | grep -qi podman && echo 1 || echo 0)
 RUN_ARGS=()
-# podman schedules HEALTHCHECKs with systemd timers (none here): run them on demand instead.
-[ "$IS_PODMAN" = 0 ] || RUN_ARGS=(--health-interval=disable)
+if [ "$IS_PODMAN" = 1 ]; then
+  # Docker image format: podman's default (OCI) drops HEALTHCHECK. podman schedules health checks
+  # with systemd timers (there may be no systemd): the test runs them on demand instead.
+  BUILD_ARGS+=(--format docker)
+  RUN_ARGS=(--health-interval=disable)
+fi
 
 cleanup() {
   local ids
