@@ -149,6 +149,16 @@ def test_t5_bias_etag_hashes_the_weight(client: TestClient) -> None:
     assert len(metadata["weight_sha256"]) == 64 and metadata["weight_shape"] == "32,6"
 
 
+def test_t5_bias_matching_if_none_match_is_412_on_post(client: TestClient) -> None:
+    # RFC 9110 13.1.2: 304 is for GET/HEAD only; a POST whose precondition fails gets 412.
+    headers = {"Content-Type": "application/x-npy"}
+    etag = client.post(T5_URL, content=npy_body(WEIGHT), headers=headers).headers["etag"]
+    r = client.post(T5_URL, content=npy_body(WEIGHT), headers={**headers, "If-None-Match": etag})
+    assert r.status_code == 412 and r.json()["type"] == "precondition_failed"
+    r = client.post(T5_URL, content=npy_body(WEIGHT), headers={**headers, "If-None-Match": '"other"'})
+    assert r.status_code == 200
+
+
 # ---------------------------------------------------------------------------------------- errors
 
 
