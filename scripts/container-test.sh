@@ -176,10 +176,17 @@ step_bad_setting() {
 step_build
 step_image_facts
 step_serve
-mkdir -p "$WORK/empty" "$WORK/broken/rope_attention"
+mkdir -p "$WORK/empty" "$WORK/broken/rope_attention" "$WORK/broken/truncated"
 step_unready empty "$WORK/empty"
-printf 'not an onnx model' >"$WORK/broken/rope_attention/model.onnx"
-printf '{"name": "rope_attention", "inputs": [' >"$WORK/broken/rope_attention/config.json"
+# Broken: a valid config.json (the shipped one, when there is one) over a model.onnx that is not ONNX,
+# and a truncated config.json.
+printf 'not an onnx model' | tee "$WORK/broken/rope_attention/model.onnx" >"$WORK/broken/truncated/model.onnx"
+if [ -f "$REPO/onnx/rope_attention/config.json" ]; then
+  cp "$REPO/onnx/rope_attention/config.json" "$WORK/broken/rope_attention/config.json"
+else
+  printf '{"name": "rope_attention"}' >"$WORK/broken/rope_attention/config.json"
+fi
+printf '{"name": "truncated", "inputs": [' >"$WORK/broken/truncated/config.json"
 step_unready broken "$WORK/broken"
 step_bad_setting
 
