@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from service import table_cli
 from service.settings import Settings
 
 
@@ -54,13 +53,15 @@ def _serve(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
     commands = parser.add_subparsers(dest="command", required=True)
+    from service import table_cli  # its own module: `posenc table` (tables without a server)
+
+    table_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")
     serve.add_argument("--workers", type=int, help="worker processes (POSENC_WORKERS, default 1)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="POSENC_LOG_LEVEL")
     serve.set_defaults(handler=_serve)
-    table_cli.add_parser(commands)
     return parser
 
 
