@@ -1,0 +1,108 @@
+"""KServe v2 / Open Inference Protocol routes (REST), served from the model repository.
+
+`GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`,
+`.../ready`, `POST .../infer`. The infer route reads the raw body itself: tritonclient sends no
+Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from service import __version__
+from service.engine import VERSION, Engine, Model
+from service.errors import PayloadTooLarge, Unavailable
+from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
+
+router = APIRouter(tags=["inference"])
+
+# Bodies above this are parsed / encoded in a worker thread so the event loop keeps serving.
+OFFLOAD_BYTES = 256 * 1024
+T = TypeVar("T")
+
+
+def _engine(request: Request) -> Engine:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
+    return engine
+
+
+def _model(request: Request, name: str, version: str | None) -> Model:
+    return _engine(request).get(name, version)
+
+
+async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body, refused with 413 as soon as it is known to exceed `limit` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is {int(declared)} bytes; the limit is {limit} (POSENC_MAX_REQUEST_BYTES)")
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total > limit:
+            raise PayloadTooLarge(f"request body exceeds {limit} bytes (POSENC_MAX_REQUEST_BYTES)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.get("/v2", summary="Server metadata")
+def server_metadata() -> dict[str, Any]:
+    return {"name": "posenc", "version": __version__, "extensions": EXTENSIONS}
+
+
+@router.get("/v2/health/live", summary="Server liveness")
+def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", summary="Server readiness: every model loaded and valid")
+def server_ready(request: Request) -> JSONResponse:
+    problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
+    if problems:
+        return JSONResponse({"error": "not ready: " + "; ".join(problems), "type": "unavailable", "ready": False},
+                            status_code=503)
+    return JSONResponse({"ready": True})
+
+
+@router.get("/v2/models/{name}", summary="Model metadata")
+@router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
+def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+    return _model(request, name, version).metadata()
+
+
+@router.get("/v2/models/{name}/ready", summary="Model readiness")
+@router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
+def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
+    model = _model(request, name, version)
+    if not model.ready:
+        return JSONResponse({"error": str(model.problem), "type": "unavailable", "name": name, "ready": False},
+                            status_code=503)
+    return JSONResponse({"name": name, "versions": [VERSION], "ready": True})
+
+
+@router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
+@router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
+async def infer(request: Request, name: str, version: str | None = None) -> Response:
+    model = _model(request, name, version)
+    body = await read_body(request, request.app.state.settings.max_request_bytes)
+    parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+    inputs = model.check_inputs(parsed.inputs)
+    if parsed.outputs is not None:
+        model.check_outputs([out.name for out in parsed.outputs])
+    outputs = await model.infer(inputs)
+    order = [spec.name for spec in model.config.outputs] if model.config else list(outputs)
+    size = sum(array.nbytes for array in outputs.values())
+    content, headers = await _maybe_offload(size, encode_infer_response, name, VERSION, parsed, outputs, order)
+    return Response(content=content, headers=headers, media_type=None)
