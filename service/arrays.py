@@ -92,7 +92,8 @@ def _le_contiguous(array: np.ndarray) -> np.ndarray:
     """C-contiguous little-endian view (a copy only when the input is neither)."""
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return np.ascontiguousarray(array)
+    # asarray keeps 0-d arrays 0-d (ascontiguousarray would make them 1-d).
+    return np.asarray(array, order="C")
 
 
 def _byte_view(array: np.ndarray) -> memoryview:

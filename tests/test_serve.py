@@ -1,0 +1,74 @@
+"""`posenc serve` as a real server: a safetensors response parsed with nothing but JSON and struct."""
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from models.sinusoidal import sinusoidal_table
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = free_port()
+    env = {**os.environ, "POSENC_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out = proc.stdout.read().decode() if proc.stdout else ""
+                    raise RuntimeError(f"server did not start:\n{out}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def test_safetensors_header_is_plain_json(server: str) -> None:
+    with urllib.request.urlopen(server + "/v1/sinusoidal?max_position=32&dim=16&variant=fairseq") as r:
+        body = r.read()
+        assert r.headers["Content-Type"] == "application/x-safetensors"
+    (header_len,) = struct.unpack("<Q", body[:8])
+    header = json.loads(body[8:8 + header_len].decode("utf-8"))
+    start, end = header["pe"]["data_offsets"]
+    assert header["pe"]["dtype"] == "F32" and header["pe"]["shape"] == [32, 16]
+    values = struct.unpack(f"<{32 * 16}f", body[8 + header_len + start:8 + header_len + end])
+    np.testing.assert_array_equal(np.array(values, dtype=np.float32).reshape(32, 16),
+                                  sinusoidal_table(32, 16, "fairseq"))
+
+
+def test_errors_over_the_wire(server: str) -> None:
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(server + "/v1/sinusoidal?max_position=0&dim=16")
+    assert info.value.code == 422
+    assert json.loads(info.value.read())["type"] == "invalid_parameter"
+
+
+def test_bad_setting_fails_at_startup_naming_the_variable() -> None:
+    env = {**os.environ, "POSENC_CACHE_BYTES": "lots"}
+    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port", str(free_port())], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "POSENC_CACHE_BYTES" in proc.stderr
