@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import __version__
@@ -24,6 +24,8 @@ router = APIRouter(tags=["inference"])
 # Bodies above this are parsed / encoded in a worker thread so the event loop keeps serving.
 OFFLOAD_BYTES = 256 * 1024
 T = TypeVar("T")
+NameParam = Annotated[str, Path(description="Model name: a folder of the model repository.")]
+VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
 
 
 def _engine(request: Request) -> Engine:
@@ -77,25 +79,44 @@ def server_ready(request: Request) -> JSONResponse:
 
 
 @router.get("/v2/models/{name}", summary="Model metadata")
+def model_metadata(request: Request, name: NameParam) -> dict[str, Any]:
+    return _model(request, name, None).metadata()
+
+
 @router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
-def model_metadata(request: Request, name: str, version: str | None = None) -> dict[str, Any]:
+def model_version_metadata(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
     return _model(request, name, version).metadata()
 
 
-@router.get("/v2/models/{name}/ready", summary="Model readiness")
-@router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
-def model_ready(request: Request, name: str, version: str | None = None) -> JSONResponse:
-    model = _model(request, name, version)
+def _ready_response(model: Model) -> JSONResponse:
     if not model.ready:
-        return JSONResponse({"error": str(model.problem), "type": "unavailable", "name": name, "ready": False},
+        return JSONResponse({"error": str(model.problem), "type": "unavailable", "name": model.name, "ready": False},
                             status_code=503)
-    return JSONResponse({"name": name, "versions": [VERSION], "ready": True})
+    return JSONResponse({"name": model.name, "versions": [VERSION], "ready": True})
+
+
+@router.get("/v2/models/{name}/ready", summary="Model readiness")
+def model_ready(request: Request, name: NameParam) -> JSONResponse:
+    return _ready_response(_model(request, name, None))
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
+def model_version_ready(request: Request, name: NameParam, version: VersionParam) -> JSONResponse:
+    return _ready_response(_model(request, name, version))
 
 
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
+async def infer(request: Request, name: NameParam) -> Response:
+    return await _infer(request, _model(request, name, None))
+
+
 @router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
-async def infer(request: Request, name: str, version: str | None = None) -> Response:
-    model = _model(request, name, version)
+async def infer_version(request: Request, name: NameParam, version: VersionParam) -> Response:
+    return await _infer(request, _model(request, name, version))
+
+
+async def _infer(request: Request, model: Model) -> Response:
+    """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
     body = await read_body(request, request.app.state.settings.max_request_bytes)
     parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
     inputs = model.check_inputs(parsed.inputs)
@@ -104,5 +125,5 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     outputs = await model.infer(inputs)
     order = [spec.name for spec in model.config.outputs] if model.config else list(outputs)
     size = sum(array.nbytes for array in outputs.values())
-    content, headers = await _maybe_offload(size, encode_infer_response, name, VERSION, parsed, outputs, order)
+    content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs, order)
     return Response(content=content, headers=headers, media_type=None)
