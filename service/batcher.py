@@ -33,7 +33,7 @@ RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 MAX_PADDING_RATIO = 2.0
 
 
-@dataclass
+@dataclass(eq=False)  # identity equality: the queue removes items by identity, never compares arrays
 class _Item:
     """One chunk (<= max_batch_size rows) of one request, waiting for its rows of a batch."""
 
@@ -126,7 +126,12 @@ class Batcher:
             await self._fill_window()
             while self._queue:
                 group = self._take_group()
-                await self._run_group(group)
+                try:
+                    await self._run_group(group)
+                except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
+                    log.exception("batcher %s failed on a group", self.name)
+                    for item in group:
+                        _settle(item, exc=exc)
 
     async def _fill_window(self) -> None:
         """Wait (at most the queue delay) until a full batch is queued."""
