@@ -69,11 +69,11 @@ def test_each_request_gets_exactly_its_rows(causal: bool) -> None:
 
 def test_padding_is_bounded() -> None:
     run = Recorder()
-    requests = [_request(1, 1, 0.0), _request(1, 40, 1.0), _request(1, 38, 2.0)]
+    requests = [_request(2, 1, 0.0), _request(1, 40, 1.0), _request(1, 38, 2.0)]
     results = asyncio.run(_submit_all(_batcher(run, causal=True), requests))
     for request, result in zip(requests, results, strict=True):
         np.testing.assert_array_equal(result["output"], request["x"] + 1)
-    assert sorted(run.shapes) == [(1, 1, 2), (2, 40, 2)]  # padding 1 → 40 would more than double the work
+    assert sorted(run.shapes) == [(2, 1, 2), (2, 40, 2)]  # padding 1 → 40 would more than double the work
 
 
 def test_requests_larger_than_max_batch_size_are_split() -> None:
