@@ -208,7 +208,7 @@ class Model:
 
     def check_inputs(self, tensors: Sequence[InputTensor]) -> dict[str, np.ndarray]:
         """Validate request tensors against config.json; every mismatch is a 400 naming the tensor."""
-        config = self._ready_config()
+        config = self.ensure_ready()
         given = {t.name: t for t in tensors}
         expected = [spec.name for spec in config.inputs]
         missing = [name for name in expected if name not in given]
@@ -226,12 +226,12 @@ class Model:
         return {spec.name: given[spec.name].array for spec in config.inputs}
 
     def check_outputs(self, names: Sequence[str]) -> None:
-        known = [spec.name for spec in self._ready_config().outputs]
+        known = [spec.name for spec in self.ensure_ready().outputs]
         unknown = [name for name in names if name not in known]
         if unknown:
             raise BadRequest(f"unknown output(s) {unknown}; model '{self.name}' returns {known}")
 
-    def _ready_config(self) -> ModelConfig:
+    def ensure_ready(self) -> ModelConfig:
         if self.config is None or self.problem is not None:
             raise Unavailable(f"model '{self.name}' is not ready: {self.problem}", retry_after=5)
         return self.config

@@ -117,6 +117,7 @@ async def infer_version(request: Request, name: NameParam, version: VersionParam
 
 async def _infer(request: Request, model: Model) -> Response:
     """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
+    model.ensure_ready()  # 503 before reading a body that cannot be served
     body = await read_body(request, request.app.state.settings.max_request_bytes)
     parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
     inputs = model.check_inputs(parsed.inputs)
