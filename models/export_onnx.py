@@ -88,7 +88,16 @@ def default_specs() -> list[ExportSpec]:
 def spec_from_hf_config(
     config: Mapping[str, Any], name: str, *, layout: Layout = "half", causal: bool = True, max_batch_size: int = 8
 ) -> ExportSpec:
-    """A graph with a Hugging Face model's attention geometry and rope settings (config.json dict)."""
+    """A graph with a Hugging Face model's attention geometry and rope settings (config.json dict).
+
+    Multimodal configs keep the language model in `text_config`; its geometry is used then.
+    dynamic / longrope freeze inv_freq at seq_len = max_position_embeddings: for dynamic that is the
+    unscaled base, exactly what transformers uses for every position the graph accepts
+    (< max_position); for longrope it selects the long factors (transformers uses the short ones
+    while a batch stays within original_max_position_embeddings) — stated in config.json.
+    """
+    if "num_attention_heads" not in config and isinstance(config.get("text_config"), Mapping):
+        config = {**config["text_config"], **{k: v for k, v in config.items() if k == "architectures"}}
     try:
         num_heads = int(config["num_attention_heads"])
     except (KeyError, TypeError, ValueError):

@@ -12,6 +12,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+from models.errors import ParameterError
 from models.export_onnx import (
     ExportError,
     ExportSpec,
@@ -35,6 +36,18 @@ GRID = [
     ("mqa_half_causal_llama3", 4, 1, 32, 1.0, "half", True, 500000.0, LLAMA3),
     ("gqa3_half_bidir_partial_llama3", 6, 2, 16, 0.5, "half", False, 500000.0, LLAMA3),
     ("mha_interleaved_causal_llama3", 2, 2, 8, 1.0, "interleaved", True, 500000.0, LLAMA3),
+]
+
+
+# Rope types beyond default/llama3: exported and compared when models.rope supports them.
+EXTRA_TYPES = [
+    ("linear", {"rope_type": "linear", "factor": 4.0}),
+    ("dynamic", {"rope_type": "dynamic", "factor": 2.0}),
+    ("yarn", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}),
+    ("longrope", {"rope_type": "longrope", "original_max_position_embeddings": 4096,
+                  "short_factor": tuple(1.0 + 0.1 * i for i in range(8)),
+                  "long_factor": tuple(2.0 + 0.5 * i for i in range(8))}),
+    ("proportional", {"rope_type": "proportional", "partial_rotary_factor": 0.5}),
 ]
 
 
@@ -80,6 +93,25 @@ def test_onnxruntime_equals_torch_module(exported: dict, name: str, batch: int, 
         expected = spec.module()(*(torch.from_numpy(inputs[k]) for k in ("query", "key", "value", "position_ids")))
     assert got.shape == (batch, spec.num_heads, seq, spec.rope.head_dim)
     np.testing.assert_allclose(got, expected.numpy(), atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("rope_type", "scaling"), EXTRA_TYPES, ids=[t for t, _ in EXTRA_TYPES])
+def test_other_rope_types_export_and_match(rope_type: str, scaling: dict, tmp_path: Path) -> None:
+    prf = scaling.pop("partial_rotary_factor", 1.0) if rope_type == "proportional" else 1.0
+    try:
+        rope = make_rope_parameters(head_dim=16, rope_theta=10000.0, max_position_embeddings=16384,
+                                    partial_rotary_factor=prf, **scaling)
+    except ParameterError as exc:
+        pytest.skip(f"models.rope does not support {rope_type} yet: {exc}")
+    frozen = 16384 if rope_type in ("dynamic", "longrope") else None
+    spec = ExportSpec(rope_type, rope, 4, 2, max_position=16384, inv_freq_seq_len=frozen)
+    folder = export(spec, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope"]["rope_type"] == rope_type and ("note" in config["rope"]) == (frozen is not None)
+    inputs = random_inputs(4, 2, 16, 2, 7, start=9000)
+    with torch.no_grad():
+        expected = spec.module()(*(torch.from_numpy(inputs[k]) for k in ("query", "key", "value", "position_ids")))
+    np.testing.assert_allclose(run(session(folder / "model.onnx"), inputs), expected.numpy(), atol=2e-5, rtol=1e-4)
 
 
 def test_config_json_describes_the_graph(exported: dict) -> None:
