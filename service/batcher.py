@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -63,7 +64,10 @@ class Batcher:
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
-        self.batches_run = 0
+        # Statistics (Triton's names): rows inferred and model executions; bumped from worker threads.
+        self._stats_lock = threading.Lock()
+        self.inference_count = 0
+        self.execution_count = 0
 
     async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full."""
@@ -74,7 +78,7 @@ class Batcher:
         try:
             if not self.batching:
                 loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self.executor, self.run, inputs)
+                return await loop.run_in_executor(self.executor, self._run_counted, inputs)
             return await self._submit_batched(inputs)
         finally:
             self._waiting_requests -= 1
@@ -182,15 +186,25 @@ class Batcher:
         for item, result in zip(live, outputs, strict=True):
             _settle(item, result=result)
 
+    @property
+    def batches_run(self) -> int:
+        return self.execution_count
+
+    def _run_counted(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.run(inputs)
+        with self._stats_lock:
+            self.inference_count += _rows(inputs)
+            self.execution_count += 1
+        return outputs
+
     def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
         """Worker thread: concatenate (right-padding sequences), run once, split per item."""
-        self.batches_run += 1
         if len(items) == 1:
-            return [self.run(items[0].inputs)]
+            return [self._run_counted(items[0].inputs)]
         longest = max(item.seq for item in items)
         batched = {name: np.concatenate([self._pad(name, item, longest) for item in items], axis=0)
                    for name in items[0].inputs}  # [sum(rows), ...]
-        outputs = self.run(batched)
+        outputs = self._run_counted(batched)
         results, start = [], 0
         for item in items:
             result = {}

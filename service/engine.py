@@ -236,6 +236,13 @@ class Model:
             raise Unavailable(f"model '{self.name}' is not ready: {self.problem}", retry_after=5)
         return self.config
 
+    def statistics(self) -> dict[str, Any]:
+        """Triton-style statistics: rows inferred and onnxruntime executions (batches) so far."""
+        batcher = self.batcher
+        return {"name": self.name, "version": VERSION,
+                "inference_count": batcher.inference_count if batcher else 0,
+                "execution_count": batcher.execution_count if batcher else 0}
+
     async def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.batcher is None:
             raise Unavailable(f"model '{self.name}' is not ready: {self.problem}", retry_after=5)

@@ -132,6 +132,10 @@ def test_concurrent_clients_with_mixed_shapes_get_their_own_results(url: str) ->
     for thread in threads:
         thread.join(120)
     assert len(results) == len(jobs)
+    client = httpclient.InferenceServerClient(url)
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert stats["inference_count"] >= 16 and 1 <= stats["execution_count"] <= stats["inference_count"]
+    client.close()
     for i, (model, inputs) in enumerate(jobs):
         got = results[i]
         assert isinstance(got, np.ndarray), got

@@ -105,6 +105,11 @@ def model_version_ready(request: Request, name: NameParam, version: VersionParam
     return _ready_response(_model(request, name, version))
 
 
+@router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
+def model_stats(request: Request, name: NameParam) -> dict[str, Any]:
+    return {"model_stats": [_model(request, name, None).statistics()]}
+
+
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
 async def infer(request: Request, name: NameParam) -> Response:
     return await _infer(request, _model(request, name, None))
