@@ -37,7 +37,7 @@ from models.export_onnx import default_specs  # noqa: E402
 # (model, B, S): the shipped models fix Hq/Hkv/D (rope_attention 8/8/64, llama3_1_attention 32/8/128).
 LATENCY_CASES = [("rope_attention", 1, 128), ("rope_attention", 4, 256), ("llama3_1_attention", 1, 128),
                  ("llama3_1_attention", 1, 512)]
-THROUGHPUT_CASE = ("rope_attention", 1, 64)
+THROUGHPUT_CASES = [("rope_attention", 1, 16), ("rope_attention", 1, 256)]
 
 
 def _inputs(hq: int, hkv: int, dim: int, batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -148,8 +148,9 @@ def latency_table(repeat: int, threads: int) -> list[str]:
     return rows
 
 
-def _throughput(batching: bool, clients: int, per_client: int, threads: int) -> tuple[float, float, float]:
-    model, batch, seq = THROUGHPUT_CASE
+def _throughput(case: tuple[str, int, int], batching: bool, clients: int, per_client: int,
+                threads: int) -> tuple[float, float, float]:
+    model, batch, seq = case
     spec = {s.name: s for s in default_specs()}[model]
     inputs = _inputs(spec.num_heads, spec.num_kv_heads, spec.rope.head_dim, batch, seq)
     server = Server(batching=str(batching).lower(), intra_op_num_threads=str(threads), max_queue_delay_us="1000",
@@ -186,13 +187,15 @@ def _throughput(batching: bool, clients: int, per_client: int, threads: int) -> 
 
 
 def throughput_table(clients: int, per_client: int, threads: int) -> list[str]:
-    model, batch, seq = THROUGHPUT_CASE
-    rows = [f"| {clients} concurrent clients, single requests ({model}, B={batch}, S={seq}) | requests/s "
-            "| median latency | mean rows per onnxruntime run |", "|---|---|---|---|"]
-    for batching in (True, False):
-        rps, p50, rows_per_run = _throughput(batching, clients, per_client, threads)
-        rows.append(f"| batching {'on' if batching else 'off'} | {rps:.0f} | {p50:.2f} ms | {rows_per_run:.1f} |")
-        print(rows[-1], flush=True)
+    rows = [f"| {clients} concurrent clients, single requests | batching | requests/s | median latency "
+            "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
+    for case in THROUGHPUT_CASES:
+        model, batch, seq = case
+        for batching in (True, False):
+            rps, p50, rows_per_run = _throughput(case, batching, clients, per_client, threads)
+            rows.append(f"| {model} B={batch} S={seq} | {'on' if batching else 'off'} | {rps:.0f} | {p50:.2f} ms "
+                        f"| {rows_per_run:.1f} |")
+            print(rows[-1], flush=True)
     return rows
 
 
