@@ -11,7 +11,7 @@ from service import __version__
 from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
-from service.routes import health, inference, sinusoidal
+from service.routes import alibi, health, inference, relative, rope, sinusoidal, t5
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -19,6 +19,10 @@ log = logging.getLogger("posenc")
 ROUTERS = [
     health.router,
     sinusoidal.router,
+    rope.router,
+    alibi.router,
+    t5.router,
+    relative.router,
     inference.router,
 ]
 

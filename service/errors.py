@@ -65,6 +65,11 @@ class PayloadTooLarge(ServiceError):
     error_type = "too_large"
 
 
+class PreconditionFailed(ServiceError):
+    status_code = 412
+    error_type = "precondition_failed"
+
+
 class UnsupportedMediaType(ServiceError):
     status_code = 415
     error_type = "unsupported_media_type"

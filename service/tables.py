@@ -34,7 +34,7 @@ from service.arrays import (
     raw_headers,
 )
 from service.cache import ByteLRUCache, CachedBody
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
+from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed
 from service.settings import Settings
 
 CACHE_CONTROL = "public, max-age=86400"
@@ -92,6 +92,7 @@ class TableRequest:
     format: Format
     tensor: str | None
     if_none_match: str | None
+    method: str
     settings: Settings
     cache: ByteLRUCache
 
@@ -141,7 +142,10 @@ class TableRequest:
         etag = f'"{digest[:40]}"'
         headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL, "Vary": "Accept"}
         if _etag_matches(self.if_none_match, etag):
-            return Response(status_code=304, headers=headers)
+            if self.method in ("GET", "HEAD"):
+                return Response(status_code=304, headers=headers)
+            # RFC 9110 13.1.2: a matching If-None-Match on other methods is a failed precondition.
+            raise PreconditionFailed(f"If-None-Match matches the current representation {etag}")
 
         cached = self.cache.get(digest)
         if cached is None:
@@ -201,6 +205,7 @@ def table_request(
         format=negotiate_format(format, accept),
         tensor=tensor,
         if_none_match=if_none_match,
+        method=request.method,
         settings=request.app.state.settings,
         cache=request.app.state.table_cache,
     )

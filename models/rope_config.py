@@ -1,0 +1,181 @@
+"""Hugging Face `config.json` → `RopeParameters`, resolved as transformers 5.23 resolves it.
+
+Reference: transformers 5.23.0 `modeling_rope_utils.py`, `RotaryEmbeddingConfigMixin`
+(`convert_rope_params_to_dict`, `standardize_rope_params`, `validate_rope`, `_check_received_keys`)
+and the init functions' reads of `config.head_dim` / `hidden_size // num_attention_heads`.
+ENCODINGS.md §1.1.
+
+Rules reproduced:
+- the dict is `rope_scaling` (v4) if truthy, else `rope_parameters` (v5), else {};
+- top-level `rope_theta` (default 10000.0, the mixin's `default_theta`) and `partial_rotary_factor`
+  only fill keys the dict lacks; `rope_type` falls back to the legacy `type`, then "default";
+- llama3/yarn/longrope: a top-level `original_max_position_embeddings` (Phi-3) overwrites the
+  dict's value; otherwise the dict value defaults to `max_position_embeddings`. In the nested
+  (per-layer) form only the default applies, as in `standardize_rope_params`;
+- required keys per rope_type as `_validate_*_rope_parameters` (KeyError there, ParameterError here);
+- yarn's `truncate` is read from the top-level dict (`config.rope_parameters.get("truncate", True)`),
+  so a nested config always truncates.
+
+Not reproduced (model-class knowledge a bare config.json does not carry): per-model `default_theta`
+and field defaults of the config classes (e.g. Phi3Config's default original length 4096), and
+Llama's default rope ignoring `partial_rotary_factor` (here it is honoured, as GPT-NeoX does).
+Multimodal configs whose text model sits under `text_config` are read from there.
+"""
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from models.errors import ParameterError
+from models.rope_params import ROPE_TYPES, RopeParameters, make_rope_parameters
+
+DEFAULT_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
+_SCALED_TYPES = ("llama3", "yarn", "longrope")
+# `_validate_<rope_type>_rope_parameters` required_keys in transformers 5.23
+REQUIRED_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset({"rope_type"}),
+    "linear": frozenset({"rope_type", "factor"}),
+    "dynamic": frozenset({"rope_type", "factor"}),
+    "yarn": frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
+    "longrope": frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
+    "llama3": frozenset(
+        {"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
+         "rope_theta"}
+    ),
+    "proportional": frozenset({"rope_type", "rope_theta"}),
+}
+
+
+def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    """The mapping that describes the text model: the config itself, or its `text_config`."""
+    has_head = any(key in config for key in ("head_dim", "hidden_size", "num_attention_heads"))
+    text = config.get("text_config")
+    if not has_head and isinstance(text, Mapping):
+        return "text_config", text
+    return "", config
+
+
+def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
+    """`config.head_dim or hidden_size // num_attention_heads`.
+
+    Model classes that override it: Gemma-4 (`global_head_dim` on full-attention layers) and
+    DeepSeek-V2/V3 (`qk_rope_head_dim`, only that part of the head is rotated).
+    """
+    if layer_type == "full_attention" and config.get("global_head_dim"):
+        return config["global_head_dim"]
+    if config.get("qk_rope_head_dim"):  # DeepSeek-V2/V3 MLA: DeepseekV3Config sets head_dim to it
+        return config["qk_rope_head_dim"]
+    if config.get("head_dim"):
+        return config["head_dim"]
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    if isinstance(hidden, int) and isinstance(heads, int) and _positive_int(hidden) and _positive_int(heads):
+        return hidden // heads
+    raise ParameterError(
+        "head_dim",
+        "config.json has no head size: give head_dim, or hidden_size and num_attention_heads "
+        "(positive integers)",
+    )
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _select_entry(
+    rope: dict[str, Any], config: Mapping[str, Any], layer_type: str | None
+) -> tuple[dict[str, Any], bool]:
+    """(the RoPE dict that applies, whether the config is nested per layer type)."""
+    labels = config.get("_rope_type_labels") or config.get("layer_types") or ()
+    nested_keys = [key for key in rope if isinstance(labels, list | tuple) and key in labels]
+    if not nested_keys:
+        if layer_type is not None:
+            raise ParameterError("layer_type", "this config has one RoPE for all layers; omit layer_type")
+        return rope, False
+    if layer_type not in nested_keys:
+        raise ParameterError(
+            "layer_type", f"this config has per-layer RoPE; choose one of {', '.join(sorted(nested_keys))}"
+        )
+    entry = rope[layer_type]
+    if entry is None:
+        raise ParameterError("layer_type", f"layer type {layer_type!r} has no RoPE (NoPE layer)")
+    if not isinstance(entry, dict):
+        raise ParameterError("rope_parameters", f"entry for {layer_type!r} must be an object")
+    return entry, True
+
+
+def _check_required(entry: Mapping[str, Any]) -> str:
+    """rope_type after validation; ParameterError naming missing keys (transformers: KeyError)."""
+    rope_type = entry["rope_type"]
+    if rope_type not in REQUIRED_KEYS:
+        raise ParameterError(
+            "rope_type", f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}"
+        )
+    missing = sorted(REQUIRED_KEYS[rope_type] - set(entry))
+    if missing:
+        raise ParameterError(
+            ", ".join(missing), f"missing in rope_parameters, required for rope_type {rope_type!r}"
+        )
+    return str(rope_type)
+
+
+def rope_parameters_from_config(
+    config: Mapping[str, Any], *, layer_type: str | None = None
+) -> tuple[RopeParameters, dict[str, Any]]:
+    """Resolve a Hugging Face `config.json` object to RopeParameters (+ info).
+
+    `layer_type` picks one entry of a per-layer (nested) `rope_parameters`, e.g. Gemma's
+    "full_attention" / "sliding_attention"; it is required for such configs and refused otherwise.
+    info: `max_position_embeddings` (None if absent), `rope_source` ("rope_scaling",
+    "rope_parameters" or "none"), `config_section` ("" or "text_config"), `layer_type`.
+    """
+    if not isinstance(config, Mapping):
+        raise ParameterError("config", "config.json must be a JSON object")
+    section, cfg = _model_section(config)
+    source = next((key for key in ("rope_scaling", "rope_parameters") if cfg.get(key)), "none")
+    rope = copy.deepcopy(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    if not isinstance(rope, dict):
+        raise ParameterError(source, "must be a JSON object")
+    entry, nested = _select_entry(rope, cfg, layer_type)
+
+    entry.setdefault("rope_theta", cfg.get("rope_theta", DEFAULT_THETA))
+    if cfg.get("partial_rotary_factor") is not None:
+        entry.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
+    entry.setdefault("rope_type", entry.get("type", "default"))
+    max_pos = cfg.get("max_position_embeddings")
+    if entry["rope_type"] in _SCALED_TYPES:
+        if not nested and cfg.get("original_max_position_embeddings") is not None:
+            entry["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
+        elif max_pos is not None:
+            entry.setdefault("original_max_position_embeddings", max_pos)
+    rope_type = _check_required(entry)
+
+    params = make_rope_parameters(
+        head_dim=_head_dim(cfg, layer_type),
+        partial_rotary_factor=entry.get("partial_rotary_factor"),
+        rope_theta=entry["rope_theta"] if entry["rope_theta"] is not None else _null_theta(),
+        rope_type=rope_type,
+        factor=entry.get("factor"),
+        original_max_position_embeddings=entry.get("original_max_position_embeddings"),
+        max_position_embeddings=max_pos,
+        attention_factor=entry.get("attention_factor"),
+        beta_fast=entry.get("beta_fast"),
+        beta_slow=entry.get("beta_slow"),
+        mscale=entry.get("mscale"),
+        mscale_all_dim=entry.get("mscale_all_dim"),
+        truncate=bool(rope.get("truncate", True)),  # transformers tests its truthiness
+        low_freq_factor=entry.get("low_freq_factor"),
+        high_freq_factor=entry.get("high_freq_factor"),
+        short_factor=entry.get("short_factor"),
+        long_factor=entry.get("long_factor"),
+    )
+    info = {
+        "max_position_embeddings": max_pos,
+        "rope_source": source,
+        "config_section": section,
+        "layer_type": layer_type,
+    }
+    return params, info
+
+
+def _null_theta() -> float:
+    raise ParameterError("rope_theta", "is null in config.json; give a number or leave it out")

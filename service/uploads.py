@@ -1,0 +1,276 @@
+"""Safe decoders for uploaded tensors (.npy and safetensors), and a size-bounded body reader.
+
+Nothing here unpickles or trusts a length: the .npy header is parsed with `ast.literal_eval`
+(object dtypes are refused, as `np.load(allow_pickle=False)` would), every declared shape and byte
+count is checked against the body with Python integers before numpy sees the data, and safetensors
+offsets must tile the data buffer exactly (no holes, no overlaps), as the format specification says.
+
+Content type decides the decoder: `application/x-npy` or `application/x-safetensors`.
+`application/octet-stream` (or no Content-Type) is sniffed from the magic bytes: `\\x93NUMPY` is
+.npy, an 8-byte length followed by `{` is safetensors. Anything else is a 415 naming the allowed types.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import struct
+import warnings
+from collections.abc import AsyncIterable
+from typing import Any, Literal
+
+import numpy as np
+
+from models.dtypes import np_dtype
+from service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+
+UploadFormat = Literal["npy", "safetensors"]
+UPLOAD_MEDIA_TYPES: dict[str, UploadFormat] = {
+    "application/x-npy": "npy",
+    "application/x-safetensors": "safetensors",
+}
+SNIFFED_MEDIA_TYPES = ("application/octet-stream", "")
+
+NPY_MAGIC = b"\x93NUMPY"
+# numpy's own default cap on header size (np.lib.format.read_array_header_*, max_header_size)
+MAX_NPY_HEADER = 10_000
+MAX_SAFETENSORS_HEADER = 1 << 20
+MAX_NDIM = 32
+
+# .npy descr kind+size → API dtype name; byte order is handled separately
+_NPY_KINDS: dict[str, str] = {
+    "f8": "float64", "f4": "float32", "f2": "float16",
+    "i8": "int64", "i4": "int32", "i2": "int16", "i1": "int8", "u1": "uint8", "b1": "bool",
+}
+# numpy reads '|' (not applicable) on a multi-byte type as native order
+_BYTE_ORDERS: dict[str, Literal["<", ">", "="]] = {"<": "<", ">": ">", "=": "=", "|": "="}
+_SAFETENSORS_DTYPES: dict[str, str] = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+}
+
+
+def upload_format(content_type: str | None, body_start: bytes) -> UploadFormat:
+    """Pick the decoder from Content-Type; octet-stream (or none) is sniffed from the magic bytes."""
+    media = (content_type or "").split(";")[0].strip().lower()
+    if media in UPLOAD_MEDIA_TYPES:
+        return UPLOAD_MEDIA_TYPES[media]
+    allowed = ", ".join([*UPLOAD_MEDIA_TYPES, "application/octet-stream (sniffed)"])
+    if media not in SNIFFED_MEDIA_TYPES:
+        raise UnsupportedMediaType(f"Content-Type {media!r} is not accepted for a tensor upload; use {allowed}")
+    if body_start.startswith(NPY_MAGIC):
+        return "npy"
+    if len(body_start) > 8 and body_start[8:9] == b"{":
+        return "safetensors"
+    raise BadRequest(f"the body is neither .npy (magic \\x93NUMPY) nor safetensors (length + JSON header); "
+                     f"send it with one of {allowed}")
+
+
+def decode_tensor(body: bytes, content_type: str | None, name: str = "weight") -> np.ndarray:
+    """Decode one uploaded tensor: .npy, or the tensor `name` (or the only one) of a safetensors file.
+
+    Returns a native-endian, C-contiguous, writeable copy.
+    """
+    if upload_format(content_type, body[:16]) == "npy":
+        return decode_npy(body)
+    return decode_safetensors(body, name)
+
+
+async def read_body(content_length: str | None, chunks: AsyncIterable[bytes], limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed `limit` bytes.
+
+    A declared Content-Length is checked before reading anything; a chunked body is counted as it
+    arrives, so an over-long upload is never held in memory in full.
+    """
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise BadRequest(f"Content-Length {content_length!r} is not an integer") from None
+        if declared > limit:
+            raise PayloadTooLarge(_too_large(declared, limit))
+    parts: list[bytes] = []
+    received = 0
+    async for chunk in chunks:
+        received += len(chunk)
+        if received > limit:
+            raise PayloadTooLarge(_too_large(received, limit, at_least=True))
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _too_large(size: int, limit: int, at_least: bool = False) -> str:
+    return (f"the request body is {'at least ' if at_least else ''}{size} bytes; the limit is {limit} bytes "
+            "(POSENC_MAX_REQUEST_BYTES)")
+
+
+# ---------------------------------------------------------------------------------------------- npy
+
+
+def decode_npy(body: bytes) -> np.ndarray:
+    """Parse a .npy file (format versions 1.0, 2.0, 3.0) without pickle.
+
+    Checks: magic and version, header length within the body, header a literal dict with exactly
+    descr/fortran_order/shape, a plain numeric descr (no object, structured or void dtypes), a shape
+    of non-negative ints, and a data section of exactly prod(shape) · itemsize bytes.
+    """
+    if not body.startswith(NPY_MAGIC):
+        raise BadRequest("npy: the body does not start with the .npy magic \\x93NUMPY")
+    if len(body) < 10:
+        raise BadRequest(f"npy: truncated: {len(body)} bytes, the fixed prelude alone is 10")
+    major, minor = body[6], body[7]
+    if (major, minor) not in ((1, 0), (2, 0), (3, 0)):
+        raise BadRequest(f"npy: unsupported format version {major}.{minor} (1.0, 2.0 and 3.0 are read)")
+    length_format = "<H" if major == 1 else "<I"
+    prelude = 8 + struct.calcsize(length_format)
+    if len(body) < prelude:
+        raise BadRequest(f"npy: truncated: {len(body)} bytes, the version {major}.0 prelude is {prelude}")
+    (header_len,) = struct.unpack_from(length_format, body, 8)
+    if header_len > MAX_NPY_HEADER:
+        raise BadRequest(f"npy: header length {header_len} exceeds the {MAX_NPY_HEADER}-byte limit")
+    if len(body) < prelude + header_len:
+        raise BadRequest(f"npy: truncated header: it declares {header_len} bytes, the body has "
+                         f"{len(body) - prelude} after the prelude")
+    encoding = "utf-8" if major == 3 else "latin-1"
+    try:
+        text = body[prelude:prelude + header_len].decode(encoding)
+    except UnicodeDecodeError:
+        raise BadRequest(f"npy: header is not valid {encoding}") from None
+    dtype, fortran_order, shape = _npy_header_fields(text)
+    data = memoryview(body)[prelude + header_len:]
+    expected = math.prod(shape) * dtype.itemsize
+    if len(data) != expected:
+        raise BadRequest(f"npy: the header declares shape {list(shape)} of {dtype.str} = {expected} bytes of "
+                         f"data, the body has {len(data)}")
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape))
+    array = flat.reshape(shape, order="F" if fortran_order else "C")
+    return array.astype(dtype.newbyteorder("="), order="C", copy=True)
+
+
+def _npy_header_fields(text: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
+    try:
+        with warnings.catch_warnings():
+            # an odd escape sequence in a string is a compile warning; here it is a malformed header
+            warnings.simplefilter("error")
+            header = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError, Warning):
+        raise BadRequest("npy: header is not a Python literal dict") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise BadRequest("npy: header must be a dict with exactly the keys 'descr', 'fortran_order', 'shape'")
+    fortran_order = header["fortran_order"]
+    if not isinstance(fortran_order, bool):
+        raise BadRequest("npy: 'fortran_order' must be True or False")
+    return _npy_dtype(header["descr"]), fortran_order, _checked_shape(header["shape"], "npy")
+
+
+def _npy_dtype(descr: Any) -> np.dtype:
+    """A plain numeric descr such as '<f4'; object ('O'), structured (lists) and void dtypes are refused."""
+    if not isinstance(descr, str):
+        raise BadRequest("npy: structured dtypes are not accepted (descr must be a string such as '<f4')")
+    if "O" in descr:
+        raise BadRequest("npy: object arrays are not accepted (they need pickle, and allow_pickle is off)")
+    order, kind = (descr[0], descr[1:]) if descr[:1] in _BYTE_ORDERS else ("=", descr)
+    if kind not in _NPY_KINDS:
+        raise BadRequest(f"npy: dtype {descr!r} is not accepted; accepted kinds: "
+                         + ", ".join(_NPY_KINDS))
+    return np_dtype(_NPY_KINDS[kind]).newbyteorder(_BYTE_ORDERS[order])
+
+
+def _checked_shape(shape: Any, what: str) -> tuple[int, ...]:
+    """A tuple/list of non-negative ints (bools are not ints here), at most MAX_NDIM of them."""
+    if not isinstance(shape, (tuple, list)) or len(shape) > MAX_NDIM:
+        raise BadRequest(f"{what}: shape must be a list of at most {MAX_NDIM} non-negative integers")
+    if not all(type(n) is int and n >= 0 for n in shape):
+        raise BadRequest(f"{what}: shape {shape!r} must contain non-negative integers only")
+    return tuple(shape)
+
+
+# -------------------------------------------------------------------------------------- safetensors
+
+
+def decode_safetensors(body: bytes, name: str = "weight") -> np.ndarray:
+    """Parse a safetensors file and return tensor `name`, or its only tensor.
+
+    Checks: 8-byte little-endian header length within the body, a UTF-8 JSON object without
+    duplicate keys, known dtype codes, non-negative integer shapes, and data_offsets that match
+    prod(shape) · itemsize and tile the data buffer from 0 to its end without holes or overlaps.
+    """
+    if len(body) < 8:
+        raise BadRequest(f"safetensors: truncated: {len(body)} bytes, the header length field alone is 8")
+    (header_len,) = struct.unpack_from("<Q", body, 0)
+    if header_len > min(len(body) - 8, MAX_SAFETENSORS_HEADER):
+        raise BadRequest(f"safetensors: header length {header_len} exceeds the body ({len(body) - 8} bytes "
+                         f"after the length field) or the {MAX_SAFETENSORS_HEADER}-byte limit")
+    header = _safetensors_header(body[8:8 + header_len])
+    data = memoryview(body)[8 + header_len:]
+    entries = _checked_entries(header, len(data))
+    if name in entries:
+        chosen = name
+    elif len(entries) == 1:
+        (chosen,) = entries
+    else:
+        raise BadRequest(f"safetensors: no tensor named {name!r} and not exactly one tensor; found "
+                         + (", ".join(sorted(entries)) or "none"))
+    dtype, shape, (begin, _end) = entries[chosen]
+    flat = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=begin)
+    return flat.reshape(shape).astype(dtype, order="C", copy=True)
+
+
+def _safetensors_header(raw: bytes) -> dict[str, Any]:
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) != len(keys):
+            raise BadRequest("safetensors: duplicate keys in the header")
+        return dict(pairs)
+
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest("safetensors: header is not valid UTF-8 JSON") from None
+    if not isinstance(header, dict):
+        raise BadRequest("safetensors: header must be a JSON object")
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise BadRequest("safetensors: __metadata__ must map strings to strings")
+    return header
+
+
+def _checked_entries(
+    header: dict[str, Any], data_len: int
+) -> dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]]:
+    entries: dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]] = {}
+    for tensor, info in header.items():
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise BadRequest(f"safetensors: tensor {tensor!r} needs exactly dtype, shape and data_offsets")
+        code = info["dtype"]
+        if code not in _SAFETENSORS_DTYPES:
+            raise BadRequest(f"safetensors: tensor {tensor!r} has dtype {code!r}; accepted: "
+                             + ", ".join(_SAFETENSORS_DTYPES))
+        dtype = np_dtype(_SAFETENSORS_DTYPES[code])
+        shape = _checked_shape(info["shape"], f"safetensors: tensor {tensor!r}")
+        offsets = info["data_offsets"]
+        if (not isinstance(offsets, list) or len(offsets) != 2
+                or not all(type(n) is int and 0 <= n <= data_len for n in offsets) or offsets[0] > offsets[1]):
+            raise BadRequest(f"safetensors: tensor {tensor!r} data_offsets {offsets!r} must be [begin, end] "
+                             f"with 0 <= begin <= end <= {data_len} (the data size)")
+        expected = math.prod(shape) * dtype.itemsize
+        if offsets[1] - offsets[0] != expected:
+            raise BadRequest(f"safetensors: tensor {tensor!r} spans {offsets[1] - offsets[0]} bytes but shape "
+                             f"{list(shape)} of {code} needs {expected}")
+        entries[tensor] = (dtype, shape, (offsets[0], offsets[1]))
+    _check_tiling(entries, data_len)
+    return entries
+
+
+def _check_tiling(entries: dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]], data_len: int) -> None:
+    """Offsets sorted by start must run 0 → data_len contiguously (the format forbids holes and overlaps)."""
+    position = 0
+    for tensor, (_, _, (begin, end)) in sorted(entries.items(), key=lambda item: item[1][2]):
+        if begin != position:
+            problem = "overlaps the previous tensor" if begin < position else "leaves a hole before it"
+            raise BadRequest(f"safetensors: tensor {tensor!r} starts at byte {begin}, which {problem} "
+                             f"(expected {position})")
+        position = end
+    if position != data_len:
+        raise BadRequest(f"safetensors: the tensors cover {position} bytes but the data section has {data_len}")
