@@ -33,11 +33,14 @@ def _positions(batch: int, seq: int, start: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize(("theta", "scaling", "start"), [
     (10000.0, None, 0), (500000.0, LLAMA3, 0), (500000.0, LLAMA3, 20000),
+    (10000.0, {"rope_type": "linear", "factor": 4.0}, 300),
+    (10000.0, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, 5000),
 ])
 def test_cos_sin_equal_llama_rotary_embedding(theta: float, scaling: dict | None, start: int) -> None:
     head_dim = 64
-    module = _module(head_dim, theta=theta, scaling=scaling)
+    module = _module(head_dim, theta=theta, scaling={**(scaling or {}), "max_position_embeddings": 8192})
     config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
+                         max_position_embeddings=8192,
                          rope_parameters={"rope_theta": theta, **(scaling or {"rope_type": "default"})})
     reference = LlamaRotaryEmbedding(config)
     positions = _positions(2, 9, start)
@@ -46,7 +49,7 @@ def test_cos_sin_equal_llama_rotary_embedding(theta: float, scaling: dict | None
     cos, sin = module.cos_sin(positions)  # [B, S, D/2]
     np.testing.assert_allclose(module.inv_freq.numpy(), reference.inv_freq.numpy(), rtol=3e-7)
     # Angles are position * inv_freq in float32 on both sides; allow the contract's angle term.
-    tol = 2e-6 + 4e-7 * float(positions.max()) * float(module.inv_freq.max())
+    tol = (2e-6 + 4e-7 * float(positions.max()) * float(module.inv_freq.max())) * max(1.0, module.attention_factor)
     torch.testing.assert_close(torch.cat((cos, cos), -1), ref_cos, atol=tol, rtol=0)
     torch.testing.assert_close(torch.cat((sin, sin), -1), ref_sin, atol=tol, rtol=0)
 
