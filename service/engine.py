@@ -35,6 +35,13 @@ ORT_DATATYPES = {
     "tensor(int64)": "INT64", "tensor(int32)": "INT32", "tensor(int16)": "INT16", "tensor(int8)": "INT8",
     "tensor(uint8)": "UINT8", "tensor(bool)": "BOOL",
 }
+# onnxruntime's own load errors (InvalidProtobuf, InvalidGraph, Fail, ...) derive from Exception only.
+_ORT_STATE = ort.capi.onnxruntime_pybind11_state
+ORT_ERRORS: tuple[type[Exception], ...] = tuple(
+    getattr(_ORT_STATE, name) for name in ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError",
+                                           "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
+                                           "InvalidGraph", "EPFail") if hasattr(_ORT_STATE, name)
+)
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 VERSION = "1"
@@ -42,6 +49,10 @@ VERSION = "1"
 
 class ConfigError(ValueError):
     """config.json is missing, malformed, or disagrees with the model file or session."""
+
+
+# Failures whose message is reported as the model's readiness problem.
+LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, json.JSONDecodeError, ConfigError, *ORT_ERRORS)
 
 
 @dataclass(frozen=True)
@@ -173,9 +184,13 @@ class Model:
             if settings.providers == "cuda" and CUDA not in session.get_providers():
                 raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
             _check_session(config, session)
-        except (OSError, json.JSONDecodeError, ConfigError, ort.capi.onnxruntime_pybind11_state.Fail) as exc:
+        except LOAD_ERRORS as exc:
             self.problem = f"model '{self.name}': {exc}"
             log.error("%s", self.problem)
+            return
+        except Exception:  # one broken model must not take the service down; details go to the log
+            self.problem = f"model '{self.name}': failed to load (the service log has the details)"
+            log.exception("%s", self.problem)
             return
         self.config, self.session, self.providers, self.problem = config, session, session.get_providers(), None
         log.info("model %s loaded: providers %s, %d intra-op threads", self.name, self.providers,

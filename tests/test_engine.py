@@ -84,6 +84,14 @@ def test_bad_config_is_a_readiness_problem(tmp_path: Path, change: dict, reason:
     assert len(problems) == 1 and reason in problems[0] and "rope_attention" in problems[0]
 
 
+def test_corrupt_model_file_is_a_readiness_problem(tmp_path: Path) -> None:
+    repo = _copy_repository(tmp_path)
+    (repo / "rope_attention" / "model.onnx").write_bytes(b"not an onnx model")
+    _edit_config(repo / "rope_attention", sha256=None)
+    problems = Engine(Settings(model_repository=repo)).load()
+    assert len(problems) == 1 and problems[0].startswith("model 'rope_attention': ")
+
+
 def test_missing_config_and_empty_repository(tmp_path: Path) -> None:
     repo = _copy_repository(tmp_path)
     (repo / "rope_attention" / "config.json").unlink()
