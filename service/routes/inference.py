@@ -16,8 +16,9 @@ from fastapi.responses import JSONResponse, Response
 
 from service import __version__
 from service.engine import VERSION, Engine, Model
-from service.errors import PayloadTooLarge, Unavailable
+from service.errors import Unavailable
 from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
+from service.uploads import read_body
 
 router = APIRouter(tags=["inference"])
 
@@ -43,20 +44,6 @@ async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
     if size > OFFLOAD_BYTES:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, refused with 413 as soon as it is known to exceed `limit` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is {int(declared)} bytes; the limit is {limit} (POSENC_MAX_REQUEST_BYTES)")
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLarge(f"request body exceeds {limit} bytes (POSENC_MAX_REQUEST_BYTES)")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @router.get("/v2", summary="Server metadata")
@@ -123,7 +110,8 @@ async def infer_version(request: Request, name: NameParam, version: VersionParam
 async def _infer(request: Request, model: Model) -> Response:
     """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
     model.ensure_ready()  # 503 before reading a body that cannot be served
-    body = await read_body(request, request.app.state.settings.max_request_bytes)
+    body = await read_body(request.headers.get("content-length"), request.stream(),
+                           request.app.state.settings.max_request_bytes)
     parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
     inputs = model.check_inputs(parsed.inputs)
     if parsed.outputs is not None:
