@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -200,6 +201,8 @@ def throughput_table(clients: int, per_client: int, threads: int) -> list[str]:
 
 
 def main() -> int:
+    # A terminated benchmark still stops its server subprocesses (the `finally` blocks run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads everywhere")
