@@ -46,6 +46,8 @@ def test_server_endpoints(client: TestClient) -> None:
     assert client.get("/v2/health/ready").status_code == 200
     assert client.get(f"/v2/models/{MODEL}/ready").json()["ready"] is True
     assert client.get(f"/v2/models/{MODEL}/versions/1").json()["name"] == MODEL
+    stats = client.get(f"/v2/models/{MODEL}/versions/1/stats").json()["model_stats"][0]
+    assert stats["name"] == MODEL and stats["execution_count"] <= stats["inference_count"]
 
 
 @pytest.mark.parametrize("path", ["/v2/models/nope", "/v2/models/nope/ready", f"/v2/models/{MODEL}/versions/2"])

@@ -97,6 +97,11 @@ def model_stats(request: Request, name: NameParam) -> dict[str, Any]:
     return {"model_stats": [_model(request, name, None).statistics()]}
 
 
+@router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
+def model_version_stats(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
+    return {"model_stats": [_model(request, name, version).statistics()]}
+
+
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
 async def infer(request: Request, name: NameParam) -> Response:
     return await _infer(request, _model(request, name, None))
