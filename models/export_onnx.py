@@ -225,7 +225,8 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
         return spec
     rope_kwargs = {k: getattr(args, k) for k in (
         "head_dim", "rope_theta", "rope_type", "partial_rotary_factor", "factor", "original_max_position_embeddings",
-        "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast", "beta_slow",
+        "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+        "short_factor", "long_factor",
     ) if getattr(args, k) is not None}
     rope_kwargs["max_position_embeddings"] = args.max_position
     rope = make_rope_parameters(**rope_kwargs)

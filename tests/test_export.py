@@ -186,6 +186,18 @@ def test_posenc_export_from_hf_config(tmp_path: Path, capsys: pytest.CaptureFixt
     assert config["source"]["model_type"] == "llama"
 
 
+def test_posenc_export_longrope_from_options(tmp_path: Path) -> None:
+    factors = ",".join(["1.0"] * 4)
+    code = posenc_main(["export", "--name", "lr", "--head-dim", "8", "--num-heads", "2", "--num-kv-heads", "1",
+                        "--rope-type", "longrope", "--short-factor", factors, "--long-factor", factors,
+                        "--original-max-position-embeddings", "1024", "--max-position", "4096",
+                        "--bidirectional", "--layout", "interleaved", "--repository", str(tmp_path)])
+    assert code == 0
+    config = json.loads((tmp_path / "lr" / "config.json").read_text())
+    assert config["rope"]["long_factor"] == [1.0] * 4 and config["rope"]["inv_freq_seq_len"] == 4096
+    assert config["causal"] is False and config["rope"]["layout"] == "interleaved"
+
+
 def test_posenc_export_reports_bad_geometry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = posenc_main(["export", "--name", "bad", "--num-heads", "6", "--num-kv-heads", "4",
                         "--repository", str(tmp_path)])
