@@ -202,3 +202,38 @@ def test_posenc_export_reports_bad_geometry(tmp_path: Path, capsys: pytest.Captu
     code = posenc_main(["export", "--name", "bad", "--num-heads", "6", "--num-kv-heads", "4",
                         "--repository", str(tmp_path)])
     assert code == 2 and "multiple" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("layout", "prf"), [("half", 1.0), ("half", 0.5), ("interleaved", 1.0), ("interleaved", 0.5)])
+def test_onnxruntime_rotary_embedding_kernel_equals_transformers(layout: str, prf: float) -> None:
+    """The RotaryEmbedding-23 kernel alone, fed the module's cos/sin, against transformers' rotation."""
+    import onnxruntime as ort
+    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply
+    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
+
+    dim, heads = 16, 3
+    spec = _spec("rot", heads, heads, dim, prf, layout, True, 500000.0, LLAMA3)
+    module = spec.module()
+    rd = module.rotary_dim
+    node = helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], interleaved=int(layout == "interleaved"),
+                            rotary_embedding_dim=rd if rd != dim else 0)
+    f32 = TensorProto.FLOAT
+    graph = helper.make_graph(
+        [node], "rope",
+        [helper.make_tensor_value_info("x", f32, ["B", heads, "S", dim]),
+         helper.make_tensor_value_info("cos", f32, ["B", "S", rd // 2]),
+         helper.make_tensor_value_info("sin", f32, ["B", "S", rd // 2])],
+        [helper.make_tensor_value_info("y", f32, ["B", heads, "S", dim])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, heads, 9, dim)
+    positions = torch.arange(9).repeat(2, 1) + torch.tensor([[0], [70000]])  # [B, S]
+    cos, sin = module.cos_sin(positions)  # [B, S, R/2]
+    got = sess.run(["y"], {"x": x.numpy(), "cos": cos.numpy(), "sin": sin.numpy()})[0]
+    if layout == "half":  # GPT-NeoX: rotate_half on x[..., :rd], the rest passed through
+        expected, _ = neox_apply(x, x, torch.cat((cos, cos), -1), torch.cat((sin, sin), -1))
+    else:  # GPT-J: rotate_every_two on x[..., :rd] in [B, S, H, D]
+        rotated = gptj_apply(x.transpose(1, 2)[..., :rd], sin, cos).transpose(1, 2)
+        expected = torch.cat((rotated, x[..., rd:]), -1)
+    np.testing.assert_allclose(got, expected.numpy(), atol=1e-6, rtol=1e-6)
