@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
+from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply
+from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
 
 from models.errors import ParameterError
 from models.export_onnx import (
@@ -207,10 +210,6 @@ def test_posenc_export_reports_bad_geometry(tmp_path: Path, capsys: pytest.Captu
 @pytest.mark.parametrize(("layout", "prf"), [("half", 1.0), ("half", 0.5), ("interleaved", 1.0), ("interleaved", 0.5)])
 def test_onnxruntime_rotary_embedding_kernel_equals_transformers(layout: str, prf: float) -> None:
     """The RotaryEmbedding-23 kernel alone, fed the module's cos/sin, against transformers' rotation."""
-    import onnxruntime as ort
-    from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply
-    from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
-
     dim, heads = 16, 3
     spec = _spec("rot", heads, heads, dim, prf, layout, True, 500000.0, LLAMA3)
     module = spec.module()
