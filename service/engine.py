@@ -318,11 +318,12 @@ class Engine:
         self.executor = ThreadPoolExecutor(max_workers=settings.inference_threads, thread_name_prefix="posenc-infer")
 
     def load(self) -> list[str]:
-        """Load every `<repository>/<name>/` holding a model.onnx; returns the readiness problems."""
+        """Load every `<repository>/<name>/` holding a model.onnx or a config.json; returns the readiness problems."""
         root = Path(self.settings.model_repository)
         if not root.is_dir():
             return [f"model repository {root} is not a folder"]
-        for folder in sorted(p for p in root.iterdir() if p.is_dir() and (p / "model.onnx").exists()):
+        entries = (p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+        for folder in sorted(p for p in entries if (p / "model.onnx").exists() or (p / "config.json").exists()):
             model = Model(folder.name, folder)
             model.load(self.settings)
             if model.config is not None and model.ready:

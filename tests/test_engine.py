@@ -96,6 +96,9 @@ def test_missing_config_and_empty_repository(tmp_path: Path) -> None:
     repo = _copy_repository(tmp_path)
     (repo / "rope_attention" / "config.json").unlink()
     assert "config.json" in Engine(Settings(model_repository=repo)).load()[0]
+    shutil.copy(REPOSITORY / "rope_attention" / "config.json", repo / "rope_attention")
+    (repo / "rope_attention" / "model.onnx").unlink()
+    assert "model.onnx" in Engine(Settings(model_repository=repo)).load()[0]
     (tmp_path / "empty").mkdir()
     assert "holds no" in Engine(Settings(model_repository=tmp_path / "empty")).load()[0]
     assert "not a folder" in Engine(Settings(model_repository=tmp_path / "nowhere")).load()[0]
