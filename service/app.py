@@ -1,5 +1,6 @@
 """Application factory: `create_app(settings)`; nothing here reads the environment at import."""
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -8,9 +9,10 @@ from fastapi import FastAPI
 
 from service import __version__
 from service.cache import ByteLRUCache
+from service.engine import Engine
 from service.errors import install_error_handlers
 from service.metrics import install_metrics
-from service.routes import alibi, health, relative, rope, sinusoidal, t5
+from service.routes import alibi, health, inference, relative, rope, sinusoidal, t5
 from service.settings import Settings
 
 log = logging.getLogger("posenc")
@@ -22,6 +24,7 @@ ROUTERS = [
     alibi.router,
     t5.router,
     relative.router,
+    inference.router,
 ]
 
 
@@ -31,9 +34,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        app.state.readiness_problems = []
-        log.info("posenc %s ready", __version__)
-        yield
+        engine = Engine(settings)
+        # Sessions are built before the first request is served; problems make /readyz fail with the reason.
+        problems = await asyncio.to_thread(engine.load)
+        app.state.engine = engine
+        app.state.readiness_problems = problems
+        if problems:
+            log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
+        else:
+            log.info("posenc %s ready (%d models)", __version__, len(engine.models))
+        try:
+            yield
+        finally:
+            await engine.close()
 
     app = FastAPI(
         title="posenc",

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
+from models.export_args import add_export_arguments
 from service.settings import Settings
 
 
@@ -50,6 +51,35 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    """`posenc export`: torch is an export-time extra; say so plainly when it is missing."""
+    try:
+        from models import export_onnx
+    except ImportError as exc:
+        sys.stderr.write(f"posenc export needs the export extra (torch, onnx, onnxscript): {exc}\n"
+                         "install it with: pip install 'posenc[export]'\n")
+        return 2
+    from models.errors import ParameterError
+
+    try:
+        folders = export_onnx.run_export(args)
+    except (ParameterError, export_onnx.ExportError, OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"posenc export: {exc}\n")
+        return 2
+    for folder in folders:
+        print(folder)
+    return 0
+
+
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="export a RoPE-attention ONNX graph into a model repository (needs torch)",
+        description="Regenerate the shipped repository: posenc export --defaults --repository onnx",
+    )
+    add_export_arguments(export)  # torch-free: importing the exporter is deferred to `_export`
+    export.set_defaults(handler=_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -62,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, help="worker processes (POSENC_WORKERS, default 1)")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="POSENC_LOG_LEVEL")
     serve.set_defaults(handler=_serve)
+    _add_export_parser(commands)
     return parser
 
 

@@ -45,3 +45,33 @@ class Settings(BaseSettings):
     model_repository: Path = Field(
         DEFAULT_MODEL_REPOSITORY, description="Folder of `<model>/model.onnx` + `<model>/config.json`."
     )
+
+    # Inference (KServe v2): onnxruntime sessions and the per-model micro-batcher.
+    providers: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="onnxruntime execution providers: cpu; cuda (model not ready without a CUDA device); "
+        "auto = CUDA when onnxruntime-gpu sees a device, else CPU.",
+    )
+    intra_op_num_threads: int = Field(
+        0, ge=0, le=1024,
+        description="onnxruntime intra-op threads per session; 0 = one per CPU core of this process "
+        "(resolved at start-up and set explicitly on the session).",
+    )
+    inference_threads: int = Field(
+        4, ge=1, le=256, description="Worker threads that call onnxruntime `run` (it releases the GIL)."
+    )
+    batching: bool = Field(
+        True, description="Dynamic batching per model; false runs every request on its own (still in a worker thread)."
+    )
+    max_batch_size: int | None = Field(
+        None, ge=1, le=4096,
+        description="Override of every model's config.json `max_batch_size` (rows per onnxruntime run).",
+    )
+    max_queue_delay_us: int = Field(
+        500, ge=0, le=10_000_000,
+        description="How long the batcher waits for more requests after the first one of a batch (microseconds).",
+    )
+    max_queue_size: int = Field(
+        256, ge=1, le=1_000_000,
+        description="Requests waiting per model; one more gets 503 with Retry-After.",
+    )

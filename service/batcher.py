@@ -1,0 +1,250 @@
+"""Dynamic batching per model: an asyncio queue drained by one dispatcher task.
+
+Requests (dicts of batch-first arrays, already validated) wait up to `max_queue_delay_us` for
+neighbours; the dispatcher then takes the oldest request and the queued requests compatible with it
+(same shapes apart from the batch axis — and apart from the sequence axis when `seq_axes` is given,
+i.e. for causal models, which are right-padded to the longest sequence) up to `max_batch_size` rows,
+concatenates them, runs the model once in a worker thread and hands every request its own rows.
+Requests larger than `max_batch_size` are split into chunks and reassembled. One batch per model runs
+at a time (onnxruntime already uses every core for one run); the next one fills up meanwhile.
+
+Right-padding is exact for the valid rows of a causal model: query i only attends keys 0..i, so keys
+appended after a request's last token never reach its queries; the padded output rows are dropped.
+A batch that fails is retried request by request, so one bad request cannot fail its neighbours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.errors import Unavailable
+
+log = logging.getLogger("posenc.batcher")
+
+RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+# Padding may at most double the work of a batch (padded elements <= valid elements).
+MAX_PADDING_RATIO = 2.0
+
+
+@dataclass(eq=False)  # identity equality: the queue removes items by identity, never compares arrays
+class _Item:
+    """One chunk (<= max_batch_size rows) of one request, waiting for its rows of a batch."""
+
+    inputs: Mapping[str, np.ndarray]
+    rows: int
+    seq: int
+    key: tuple[object, ...]
+    future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
+
+
+class Batcher:
+    """`await submit(inputs)` → the model's outputs for exactly these inputs."""
+
+    def __init__(
+        self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
+        batching: bool = True, seq_axes: Mapping[str, int] | None = None, name: str = "model",
+    ) -> None:
+        self.run = run
+        self.executor = executor
+        self.max_batch_size = max(1, max_batch_size)
+        self.delay = max_queue_delay_us / 1e6
+        self.max_queue_size = max_queue_size
+        self.batching = batching
+        self.seq_axes = dict(seq_axes) if seq_axes else None
+        self.name = name
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._waiting_requests = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        # Statistics (Triton's names): rows inferred and model executions; bumped from worker threads.
+        self._stats_lock = threading.Lock()
+        self.inference_count = 0
+        self.execution_count = 0
+
+    async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full."""
+        if self._waiting_requests >= self.max_queue_size:
+            raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
+                              f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
+        self._waiting_requests += 1
+        try:
+            if not self.batching:
+                loop = asyncio.get_running_loop()
+                return await loop.run_in_executor(self.executor, self._run_counted, inputs)
+            return await self._submit_batched(inputs)
+        finally:
+            self._waiting_requests -= 1
+
+    async def _submit_batched(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._ensure_dispatcher()
+        rows = _rows(inputs)
+        loop = asyncio.get_running_loop()
+        items = []
+        for start in range(0, rows, self.max_batch_size):
+            chunk = {name: array[start : start + self.max_batch_size] for name, array in inputs.items()}
+            items.append(_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future()))
+        self._queue.extend(items)
+        assert self._wake is not None
+        self._wake.set()
+        results = await asyncio.gather(*(item.future for item in items))
+        if len(results) == 1:
+            return results[0]
+        return {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]}
+
+    def _ensure_dispatcher(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
+
+    def _seq(self, inputs: Mapping[str, np.ndarray]) -> int:
+        if self.seq_axes is None:
+            return 0
+        name, axis = next(iter(self.seq_axes.items()))
+        return int(inputs[name].shape[axis])
+
+    def _key(self, inputs: Mapping[str, np.ndarray]) -> tuple[object, ...]:
+        """Requests with equal keys can share a batch: shapes without the batch (and padded seq) axis."""
+        key = []
+        for name in sorted(inputs):
+            shape = list(inputs[name].shape[1:])
+            if self.seq_axes is not None and name in self.seq_axes:
+                shape[self.seq_axes[name] - 1] = -1
+            key.append((name, inputs[name].dtype.str, tuple(shape)))
+        return tuple(key)
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._queue:
+                continue
+            await self._fill_window()
+            while self._queue:
+                group = self._take_group()
+                try:
+                    await self._run_group(group)
+                except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
+                    log.exception("batcher %s failed on a group", self.name)
+                    for item in group:
+                        _settle(item, exc=exc)
+
+    async def _fill_window(self) -> None:
+        """Wait (at most the queue delay) until a full batch is queued."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delay
+        while sum(item.rows for item in self._queue) < self.max_batch_size:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+            except TimeoutError:
+                return
+
+    def _take_group(self) -> list[_Item]:
+        """The oldest item plus the compatible queued items that fit in max_batch_size rows."""
+        first = self._queue.popleft()
+        group, rows, longest, valid = [first], first.rows, first.seq, first.rows * first.seq
+        for item in list(self._queue):
+            if item.key != first.key or rows + item.rows > self.max_batch_size:
+                continue
+            new_longest = max(longest, item.seq)
+            new_valid = valid + item.rows * item.seq
+            if self.seq_axes is not None and new_longest * (rows + item.rows) > MAX_PADDING_RATIO * new_valid:
+                continue
+            self._queue.remove(item)
+            group.append(item)
+            rows, longest, valid = rows + item.rows, new_longest, new_valid
+        return group
+
+    async def _run_group(self, group: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        live = [item for item in group if not item.future.done()]  # a cancelled request is not run
+        if not live:
+            return
+        try:
+            outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
+        except Exception as exc:
+            if len(live) == 1:
+                _settle(live[0], exc=exc)
+                return
+            log.warning("batch of %d requests on %s failed (%s); retrying them one by one", len(live), self.name, exc)
+            for item in live:
+                await self._run_group([item])
+            return
+        for item, result in zip(live, outputs, strict=True):
+            _settle(item, result=result)
+
+    @property
+    def batches_run(self) -> int:
+        return self.execution_count
+
+    def _run_counted(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        outputs = self.run(inputs)
+        with self._stats_lock:
+            self.inference_count += _rows(inputs)
+            self.execution_count += 1
+        return outputs
+
+    def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
+        """Worker thread: concatenate (right-padding sequences), run once, split per item."""
+        if len(items) == 1:
+            return [self._run_counted(items[0].inputs)]
+        longest = max(item.seq for item in items)
+        batched = {name: np.concatenate([self._pad(name, item, longest) for item in items], axis=0)
+                   for name in items[0].inputs}  # [sum(rows), ...]
+        outputs = self._run_counted(batched)
+        results, start = [], 0
+        for item in items:
+            result = {}
+            for name, array in outputs.items():
+                rows = array[start : start + item.rows]  # [rows, ...]
+                if self.seq_axes is not None and name in self.seq_axes and item.seq != longest:
+                    index = [slice(None)] * rows.ndim
+                    index[self.seq_axes[name]] = slice(0, item.seq)
+                    rows = rows[tuple(index)]  # [rows, ..., item.seq, ...]: padded positions dropped
+                result[name] = rows
+            results.append(result)
+            start += item.rows
+        return results
+
+    def _pad(self, name: str, item: _Item, longest: int) -> np.ndarray:
+        array = item.inputs[name]
+        if self.seq_axes is None or item.seq == longest:
+            return array
+        widths = [(0, 0)] * array.ndim
+        widths[self.seq_axes[name]] = (0, longest - item.seq)
+        return np.pad(array, widths)  # zeros after the last token (position 0 for position_ids)
+
+    async def close(self) -> None:
+        """Stop the dispatcher; queued requests get 503."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._queue:
+            _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
+
+
+def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+    return int(next(iter(inputs.values())).shape[0])
+
+
+def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: BaseException | None = None) -> None:
+    if item.future.done():
+        return
+    if exc is not None:
+        item.future.set_exception(exc)
+    else:
+        assert result is not None
+        item.future.set_result(result)

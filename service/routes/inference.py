@@ -1,0 +1,128 @@
+"""KServe v2 / Open Inference Protocol routes (REST), served from the model repository.
+
+`GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`,
+`.../ready`, `POST .../infer`. The infer route reads the raw body itself: tritonclient sends no
+Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse, Response
+
+from service import __version__
+from service.engine import VERSION, Engine, Model
+from service.errors import Unavailable
+from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
+from service.uploads import read_body
+
+router = APIRouter(tags=["inference"])
+
+# Bodies above this are parsed / encoded in a worker thread so the event loop keeps serving.
+OFFLOAD_BYTES = 256 * 1024
+T = TypeVar("T")
+NameParam = Annotated[str, Path(description="Model name: a folder of the model repository.")]
+VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
+
+
+def _engine(request: Request) -> Engine:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
+    return engine
+
+
+def _model(request: Request, name: str, version: str | None) -> Model:
+    return _engine(request).get(name, version)
+
+
+async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+@router.get("/v2", summary="Server metadata")
+def server_metadata() -> dict[str, Any]:
+    return {"name": "posenc", "version": __version__, "extensions": EXTENSIONS}
+
+
+@router.get("/v2/health/live", summary="Server liveness")
+def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", summary="Server readiness: every model loaded and valid")
+def server_ready(request: Request) -> JSONResponse:
+    problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
+    if problems:
+        return JSONResponse({"error": "not ready: " + "; ".join(problems), "type": "unavailable", "ready": False},
+                            status_code=503)
+    return JSONResponse({"ready": True})
+
+
+@router.get("/v2/models/{name}", summary="Model metadata")
+def model_metadata(request: Request, name: NameParam) -> dict[str, Any]:
+    return _model(request, name, None).metadata()
+
+
+@router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
+def model_version_metadata(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
+    return _model(request, name, version).metadata()
+
+
+def _ready_response(model: Model) -> JSONResponse:
+    if not model.ready:
+        return JSONResponse({"error": str(model.problem), "type": "unavailable", "name": model.name, "ready": False},
+                            status_code=503)
+    return JSONResponse({"name": model.name, "versions": [VERSION], "ready": True})
+
+
+@router.get("/v2/models/{name}/ready", summary="Model readiness")
+def model_ready(request: Request, name: NameParam) -> JSONResponse:
+    return _ready_response(_model(request, name, None))
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
+def model_version_ready(request: Request, name: NameParam, version: VersionParam) -> JSONResponse:
+    return _ready_response(_model(request, name, version))
+
+
+@router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
+def model_stats(request: Request, name: NameParam) -> dict[str, Any]:
+    return {"model_stats": [_model(request, name, None).statistics()]}
+
+
+@router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
+def model_version_stats(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
+    return {"model_stats": [_model(request, name, version).statistics()]}
+
+
+@router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
+async def infer(request: Request, name: NameParam) -> Response:
+    return await _infer(request, _model(request, name, None))
+
+
+@router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
+async def infer_version(request: Request, name: NameParam, version: VersionParam) -> Response:
+    return await _infer(request, _model(request, name, version))
+
+
+async def _infer(request: Request, model: Model) -> Response:
+    """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
+    model.ensure_ready()  # 503 before reading a body that cannot be served
+    body = await read_body(request.headers.get("content-length"), request.stream(),
+                           request.app.state.settings.max_request_bytes)
+    parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+    inputs = model.check_inputs(parsed.inputs)
+    if parsed.outputs is not None:
+        model.check_outputs([out.name for out in parsed.outputs])
+    outputs = await model.infer(inputs)
+    order = [spec.name for spec in model.config.outputs] if model.config else list(outputs)
+    size = sum(array.nbytes for array in outputs.values())
+    content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs, order)
+    return Response(content=content, headers=headers, media_type=None)

@@ -1,0 +1,148 @@
+"""The per-model micro-batcher: grouping, splitting, padding, isolation, queue limit; batched == unbatched."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from service.batcher import Batcher
+from service.engine import Engine
+from service.errors import Unavailable
+from service.settings import Settings
+from tests.infer_utils import REPOSITORY, random_inputs
+
+
+class Recorder:
+    """A fake model: output = x + 1 with x [B, S, 2]; records every batch shape; fails on NaN rows."""
+
+    def __init__(self, gate: threading.Event | None = None) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+        self.gate = gate
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.gate is not None:
+            self.gate.wait(10)
+        x = inputs["x"]
+        self.shapes.append(x.shape)
+        if np.isnan(x).any():
+            raise ValueError("NaN in batch")
+        return {"output": x + 1}
+
+
+def _batcher(run: Recorder, *, causal: bool = False, max_batch_size: int = 8, delay_us: int = 20_000,
+             queue: int = 64, batching: bool = True) -> Batcher:
+    return Batcher(run, ThreadPoolExecutor(2), max_batch_size=max_batch_size, max_queue_delay_us=delay_us,
+                   max_queue_size=queue, batching=batching,
+                   seq_axes={"x": 1, "output": 1} if causal else None)
+
+
+def _request(rows: int, seq: int, value: float) -> dict[str, np.ndarray]:
+    return {"x": np.full((rows, seq, 2), value, dtype=np.float32) + np.arange(seq, dtype=np.float32)[:, None]}
+
+
+async def _submit_all(batcher: Batcher, requests: list[dict[str, np.ndarray]]) -> list:
+    results = await asyncio.gather(*(batcher.submit(r) for r in requests), return_exceptions=True)
+    await batcher.close()
+    return results
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_each_request_gets_exactly_its_rows(causal: bool) -> None:
+    run = Recorder()
+    requests = [_request(rows, seq, float(i * 100)) for i, (rows, seq) in
+                enumerate([(1, 3), (2, 3), (1, 5), (3, 3), (1, 4), (2, 5)])]
+    results = asyncio.run(_submit_all(_batcher(run, causal=causal), requests))
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result["output"], request["x"] + 1)
+    assert len(run.shapes) < len(requests)  # they were batched
+    assert all(shape[0] <= 8 for shape in run.shapes)
+    if causal:  # right-padded to the longest sequence; 10 rows > max_batch_size 8 → two batches, in order
+        assert run.shapes == [(8, 5, 2), (2, 5, 2)]
+    else:  # grouped by exact sequence length: 3 → 6 rows, 5 → 3 rows, 4 → 1 row
+        assert sorted(run.shapes) == [(1, 4, 2), (3, 5, 2), (6, 3, 2)]
+
+
+def test_padding_is_bounded() -> None:
+    run = Recorder()
+    requests = [_request(2, 1, 0.0), _request(1, 40, 1.0), _request(1, 38, 2.0)]
+    results = asyncio.run(_submit_all(_batcher(run, causal=True), requests))
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result["output"], request["x"] + 1)
+    assert sorted(run.shapes) == [(2, 1, 2), (2, 40, 2)]  # padding 1 → 40 would more than double the work
+
+
+def test_requests_larger_than_max_batch_size_are_split() -> None:
+    run = Recorder()
+    requests = [_request(10, 2, 1.0), _request(3, 2, 50.0)]
+    results = asyncio.run(_submit_all(_batcher(run, max_batch_size=4), requests))
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result["output"], request["x"] + 1)
+    assert all(shape[0] <= 4 for shape in run.shapes) and sum(s[0] for s in run.shapes) == 13
+
+
+def test_a_failing_request_does_not_fail_its_neighbours() -> None:
+    run = Recorder()
+    bad = _request(1, 3, 0.0)
+    bad["x"][0, 0, 0] = np.nan
+    requests = [_request(1, 3, 1.0), bad, _request(2, 3, 2.0)]
+    results = asyncio.run(_submit_all(_batcher(run), requests))
+    np.testing.assert_array_equal(results[0]["output"], requests[0]["x"] + 1)
+    assert isinstance(results[1], ValueError)
+    np.testing.assert_array_equal(results[2]["output"], requests[2]["x"] + 1)
+
+
+def test_full_queue_is_503_with_retry_after() -> None:
+    gate = threading.Event()
+    run = Recorder(gate)
+
+    async def scenario() -> list:
+        batcher = _batcher(run, queue=2, delay_us=0)
+        first = [asyncio.ensure_future(batcher.submit(_request(1, 2, float(i)))) for i in range(2)]
+        await asyncio.sleep(0.05)
+        with pytest.raises(Unavailable) as info:
+            await batcher.submit(_request(1, 2, 9.0))
+        assert info.value.headers["Retry-After"] == "1" and "POSENC_MAX_QUEUE_SIZE=2" in info.value.message
+        gate.set()
+        results = await asyncio.gather(*first)
+        await batcher.close()
+        return results
+
+    results = asyncio.run(scenario())
+    assert [float(r["output"][0, 0, 0]) for r in results] == [1.0, 2.0]
+
+
+def test_batching_off_runs_each_request_alone() -> None:
+    run = Recorder()
+    requests = [_request(1, 3, float(i)) for i in range(4)]
+    results = asyncio.run(_submit_all(_batcher(run, batching=False), requests))
+    assert sorted(run.shapes) == [(1, 3, 2)] * 4
+    for request, result in zip(requests, results, strict=True):
+        np.testing.assert_array_equal(result["output"], request["x"] + 1)
+
+
+@pytest.mark.parametrize("model", ["rope_attention", "llama3_1_attention"])
+def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
+    engine = Engine(Settings(model_repository=REPOSITORY, max_queue_delay_us=20_000, intra_op_num_threads=1))
+    assert engine.load() == []
+    entry = engine.models[model]
+    assert entry.config is not None
+    hq, hkv, dim = (entry.config.raw["attention"][k] for k in ("num_heads", "num_kv_heads", "head_dim"))
+    shapes = [(1, 4), (2, 4), (1, 7), (3, 2), (1, 1), (9, 3), (2, 6)]  # 9 rows > max_batch_size 8: split
+    requests = [random_inputs(hq, hkv, dim, b, s, seed=i, start=17 * i) for i, (b, s) in enumerate(shapes)]
+
+    async def scenario() -> list:
+        results = await asyncio.gather(*(entry.infer(r) for r in requests))
+        await engine.close()
+        return results
+
+    results = asyncio.run(scenario())
+    assert entry.batcher is not None and entry.batcher.batches_run < len(requests)
+    for request, result in zip(requests, results, strict=True):
+        alone = entry.run(request)["output"]
+        assert result["output"].shape == alone.shape
+        np.testing.assert_allclose(result["output"], alone, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,152 @@
+"""KServe v2 REST through TestClient: JSON and binary tensors, metadata, and every 400/404/413."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.infer_utils import REPOSITORY, random_inputs, run, session
+
+MODEL = "rope_attention"
+DATATYPE = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(max_queue_delay_us=0))) as c:
+        yield c
+
+
+def _json_body(inputs: dict[str, np.ndarray], **extra: object) -> dict:
+    return {"inputs": [{"name": n, "datatype": DATATYPE[a.dtype], "shape": list(a.shape), "data": a.ravel().tolist()}
+                       for n, a in inputs.items()], **extra}
+
+
+def _binary_body(inputs: dict[str, np.ndarray], **extra: object) -> tuple[bytes, dict[str, str]]:
+    header = {"inputs": [{"name": n, "datatype": DATATYPE[a.dtype], "shape": list(a.shape),
+                          "parameters": {"binary_data_size": a.nbytes}} for n, a in inputs.items()], **extra}
+    head = json.dumps(header).encode()
+    body = head + b"".join(a.tobytes() for a in inputs.values())
+    return body, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _expected(inputs: dict[str, np.ndarray], model: str = MODEL) -> np.ndarray:
+    return run(session(REPOSITORY / model / "model.onnx"), inputs)
+
+
+def test_server_endpoints(client: TestClient) -> None:
+    assert client.get("/v2").json()["extensions"] == ["binary_tensor_data"]
+    assert client.get("/v2/health/live").json() == {"live": True}
+    assert client.get("/v2/health/ready").status_code == 200
+    assert client.get(f"/v2/models/{MODEL}/ready").json()["ready"] is True
+    assert client.get(f"/v2/models/{MODEL}/versions/1").json()["name"] == MODEL
+    stats = client.get(f"/v2/models/{MODEL}/versions/1/stats").json()["model_stats"][0]
+    assert stats["name"] == MODEL and stats["execution_count"] <= stats["inference_count"]
+
+
+@pytest.mark.parametrize("path", ["/v2/models/nope", "/v2/models/nope/ready", f"/v2/models/{MODEL}/versions/2"])
+def test_unknown_model_or_version_is_404(client: TestClient, path: str) -> None:
+    r = client.get(path)
+    assert r.status_code == 404 and r.json()["type"] == "not_found"
+    assert client.post(path.replace("/ready", "") + "/infer", content=b"{}").status_code == 404
+
+
+def test_json_infer(client: TestClient) -> None:
+    inputs = random_inputs(8, 8, 64, 2, 5, start=40)
+    r = client.post(f"/v2/models/{MODEL}/infer", content=json.dumps(_json_body(inputs, id="req-1")))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    out = r.json()
+    assert out["id"] == "req-1" and out["model_name"] == MODEL and out["model_version"] == "1"
+    (tensor,) = out["outputs"]
+    assert tensor["name"] == "output" and tensor["datatype"] == "FP32" and tensor["shape"] == [2, 8, 5, 64]
+    np.testing.assert_allclose(np.array(tensor["data"], np.float32).reshape(2, 8, 5, 64), _expected(inputs),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["rope_attention", "llama3_1_attention"])
+def test_binary_infer_on_the_versioned_route(client: TestClient, model: str) -> None:
+    hq, hkv, dim = (8, 8, 64) if model == "rope_attention" else (32, 8, 128)
+    inputs = random_inputs(hq, hkv, dim, 3, 4, start=4000 if model == "rope_attention" else 90000)
+    body, headers = _binary_body(inputs, parameters={"binary_data_output": True})
+    r = client.post(f"/v2/models/{model}/versions/1/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    length = int(r.headers["Inference-Header-Content-Length"])
+    head = json.loads(r.content[:length])
+    assert head["outputs"][0]["parameters"]["binary_data_size"] == 3 * hq * 4 * dim * 4
+    got = np.frombuffer(r.content[length:], np.float32).reshape(3, hq, 4, dim)
+    np.testing.assert_allclose(got, _expected(inputs, model), atol=1e-5, rtol=1e-5)
+
+
+def test_binary_in_json_out_with_requested_output(client: TestClient) -> None:
+    inputs = random_inputs(8, 8, 64, 1, 2)
+    body, headers = _binary_body(inputs, outputs=[{"name": "output", "parameters": {"binary_data": False}}])
+    r = client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 200 and "Inference-Header-Content-Length" not in r.headers
+    assert len(r.json()["outputs"][0]["data"]) == 8 * 2 * 64
+
+
+def _bad(inputs: dict[str, np.ndarray], name: str, array: np.ndarray) -> dict[str, np.ndarray]:
+    return {**inputs, name: array}
+
+
+GOOD = random_inputs(8, 8, 64, 2, 3)
+BAD_CASES = [
+    ("unknown input", {**GOOD, "mask": np.ones((2, 3), np.int64)}, "unknown input(s) ['mask']"),
+    ("missing input", {k: v for k, v in GOOD.items() if k != "value"}, "missing input(s) ['value']"),
+    ("datatype", _bad(GOOD, "position_ids", GOOD["position_ids"].astype(np.float32)),
+     "input 'position_ids': datatype FP32, the model expects INT64"),
+    ("head dim", _bad(GOOD, "query", np.zeros((2, 8, 3, 32), np.float32)),
+     "input 'query': shape [2, 8, 3, 32] does not match [-1, 8, -1, 64] (dim 3 must be 64)"),
+    ("rank", _bad(GOOD, "query", np.zeros((2, 8, 3), np.float32)), "has rank 3"),
+    ("gqa ratio", _bad(_bad(GOOD, "key", np.zeros((2, 3, 3, 64), np.float32)), "value",
+                       np.zeros((2, 3, 3, 64), np.float32)), "Hq must be a multiple of Hkv"),
+    ("kv heads", _bad(_bad(GOOD, "key", np.zeros((2, 4, 3, 64), np.float32)), "value",
+                      np.zeros((2, 4, 3, 64), np.float32)), "(dim 1 must be 8)"),
+    ("key != value", _bad(GOOD, "value", np.zeros((2, 8, 4, 64), np.float32)), "must have the same shape"),
+    ("batch", _bad(GOOD, "position_ids", np.zeros((1, 3), np.int64)), "disagree on the batch size"),
+    ("sequence", _bad(GOOD, "position_ids", np.zeros((2, 4), np.int64)), "disagree on the sequence length"),
+    ("position high", _bad(GOOD, "position_ids", np.full((2, 3), 4096, np.int64)),
+     "values must be in [0, 4096); found 4096 at index [0, 0]"),
+    ("position negative", _bad(GOOD, "position_ids", np.array([[0, 1, 2], [0, -1, 2]], np.int64)),
+     "found -1 at index [1, 1]"),
+    ("empty sequence", {k: (v[:, :, :0] if v.ndim == 4 else v[:, :0]) for k, v in GOOD.items()}, "must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("binary", [False, True])
+@pytest.mark.parametrize(("case", "inputs", "message"), BAD_CASES, ids=[c[0] for c in BAD_CASES])
+def test_invalid_inputs_are_400_with_a_precise_message(client: TestClient, case: str, inputs: dict,
+                                                       message: str, binary: bool) -> None:
+    if binary:
+        body, headers = _binary_body(inputs)
+    else:
+        body, headers = json.dumps(_json_body(inputs)).encode(), {}
+    r = client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"] and r.json()["type"] == "bad_request"
+
+
+def test_malformed_bodies_are_400(client: TestClient) -> None:
+    body, headers = _binary_body(GOOD)
+    for content, hdrs, message in [
+        (body + b"\0" * 4, headers, "trailing bytes"),
+        (body[:-8], headers, "binary data is missing"),
+        (body, {"Inference-Header-Content-Length": "x"}, "not an integer"),
+        (b"\xff\xfe", {}, "not valid JSON"),
+        (json.dumps(_json_body(GOOD, outputs=[{"name": "logits"}])).encode(), {}, "unknown output(s) ['logits']"),
+    ]:
+        r = client.post(f"/v2/models/{MODEL}/infer", content=content, headers=hdrs)
+        assert r.status_code == 400 and message in r.json()["error"], (message, r.text)
+
+
+def test_request_over_the_byte_limit_is_413() -> None:
+    with TestClient(create_app(Settings(max_request_bytes=1000))) as small:
+        body, headers = _binary_body(GOOD)
+        r = small.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
+    assert r.status_code == 413 and "POSENC_MAX_REQUEST_BYTES" in r.json()["error"]

@@ -1,0 +1,34 @@
+"""House rules of the inference feature: service/ never imports torch; export says so when torch is missing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from service.cli import main as posenc_main
+from tests.infer_utils import ROOT
+
+
+def test_service_runs_without_importing_torch() -> None:
+    code = ("import sys\n"
+            "from fastapi.testclient import TestClient\n"
+            "from service.app import create_app\n"
+            "from service.cli import build_parser\n"
+            "with TestClient(create_app()) as c:\n"
+            "    assert c.get('/v2/health/ready').status_code == 200\n"
+            "build_parser().parse_args(['export', '--defaults'])\n"
+            "assert 'torch' not in sys.modules, 'service imported torch'\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_export_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch → ImportError
+    for name in ("models.export_onnx", "models.rope_attention"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr("models.export_onnx", raising=False)
+    assert posenc_main(["export", "--defaults", "--repository", "/nonexistent"]) == 2
+    assert "posenc[export]" in capsys.readouterr().err

@@ -1,0 +1,142 @@
+"""tritonclient[http], unchanged, against a real uvicorn server on loopback."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+import uvicorn
+from tritonclient.utils import InferenceServerException
+
+from service.app import create_app
+from service.settings import Settings
+from tests.infer_utils import REPOSITORY, random_inputs, run, session
+
+MODEL = "rope_attention"
+GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    port = _free_port()
+    app = create_app(Settings(max_queue_delay_us=2000))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    yield f"127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def _infer_inputs(inputs: dict[str, np.ndarray], binary: bool) -> list[httpclient.InferInput]:
+    out = []
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        out.append(tensor)
+    return out
+
+
+def _expected(inputs: dict[str, np.ndarray], model: str = MODEL) -> np.ndarray:
+    return run(session(REPOSITORY / model / "model.onnx"), inputs)
+
+
+def test_health_and_metadata(url: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready(MODEL) and client.is_model_ready(MODEL, "1")
+    assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
+    meta = client.get_model_metadata("llama3_1_attention")
+    assert meta["inputs"][0]["shape"] == [-1, 32, -1, 128] and meta["providers"]
+    client.close()
+
+
+@pytest.mark.parametrize("binary_in", [True, False])
+@pytest.mark.parametrize("binary_out", [True, False, None])
+def test_infer_binary_and_json(url: str, binary_in: bool, binary_out: bool | None) -> None:
+    client = httpclient.InferenceServerClient(url)
+    inputs = random_inputs(8, 8, 64, 2, 6, start=123)
+    outputs = None if binary_out is None else [httpclient.InferRequestedOutput("output", binary_data=binary_out)]
+    result = client.infer(MODEL, _infer_inputs(inputs, binary_in), outputs=outputs, request_id="abc-42")
+    response = result.get_response()
+    assert response["id"] == "abc-42" and response["model_name"] == MODEL
+    got = result.as_numpy("output")
+    assert got.dtype == np.float32 and got.shape == (2, 8, 6, 64)
+    np.testing.assert_allclose(got, _expected(inputs), atol=1e-5, rtol=1e-5)
+    client.close()
+
+
+def test_llama31_gqa_model(url: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    inputs = random_inputs(32, 8, 128, 1, 5, start=100000)
+    got = client.infer("llama3_1_attention", _infer_inputs(inputs, True)).as_numpy("output")
+    np.testing.assert_allclose(got, _expected(inputs, "llama3_1_attention"), atol=1e-5, rtol=1e-5)
+    client.close()
+
+
+def test_unknown_model_is_404(url: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer("no_such_model", _infer_inputs(random_inputs(8, 8, 64, 1, 2), True))
+    assert info.value.status() == "404" and "unknown model 'no_such_model'" in info.value.message()
+    client.close()
+
+
+def test_bad_shape_is_400(url: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    inputs = random_inputs(8, 8, 64, 1, 2)
+    inputs["query"] = np.zeros((1, 8, 2, 32), np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(MODEL, _infer_inputs(inputs, True))
+    assert info.value.status() == "400" and "(dim 3 must be 64)" in info.value.message()
+    client.close()
+
+
+def test_concurrent_clients_with_mixed_shapes_get_their_own_results(url: str) -> None:
+    jobs = []
+    for i in range(24):
+        model = MODEL if i % 3 else "llama3_1_attention"
+        hq, hkv, dim = GEOMETRY[model]
+        jobs.append((model, random_inputs(hq, hkv, dim, 1 + i % 3, 1 + (i * 5) % 9, seed=i, start=i * 11)))
+    results: dict[int, np.ndarray | BaseException] = {}
+
+    def worker(indices: list[int]) -> None:
+        client = httpclient.InferenceServerClient(url)
+        for i in indices:
+            model, inputs = jobs[i]
+            try:
+                results[i] = client.infer(model, _infer_inputs(inputs, i % 2 == 0)).as_numpy("output")
+            except Exception as exc:
+                results[i] = exc
+        client.close()
+
+    threads = [threading.Thread(target=worker, args=(list(range(t, len(jobs), 8)),)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(results) == len(jobs)
+    client = httpclient.InferenceServerClient(url)
+    stats = client.get_inference_statistics(MODEL)["model_stats"][0]
+    assert stats["inference_count"] >= 16 and 1 <= stats["execution_count"] <= stats["inference_count"]
+    client.close()
+    for i, (model, inputs) in enumerate(jobs):
+        got = results[i]
+        assert isinstance(got, np.ndarray), got
+        np.testing.assert_allclose(got, _expected(inputs, model), atol=1e-5, rtol=1e-5)
