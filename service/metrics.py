@@ -9,7 +9,7 @@ API for the rest of the service (`metrics = request.app.state.metrics`, a `Metri
 - `metrics.set_queue_depth(model, n)`: `n` requests are waiting in the model's batcher queue now.
 - `metrics.observe_run(model, seconds)`: one `session.run` took `seconds` of wall time.
 
-The HTTP middleware records, per route *template* (`/v2/models/{model_name}/infer`, not the raw path,
+The HTTP middleware records, per route *template* (`/v2/models/{name}/infer`, not the raw path,
 so that cardinality stays bounded; unmatched paths are `unmatched`): request count by method and
 status, latency histogram, requests in flight, and response bytes. The table cache's hits, misses and
 bytes are read from `app.state.table_cache` at scrape time.
