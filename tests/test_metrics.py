@@ -133,3 +133,12 @@ def test_log_config_is_valid(fmt: str) -> None:
     formatter = config["formatters"]["default"]
     assert ("()" in formatter) == (fmt == "json")
     assert config["loggers"]["uvicorn.access"]["handlers"] == []
+
+
+def test_v2_model_names_do_not_become_labels(client: TestClient) -> None:
+    for name in ("a", "b", "c"):
+        client.get(f"/v2/models/{name}")
+    got = samples(client)
+    routes = {dict(labels).get("route") for name, labels in got if name == "posenc_http_requests_total"}
+    assert "/v2/models/{name}" in routes
+    assert not routes & {"/v2/models/a", "/v2/models/b", "/v2/models/c"}
