@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the JavaScript client's tests against a live `posenc serve` on a free loopback port.
 #
+#   scripts/js-client-test.sh                                  # uses .venv/bin/python when present
 #   PYTHON=/path/to/venv/bin/python scripts/js-client-test.sh
 #
 # 1. scripts/js_client_fixtures.py writes the numbers the Python side computes (needs the test
@@ -9,7 +10,11 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PYTHON=${PYTHON:-python3}
+# The interpreter with the project installed: $PYTHON, else the repository's .venv, else python3.
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
+fi
 WORK=$(mktemp -d)
 SERVER_PID=""
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
