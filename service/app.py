@@ -11,6 +11,7 @@ from service import __version__
 from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
+from service.metrics import install_metrics
 from service.routes import alibi, health, inference, relative, rope, sinusoidal, t5
 from service.settings import Settings
 
@@ -59,6 +60,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    # Observability: GET /metrics, per-route request metrics, the access log.
+    install_metrics(app, access_log_enabled=settings.access_log)
     return app
 
 

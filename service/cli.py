@@ -36,6 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     for key, value in overrides.items():
         os.environ[f"POSENC_{key.upper()}"] = str(value)
+    from service.logs import log_config
+
     uvicorn.run(
         "service.app:app_from_env",
         factory=True,
@@ -43,6 +45,8 @@ def _serve(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=settings.workers,
         log_level=settings.log_level,
+        log_config=log_config(settings),
+        access_log=False,  # the service writes its own access log (POSENC_ACCESS_LOG, POSENC_LOG_FORMAT)
     )
     return 0
 
@@ -79,6 +83,9 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
     commands = parser.add_subparsers(dest="command", required=True)
+    from service import table_cli  # its own module: `posenc table` (tables without a server)
+
+    table_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")

@@ -25,6 +25,10 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535, description="Port `posenc serve` listens on.")
     workers: int = Field(1, ge=1, le=64, description="Worker processes for `posenc serve`.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as plain text, or one JSON object per line (access log included)."
+    )
+    access_log: bool = Field(True, description="Log one line per HTTP request (method, route, status, duration).")
 
     max_table_bytes: int = Field(
         256 * MiB, ge=1, description="Largest table response in bytes (computed before allocating); over it: 413."

@@ -1,0 +1,61 @@
+# posenc service image: slim, non-root, no torch, no compilers.
+#
+#   docker build -t posenc .
+#   docker build --build-arg ONNXRUNTIME=onnxruntime-gpu -t posenc:gpu .   # CUDA hosts
+#   docker run --rm -p 8000:8000 posenc
+#
+# BASE_IMAGE must provide python3 (>= 3.11) with the venv module; both stages use it, so the
+# virtual environment copied from the build stage finds the same interpreter.
+ARG BASE_IMAGE=python:3.12-slim
+
+# ---- build stage: a virtual environment with the runtime dependencies and the posenc package ----
+FROM ${BASE_IMAGE} AS build
+# onnxruntime (CPU) or onnxruntime-gpu (CUDA execution provider): exactly one is installed.
+ARG ONNXRUNTIME=onnxruntime
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore
+RUN python3 -m venv /opt/posenc
+WORKDIR /src
+
+# Dependency layer: depends only on pyproject.toml (and the build arg), so a source change reuses it.
+COPY pyproject.toml ./
+COPY scripts/runtime_requirements.py scripts/
+RUN python3 scripts/runtime_requirements.py pyproject.toml "${ONNXRUNTIME}" > /tmp/requirements.txt \
+ && /opt/posenc/bin/pip install -r /tmp/requirements.txt
+
+# Source layer: the package itself, without dependencies (they are all above).
+COPY . .
+RUN /opt/posenc/bin/pip install --no-deps . \
+ && /opt/posenc/bin/pip uninstall --yes pip setuptools \
+ && mkdir -p onnx
+# The bytecode pip compiled stays: +30 MB, but the service is ready in 1.3 s instead of 1.9 s.
+
+# ---- runtime stage: the interpreter, the virtual environment and the model repository ----
+FROM ${BASE_IMAGE}
+ARG ONNXRUNTIME=onnxruntime
+LABEL org.opencontainers.image.title="posenc" \
+      org.opencontainers.image.description="Positional-encoding tables and ONNX RoPE-attention inference over HTTP" \
+      posenc.onnxruntime="${ONNXRUNTIME}"
+RUN groupadd --system --gid 10001 posenc \
+ && useradd --uid 10001 --gid posenc --no-create-home --home-dir /nonexistent \
+            --shell /usr/sbin/nologin posenc
+COPY --from=build /opt/posenc /opt/posenc
+COPY --from=build /src/onnx /srv/posenc/onnx
+
+# POSENC_HOST/PORT (not --host/--port in CMD) so that `-e POSENC_PORT=...` still moves the port.
+ENV PATH=/opt/posenc/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    POSENC_HOST=0.0.0.0 \
+    POSENC_PORT=8000 \
+    POSENC_MODEL_REPOSITORY=/srv/posenc/onnx
+USER posenc
+WORKDIR /srv/posenc
+EXPOSE 8000
+
+# Standard library only (slim images have no curl); 503 (not ready) and refused connections fail it.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \
+  CMD ["python3", "-c", "import os, sys, urllib.request as r\ntry:\n    r.urlopen('http://127.0.0.1:%s/readyz' % os.environ.get('POSENC_PORT', '8000'), timeout=4)\nexcept Exception as e:\n    sys.exit('unready: %s' % e)"]
+
+CMD ["posenc", "serve"]

@@ -1,0 +1,142 @@
+"""Expected numbers for the JavaScript client test, computed on the Python side.
+
+    python scripts/js_client_fixtures.py OUT.json
+
+Writes `{"tables": [...], "infer": {...} | null}`. Each table case has the endpoint, its query
+parameters and the expected tensors as little-endian bytes (base64) with dtype and shape: the
+sinusoidal cases straight from `models.sinusoidal`, every case also through the app in-process (so
+endpoints that land later are covered without a change here; a case whose route does not exist yet
+is left out). The inference case holds deterministic inputs and the output of onnxruntime run
+directly on the shipped `onnx/<model>/model.onnx` — no server involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import numpy as np
+
+from models.sinusoidal import sinusoidal_table
+from service.app import create_app
+from service.arrays import decode_json_tensor
+from service.settings import Settings
+from service.table_cli import call_app
+
+REPO = Path(__file__).resolve().parent.parent
+
+# (endpoint, parameters): small tables of every v1 GET family, including bfloat16 and -inf values.
+CASES: list[tuple[str, dict[str, Any]]] = [
+    ("/v1/sinusoidal", {"max_position": 6, "dim": 8, "variant": "paper"}),
+    ("/v1/sinusoidal", {"max_position": 5, "dim": 12, "variant": "fairseq", "dtype": "float64"}),
+    ("/v1/sinusoidal", {"max_position": 4, "dim": 8, "variant": "tensor2tensor", "dtype": "bfloat16"}),
+    ("/v1/rope", {"max_position": 5, "head_dim": 8}),
+    ("/v1/rope", {"max_position": 4, "head_dim": 16, "rope_type": "linear", "factor": 2.0, "dtype": "float16"}),
+    ("/v1/alibi/slopes", {"num_heads": 12}),
+    ("/v1/alibi/bias", {"num_heads": 2, "query_length": 3, "key_length": 4, "mode": "causal", "mask": "true"}),
+    ("/v1/t5/buckets", {"query_length": 4, "key_length": 6}),
+    ("/v1/deberta/buckets", {"query_length": 3, "key_length": 5}),
+    ("/v1/relative/clipped", {"query_length": 3, "key_length": 5, "max_relative_position": 2}),
+]
+
+
+def tensor_doc(array: np.ndarray) -> dict[str, Any]:
+    from models.dtypes import dtype_name
+
+    little = np.ascontiguousarray(array)
+    return {"dtype": dtype_name(array.dtype), "shape": list(array.shape),
+            "b64": base64.b64encode(little.reshape(-1).view(np.uint8).tobytes()).decode()}
+
+
+def in_process(app: Any, endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """The tensors the app computes for this request (None when the route does not exist)."""
+    # format=json decodes with the service's own helper (bfloat16 and -inf included, no extra package).
+    query = urlencode({**params, "format": "json"}).encode()
+    response = asyncio.run(call_app(app, "GET", endpoint, query, b"", None))
+    if response.status != 200:
+        # 404: the route is not in this build; another 4xx: the case's parameters do not fit it (its
+        # own tests cover that). Either way the JS test has nothing to compare for it.
+        print(f"js fixtures: {endpoint} {params}: HTTP {response.status} {bytes(response.body)[:200]!r}, left out",
+              file=sys.stderr)
+        return None
+    doc = json.loads(bytes(response.body))
+    return {name: decode_json_tensor(t) for name, t in doc["tensors"].items()}
+
+
+def direct(endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray] | None:
+    """Straight from the numeric core, where the test knows the function."""
+    if endpoint != "/v1/sinusoidal":
+        return None
+    from models.dtypes import np_dtype
+
+    pe = sinusoidal_table(params["max_position"], params["dim"], params["variant"], 10000.0, 0, 1,
+                          np_dtype(params.get("dtype", "float32")))
+    return {"pe": pe}
+
+
+def table_cases() -> list[dict[str, Any]]:
+    app = create_app(Settings(access_log=False))
+    cases = []
+    for endpoint, params in CASES:
+        served = in_process(app, endpoint, params)
+        if served is None:
+            continue
+        reference = direct(endpoint, params)
+        if reference is not None:
+            for name, array in reference.items():
+                if array.tobytes() != served[name].tobytes():
+                    raise SystemExit(f"{endpoint}: app and models.sinusoidal disagree on {name}")
+        tensors = {name: tensor_doc(array) for name, array in served.items()}
+        cases.append({"endpoint": endpoint, "params": {k: str(v) for k, v in params.items()}, "tensors": tensors})
+    return cases
+
+
+def model_inputs(config: dict[str, Any], batch: int, seq: int) -> dict[str, np.ndarray]:
+    """Deterministic inputs for the declared shapes (-1: `batch` first, `seq` elsewhere)."""
+    rng = np.random.default_rng(1234)
+    inputs = {}
+    for spec in config["inputs"]:
+        shape = [d if d > 0 else (batch if i == 0 else seq) for i, d in enumerate(spec["shape"])]
+        if spec["datatype"] == "INT64":
+            inputs[spec["name"]] = np.broadcast_to(np.arange(shape[-1], dtype=np.int64) + 3, shape).copy()
+        else:
+            inputs[spec["name"]] = rng.standard_normal(shape).astype(np.float32)
+    return inputs
+
+
+def infer_case() -> dict[str, Any] | None:
+    configs = sorted((REPO / "onnx").glob("*/config.json"))
+    if not configs:
+        print("js fixtures: no model in onnx/, the infer test will skip", file=sys.stderr)
+        return None
+    preferred = [c for c in configs if c.parent.name == "rope_attention"]
+    config_path = (preferred or configs)[0]
+    import onnxruntime as ort
+
+    config = json.loads(config_path.read_text())
+    inputs = model_inputs(config, batch=2, seq=5)
+    session = ort.InferenceSession(str(config_path.parent / "model.onnx"), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    outputs = dict(zip(names, session.run(names, inputs), strict=True))
+    return {"model": config_path.parent.name,
+            "inputs": {name: tensor_doc(a) for name, a in inputs.items()},
+            "outputs": {name: tensor_doc(a) for name, a in outputs.items()}}
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: js_client_fixtures.py OUT.json")
+    doc = {"tables": table_cases(), "infer": infer_case()}
+    Path(sys.argv[1]).write_text(json.dumps(doc))
+    print(f"js fixtures: {len(doc['tables'])} table cases, infer: "
+          f"{doc['infer']['model'] if doc['infer'] else 'none'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

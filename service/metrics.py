@@ -1,0 +1,191 @@
+"""Prometheus metrics (`GET /metrics`) and the per-request access log.
+
+Every app gets its own `CollectorRegistry` (never the process-global default one), so several apps in
+one process — tests, `posenc table` — do not collide.
+
+API for the rest of the service (`metrics = request.app.state.metrics`, a `Metrics`):
+
+- `metrics.observe_batch(model, size)`: one onnxruntime batch of `size` requests was formed.
+- `metrics.set_queue_depth(model, n)`: `n` requests are waiting in the model's batcher queue now.
+- `metrics.observe_run(model, seconds)`: one `session.run` took `seconds` of wall time.
+
+The HTTP middleware records, per route *template* (`/v2/models/{name}/infer`, not the raw path,
+so that cardinality stays bounded; unmatched paths are `unmatched`): request count by method and
+status, latency histogram, requests in flight, and response bytes. The table cache's hits, misses and
+bytes are read from `app.state.table_cache` at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import __version__
+
+access_log = logging.getLogger("posenc.access")
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+RUN_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+UNMATCHED = "unmatched"
+
+
+class TableCacheCollector(Collector):
+    """Reads the table cache's counters when scraped (the cache itself knows nothing of Prometheus)."""
+
+    def __init__(self, cache_of: Callable[[], Any]) -> None:
+        self._cache_of = cache_of
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        cache = self._cache_of()
+        if cache is None:
+            return
+        yield CounterMetricFamily("posenc_table_cache_hits", "Table requests answered from the cache.",
+                                  value=cache.hits)
+        yield CounterMetricFamily("posenc_table_cache_misses", "Table requests computed (not in the cache).",
+                                  value=cache.misses)
+        yield GaugeMetricFamily("posenc_table_cache_bytes", "Bytes of encoded tables held in the cache.",
+                                value=cache.size_bytes)
+        yield GaugeMetricFamily("posenc_table_cache_capacity_bytes", "Byte budget of the cache (POSENC_CACHE_BYTES).",
+                                value=cache.capacity)
+        yield GaugeMetricFamily("posenc_table_cache_entries", "Encoded tables held in the cache.", value=len(cache))
+
+
+class Metrics:
+    """The metric objects of one app, registered in their own `registry`."""
+
+    def __init__(self, cache_of: Callable[[], Any] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("posenc_http_requests", "HTTP requests by route template, method and status.",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("posenc_http_request_duration_seconds", "HTTP request latency (to the last byte).",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.response_bytes = Counter("posenc_http_response_bytes", "Response body bytes sent, by route template.",
+                                      ["route"], registry=r)
+        self.in_flight = Gauge("posenc_http_requests_in_flight", "HTTP requests being served now.", registry=r)
+        self.batch_size = Histogram("posenc_batch_size", "Requests per onnxruntime batch.", ["model"],
+                                    buckets=BATCH_BUCKETS, registry=r)
+        self.queue_depth = Gauge("posenc_queue_depth", "Requests waiting in the model's batcher queue.", ["model"],
+                                 registry=r)
+        self.run_seconds = Histogram("posenc_onnxruntime_run_seconds", "Wall time of one onnxruntime session.run.",
+                                     ["model"], buckets=RUN_BUCKETS, registry=r)
+        info = Gauge("posenc_build_info", "Service version (value is always 1).", ["version"], registry=r)
+        info.labels(version=__version__).set(1)
+        if cache_of is not None:
+            r.register(TableCacheCollector(cache_of))
+
+    def observe_batch(self, model: str, size: int) -> None:
+        """One batch of `size` requests went to onnxruntime for `model`."""
+        self.batch_size.labels(model=model).observe(size)
+
+    def set_queue_depth(self, model: str, depth: int) -> None:
+        """`depth` requests are queued for `model` right now."""
+        self.queue_depth.labels(model=model).set(depth)
+
+    def observe_run(self, model: str, seconds: float) -> None:
+        """One onnxruntime `run` for `model` took `seconds`."""
+        self.run_seconds.labels(model=model).observe(seconds)
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float, nbytes: int) -> None:
+        self.requests.labels(route=route, method=method, status=str(status)).inc()
+        self.latency.labels(route=route, method=method).observe(seconds)
+        self.response_bytes.labels(route=route).inc(nbytes)
+
+    def exposition(self) -> bytes:
+        """The registry in the Prometheus text format (version 0.0.4)."""
+        return generate_latest(self.registry)
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (set on the scope by FastAPI's router), else `unmatched`."""
+    route = scope.get("route")
+    path = getattr(route, "path_format", None) or getattr(route, "path", None)
+    return str(path) if path else UNMATCHED
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+class ObservabilityMiddleware:
+    """Pure ASGI middleware: metrics for every HTTP request and, if enabled, one access-log record."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, access_log_enabled: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.access_log_enabled = access_log_enabled
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        seen: dict[str, int] = {"status": 500, "bytes": 0}
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                seen["status"] = int(message["status"])
+            elif message["type"] == "http.response.body":
+                seen["bytes"] += len(message.get("body", b""))
+            await send(message)
+
+        self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except Exception:
+            # The outermost error middleware turns it into a 500; count it as one.
+            seen["status"] = 500
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            self._record(scope, seen["status"], seen["bytes"], time.perf_counter() - start)
+
+    def _record(self, scope: Scope, status: int, nbytes: int, seconds: float) -> None:
+        route = route_template(scope)
+        method = str(scope.get("method", ""))
+        self.metrics.observe_request(route, method, status, seconds, nbytes)
+        if not self.access_log_enabled:
+            return
+        fields = {
+            "method": method,
+            "path": scope.get("path", ""),
+            "route": route,
+            "status": status,
+            "duration_ms": round(seconds * 1000.0, 3),
+            "bytes": nbytes,
+            "request_id": _header(scope, b"x-request-id"),
+            "client": (scope.get("client") or [None])[0],
+        }
+        access_log.info("%s %s %d %.1fms %dB", method, fields["path"], status, fields["duration_ms"], nbytes,
+                        extra={"access": fields})
+
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/metrics", summary="Prometheus metrics (text exposition format)", response_class=Response)
+def metrics_endpoint(request: Request) -> Response:
+    metrics: Metrics = request.app.state.metrics
+    return Response(content=metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def install_metrics(app: FastAPI, access_log_enabled: bool) -> Metrics:
+    """Create `app.state.metrics`, add the middleware and the `/metrics` route."""
+    metrics = Metrics(cache_of=lambda: getattr(app.state, "table_cache", None))
+    app.state.metrics = metrics
+    app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log_enabled=access_log_enabled)
+    app.include_router(router)
+    return metrics
