@@ -34,7 +34,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = Engine(settings)
+        engine = Engine(settings, observer=app.state.metrics)
         # Sessions are built before the first request is served; problems make /readyz fail with the reason.
         problems = await asyncio.to_thread(engine.load)
         app.state.engine = engine

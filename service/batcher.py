@@ -19,9 +19,11 @@ import asyncio
 import collections
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -30,6 +32,17 @@ from service.errors import Unavailable
 log = logging.getLogger("posenc.batcher")
 
 RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class BatchObserver(Protocol):
+    """Where a batcher reports what it does (`service.metrics.Metrics`); called from worker threads too."""
+
+    def observe_batch(self, model: str, size: int) -> None: ...
+
+    def set_queue_depth(self, model: str, depth: int) -> None: ...
+
+    def observe_run(self, model: str, seconds: float) -> None: ...
+
 # Padding may at most double the work of a batch (padded elements <= valid elements).
 MAX_PADDING_RATIO = 2.0
 
@@ -51,6 +64,7 @@ class Batcher:
     def __init__(
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
         batching: bool = True, seq_axes: Mapping[str, int] | None = None, name: str = "model",
+        observer: BatchObserver | None = None,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -60,6 +74,7 @@ class Batcher:
         self.batching = batching
         self.seq_axes = dict(seq_axes) if seq_axes else None
         self.name = name
+        self.observer = observer
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
@@ -74,14 +89,19 @@ class Batcher:
         if self._waiting_requests >= self.max_queue_size:
             raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
                               f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
-        self._waiting_requests += 1
+        self._set_waiting(self._waiting_requests + 1)
         try:
             if not self.batching:
                 loop = asyncio.get_running_loop()
                 return await loop.run_in_executor(self.executor, self._run_counted, inputs)
             return await self._submit_batched(inputs)
         finally:
-            self._waiting_requests -= 1
+            self._set_waiting(self._waiting_requests - 1)
+
+    def _set_waiting(self, count: int) -> None:
+        self._waiting_requests = count
+        if self.observer is not None:
+            self.observer.set_queue_depth(self.name, count)
 
     async def _submit_batched(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._ensure_dispatcher()
@@ -190,11 +210,17 @@ class Batcher:
     def batches_run(self) -> int:
         return self.execution_count
 
-    def _run_counted(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run_counted(self, inputs: Mapping[str, np.ndarray], requests: int = 1) -> dict[str, np.ndarray]:
+        """One model run over `requests` requests' rows (worker thread)."""
+        started = time.perf_counter()
         outputs = self.run(inputs)
+        seconds = time.perf_counter() - started
         with self._stats_lock:
             self.inference_count += _rows(inputs)
             self.execution_count += 1
+        if self.observer is not None:
+            self.observer.observe_run(self.name, seconds)
+            self.observer.observe_batch(self.name, requests)
         return outputs
 
     def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
@@ -204,7 +230,7 @@ class Batcher:
         longest = max(item.seq for item in items)
         batched = {name: np.concatenate([self._pad(name, item, longest) for item in items], axis=0)
                    for name in items[0].inputs}  # [sum(rows), ...]
-        outputs = self._run_counted(batched)
+        outputs = self._run_counted(batched, requests=len(items))
         results, start = [], 0
         for item in items:
             result = {}

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from service.batcher import Batcher
+from service.batcher import Batcher, BatchObserver
 from service.errors import BadRequest, NotFound, Unavailable
 from service.kserve import DATATYPES, InputTensor
 from service.settings import Settings
@@ -312,8 +312,9 @@ def _check_positions(positions: np.ndarray, max_position: int) -> None:
 class Engine:
     """Every model of the repository, the worker threads, and one batcher per ready model."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, observer: BatchObserver | None = None) -> None:
         self.settings = settings
+        self.observer = observer
         self.models: dict[str, Model] = {}
         self.executor = ThreadPoolExecutor(max_workers=settings.inference_threads, thread_name_prefix="posenc-infer")
 
@@ -343,6 +344,7 @@ class Engine:
             max_queue_delay_us=self.settings.max_queue_delay_us if self.settings.batching else 0,
             max_queue_size=self.settings.max_queue_size, batching=self.settings.batching,
             seq_axes={k: v for k, v in seq_axes.items() if v is not None} if pad else None, name=model.name,
+            observer=self.observer,
         )
 
     def get(self, name: str, version: str | None = None) -> Model:

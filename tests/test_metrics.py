@@ -4,6 +4,7 @@ import json
 import logging
 import logging.config
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.app import create_app
 from service.logs import JsonFormatter, log_config
 from service.settings import Settings
+from tests.infer_utils import random_inputs
 
 TABLE = "/v1/sinusoidal?max_position=4&dim=8"
 
@@ -86,6 +88,21 @@ def test_inference_hooks(client: TestClient) -> None:
     assert got[("posenc_batch_size_sum", model)] == 3
     assert got[("posenc_queue_depth", model)] == 5
     assert got[("posenc_onnxruntime_run_seconds_count", model)] == 1
+
+
+def test_infer_calls_feed_the_batch_queue_and_run_metrics() -> None:
+    arrays = random_inputs(8, 8, 64, batch=2, seq=5)
+    body = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": "INT64" if a.dtype == np.int64 else "FP32",
+                        "data": a.reshape(-1).tolist()} for name, a in arrays.items()]}
+    with TestClient(create_app(Settings())) as client:
+        for _ in range(3):
+            assert client.post("/v2/models/rope_attention/infer", json=body).status_code == 200
+        got = samples(client)
+    model = frozenset({"model": "rope_attention"}.items())
+    assert got[("posenc_onnxruntime_run_seconds_count", model)] == 3
+    assert got[("posenc_onnxruntime_run_seconds_sum", model)] > 0
+    assert got[("posenc_batch_size_count", model)] == 3 and got[("posenc_batch_size_sum", model)] == 3
+    assert got[("posenc_queue_depth", model)] == 0  # every request has left the queue
 
 
 def test_every_app_has_its_own_registry() -> None:
