@@ -101,8 +101,8 @@ async def read_body(content_length: str | None, chunks: AsyncIterable[bytes], li
 
 
 def _too_large(size: int, limit: int, at_least: bool = False) -> str:
-    return (f"the request body is {'at least ' if at_least else ''}{size} bytes; the limit is {limit} bytes "
-            "(POSENC_MAX_REQUEST_BYTES)")
+    return (f"the request body is {'at least ' if at_least else ''}{size} bytes; the limit for this endpoint "
+            f"is {limit} bytes (at most POSENC_MAX_REQUEST_BYTES)")
 
 
 # ---------------------------------------------------------------------------------------------- npy

@@ -23,8 +23,9 @@ from models.rope import (
     rope_parameters_from_config,
 )
 from service.arrays import Bundle
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
+from service.errors import BadRequest, InvalidParameter
 from service.tables import FloatDTypeQuery, TableDep, TableRequest, TensorSpec
+from service.uploads import read_body
 
 router = APIRouter(tags=["tables"])
 
@@ -177,12 +178,7 @@ def rope(
 async def config_body(request: Request) -> dict[str, Any]:
     """The request body parsed as a JSON object (400 when it is not JSON, 413 when too large)."""
     limit = min(MAX_CONFIG_BYTES, request.app.state.settings.max_request_bytes)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"config.json body is {declared} bytes; the limit is {limit}")
-    body = await request.body()
-    if len(body) > limit:
-        raise PayloadTooLarge(f"config.json body is {len(body)} bytes; the limit is {limit}")
+    body = await read_body(request.headers.get("content-length"), request.stream(), limit)
     try:
         config = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
