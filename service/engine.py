@@ -151,6 +151,13 @@ def _check_session(config: ModelConfig, session: ort.InferenceSession) -> None:
                                   f"model.onnx has {arg.type} {dims}")
 
 
+def _read_config(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config.json is not valid JSON ({exc})") from None
+
+
 class Model:
     """One repository entry: its config, its session (when it loaded) and its batcher."""
 
@@ -170,7 +177,7 @@ class Model:
     def load(self, settings: Settings) -> None:
         """Read config.json, check the file hash, build the session, check it; sets `problem` on failure."""
         try:
-            config = ModelConfig.parse(self.name, json.loads((self.folder / "config.json").read_text()))
+            config = ModelConfig.parse(self.name, _read_config(self.folder / "config.json"))
             model_bytes = (self.folder / "model.onnx").read_bytes()
             if config.sha256 and hashlib.sha256(model_bytes).hexdigest() != config.sha256:
                 raise ConfigError("model.onnx does not match the sha256 in config.json")

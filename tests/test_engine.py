@@ -92,6 +92,13 @@ def test_corrupt_model_file_is_a_readiness_problem(tmp_path: Path) -> None:
     assert len(problems) == 1 and problems[0].startswith("model 'rope_attention': ")
 
 
+def test_config_that_is_not_json_names_the_file(tmp_path: Path) -> None:
+    repo = _copy_repository(tmp_path)
+    (repo / "rope_attention" / "config.json").write_text('{"name": "rope_attention", "inputs": [')
+    problems = Engine(Settings(model_repository=repo)).load()
+    assert len(problems) == 1 and "config.json is not valid JSON" in problems[0]
+
+
 def test_missing_config_and_empty_repository(tmp_path: Path) -> None:
     repo = _copy_repository(tmp_path)
     (repo / "rope_attention" / "config.json").unlink()
