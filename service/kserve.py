@@ -156,7 +156,7 @@ def _input_entry(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], dic
     if unknown:
         raise _fail(f"{where}: unknown keys {sorted(unknown)}")
     datatype = entry.get("datatype")
-    if datatype not in DATATYPES:
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
         raise _fail(f"{where}: datatype {datatype!r} is not supported; supported: {', '.join(DATATYPES)}")
     return name, datatype, _shape(entry, where), _parameters(entry, where)
 

@@ -1,8 +1,10 @@
-"""Every query parameter of every endpoint, given hostile values one at a time: never a 5xx."""
+"""Hostile input on every endpoint (query values, bodies, corrupted infer requests): never a 5xx."""
 
+import json
 import random
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
@@ -58,3 +60,51 @@ def test_random_parameter_combinations(client: TestClient) -> None:
             body = rng.choice(BODIES) if method == "post" else None
             r = client.request(method.upper(), path, params=query, content=body)
             assert r.status_code < 500, (method, path, query, r.text)
+
+
+def _binary_infer_body() -> tuple[bytes, int]:
+    rng = np.random.default_rng(0)
+    arrays = {"query": rng.standard_normal((1, 8, 4, 64), dtype=np.float32),
+              "key": rng.standard_normal((1, 8, 4, 64), dtype=np.float32),
+              "value": rng.standard_normal((1, 8, 4, 64), dtype=np.float32),
+              "position_ids": np.arange(4, dtype=np.int64)[None]}
+    header = json.dumps({"inputs": [
+        {"name": name, "datatype": "INT64" if a.dtype == np.int64 else "FP32", "shape": list(a.shape),
+         "parameters": {"binary_data_size": a.nbytes}} for name, a in arrays.items()],
+        "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode()
+    return header + b"".join(a.tobytes() for a in arrays.values()), len(header)
+
+
+def _mutate(rng: random.Random, body: bytes, header_length: int) -> tuple[bytes, int]:
+    """One random corruption: header bytes, truncation, header length, a field's value, or garbage."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        mutated = bytearray(body)
+        for _ in range(rng.randrange(1, 4)):
+            mutated[rng.randrange(header_length)] = rng.randrange(256)
+        return bytes(mutated), header_length
+    if kind == 1:
+        return body[: rng.randrange(len(body))], header_length
+    if kind == 2:
+        return body, rng.choice([0, 1, header_length - 1, header_length + 1, len(body), len(body) + 5, -3])
+    if kind == 3:
+        header = json.loads(body[:header_length])
+        entry = rng.choice(header["inputs"] + header["outputs"])
+        entry[rng.choice(["shape", "datatype", "name", "parameters", "data"])] = rng.choice(
+            [[1, 8, 4, 65], [-1, 8, 4, 64], [1, 8, 4], "FP16", "BYTES", "INT32", "bogus", ["FP32"], {"a": 1},
+             {"binary_data_size": -1}, {"binary_data_size": 10**12}, {"binary_data": "yes"}, None,
+             [2**40, 8, 4, 64], [0, 8, 0, 64], [[1.0]], 7])
+        new_header = json.dumps(header).encode()
+        return new_header + body[header_length:], len(new_header)
+    return rng.randbytes(rng.randrange(1, 200)), header_length
+
+
+def test_corrupted_infer_requests_are_4xx(client: TestClient) -> None:
+    body, header_length = _binary_infer_body()
+    url = "/v2/models/rope_attention/infer"
+    assert client.post(url, content=body, headers={"Inference-Header-Content-Length": str(header_length)}).is_success
+    rng = random.Random(1)
+    for _ in range(1000):
+        mutated, length = _mutate(rng, body, header_length)
+        r = client.post(url, content=mutated, headers={"Inference-Header-Content-Length": str(length)})
+        assert r.status_code < 500, (mutated[:length], r.text)
