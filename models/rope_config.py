@@ -141,6 +141,8 @@ def rope_parameters_from_config(
     if cfg.get("partial_rotary_factor") is not None:
         entry.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
     entry.setdefault("rope_type", entry.get("type", "default"))
+    if not isinstance(entry["rope_type"], str):
+        raise ParameterError("rope_type", f"must be a string, got {entry['rope_type']!r}")
     max_pos = cfg.get("max_position_embeddings")
     if entry["rope_type"] in _SCALED_TYPES:
         if not nested and cfg.get("original_max_position_embeddings") is not None:

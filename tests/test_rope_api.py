@@ -212,6 +212,10 @@ def test_bad_parameters_are_422_naming_them(client: TestClient, query: str, para
                                                                                      "factor": 2.0}}).encode(),
          422, "long_factor, short_factor"),
         (json.dumps({"head_dim": 64, "rope_theta": 1e4}).encode(), 422, "max_position"),
+        (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_scaling": {"rope_type": ["yarn"]}}).encode(),
+         422, "rope_type"),
+        (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_parameters": {"type": {"a": 1}}}).encode(),
+         422, "rope_type"),
     ],
 )
 def test_bad_configs(client: TestClient, body: bytes, status: int, parameter: str | None) -> None:
