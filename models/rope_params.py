@@ -105,23 +105,33 @@ class RopeParameters:
         return out
 
 
-def _number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False) -> float:
-    """A finite real number (bool rejected), optionally bounded below."""
+# Upper bounds: far beyond any real model, and small enough that transformers' float32 arithmetic
+# (inv_freq, llama3 wavelengths, YaRN blends) cannot overflow to inf.
+MAX_SCALE = 1e6  # factors, betas, mscales, attention factor
+MAX_THETA = 1e12
+MAX_LENGTH = 1 << 40  # context lengths
+
+
+def _number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
+            maximum: float = MAX_SCALE) -> float:
+    """A finite real number (bool rejected) <= maximum, optionally bounded below."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ParameterError(name, f"must be a finite number, got {value!r}")
     if minimum is not None and (value <= minimum if strict else value < minimum):
         raise ParameterError(name, f"must be {'>' if strict else '>='} {minimum}, got {value!r}")
+    if value > maximum:
+        raise ParameterError(name, f"must be <= {maximum:g}, got {value!r}")
     return float(value)
 
 
-def _integer(name: str, value: Any, *, minimum: int = 1) -> int:
-    """An integer (an integral float such as 4096.0 from JSON is accepted) >= minimum."""
+def _integer(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_LENGTH) -> int:
+    """An integer (an integral float such as 4096.0 from JSON is accepted) in [minimum, maximum]."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ParameterError(name, f"must be an integer, got {value!r}")
-    if value < minimum:
-        raise ParameterError(name, f"must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise ParameterError(name, f"must be in [{minimum}, {maximum}], got {value}")
     return value
 
 
@@ -250,7 +260,8 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     )
     _check_required(rope_type, kwargs)
     theta_in = kwargs.get("rope_theta")
-    theta = 10000.0 if theta_in is None else _number("rope_theta", theta_in, minimum=1.0, strict=True)
+    theta = 10000.0 if theta_in is None else _number("rope_theta", theta_in, minimum=1.0, strict=True,
+                                                                 maximum=MAX_THETA)
     reads = _FIELDS_READ[rope_type]
     v = {name: kwargs.get(name) for name in reads}
     out: dict[str, Any] = {

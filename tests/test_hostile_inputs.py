@@ -108,3 +108,31 @@ def test_corrupted_infer_requests_are_4xx(client: TestClient) -> None:
         mutated, length = _mutate(rng, body, header_length)
         r = client.post(url, content=mutated, headers={"Inference-Header-Content-Length": str(length)})
         assert r.status_code < 500, (mutated[:length], r.text)
+
+
+CONFIG = {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128, "max_position_embeddings": 8192,
+          "rope_theta": 500000.0, "partial_rotary_factor": 1.0, "original_max_position_embeddings": 4096,
+          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192, "beta_fast": 32, "beta_slow": 1, "mscale": 1,
+                           "mscale_all_dim": 1, "attention_factor": 1.0, "short_factor": [1.0] * 64,
+                           "long_factor": [1.0] * 64, "truncate": True},
+          "layer_types": ["full_attention"], "text_config": None}
+CONFIG_VALUES = [None, "x", "", 0, -1, 1, 3, 0.5, 1e308, 2**70, True, [], {}, [1, 2], {"a": 1}, "default", "yarn",
+                 "longrope", "dynamic", "linear", "proportional", "llama3", "su"]
+
+
+def test_hostile_config_json_values_are_4xx(client: TestClient) -> None:
+    rng = random.Random(2)
+    scaling_keys = [*CONFIG["rope_scaling"], "type", "rope_theta", "partial_rotary_factor"]  # type: ignore[misc]
+    for _ in range(600):
+        config = json.loads(json.dumps(CONFIG))
+        for _ in range(rng.randrange(1, 5)):
+            if rng.random() < 0.5:
+                config[rng.choice(list(CONFIG))] = rng.choice(CONFIG_VALUES)
+            elif isinstance(config.get("rope_scaling"), dict):
+                config["rope_scaling"][rng.choice(scaling_keys)] = rng.choice(CONFIG_VALUES)
+        if rng.random() < 0.2:
+            config["rope_parameters"] = config.pop("rope_scaling", None)
+        r = client.post("/v1/rope/from-config?max_position=16", content=json.dumps(config).encode(),
+                        headers={"Content-Type": "application/json"})
+        assert r.status_code < 500, (config, r.text)

@@ -216,6 +216,11 @@ def test_bad_parameters_are_422_naming_them(client: TestClient, query: str, para
          422, "rope_type"),
         (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_parameters": {"type": {"a": 1}}}).encode(),
          422, "rope_type"),
+        # float32 would overflow to inf in transformers' arithmetic: refused, not served as inf/nan
+        (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_scaling": {"type": "linear",
+                                                                                    "factor": 1e308}}).encode(),
+         422, "factor"),
+        (json.dumps({"head_dim": 64, "max_position_embeddings": 8, "rope_theta": 1e300}).encode(), 422, "rope_theta"),
     ],
 )
 def test_bad_configs(client: TestClient, body: bytes, status: int, parameter: str | None) -> None:

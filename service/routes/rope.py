@@ -22,6 +22,7 @@ from models.rope import (
     rope_cos_sin,
     rope_parameters_from_config,
 )
+from models.rope_params import MAX_LENGTH, MAX_SCALE, MAX_THETA
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
 from service.tables import FloatDTypeQuery, TableDep, TableRequest, TensorSpec
@@ -32,7 +33,6 @@ router = APIRouter(tags=["tables"])
 MAX_ROWS = 1 << 31
 MAX_DIM = 1 << 16
 MAX_OFFSET = 1 << 40
-MAX_LENGTH = 1 << 40  # context lengths (max_position_embeddings and the original one)
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
 
 OffsetQuery = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Position of the first row.")]
@@ -107,13 +107,13 @@ def rope(
         int, Query(ge=0, le=MAX_DIM, description="Rotated channels (even, <= head_dim), instead of "
                                                  "partial_rotary_factor. 0: from partial_rotary_factor.")
     ] = 0,
-    rope_theta: Annotated[float, Query(gt=1, le=1e12, description="RoPE base.")] = 10000.0,
+    rope_theta: Annotated[float, Query(gt=1, le=MAX_THETA, description="RoPE base.")] = 10000.0,
     rope_type: Annotated[RopeType, Query(description="Scaling variant, as transformers' rope_type.")] = "default",
     factor: Annotated[
         float,
-        Query(ge=0, le=1e6, description="Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn "
-                                        "and longrope derive it as max / original from max_position_embeddings; "
-                                        "proportional: 1). 0: not given."),
+        Query(ge=0, le=MAX_SCALE,
+              description="Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn and longrope "
+                          "derive it as max / original from max_position_embeddings; proportional: 1). 0: not given."),
     ] = 0.0,
     original_max_position_embeddings: Annotated[
         int, Query(ge=0, le=MAX_LENGTH, description="Pre-training context length (yarn, longrope, llama3). "
@@ -125,27 +125,27 @@ def rope(
                                                     "given. 0: not given.")
     ] = 0,
     attention_factor: Annotated[
-        float, Query(ge=0, le=1e6, description="yarn/longrope: scale of cos and sin. 0: derived from factor.")
+        float, Query(ge=0, le=MAX_SCALE, description="yarn/longrope: scale of cos and sin. 0: derived from factor.")
     ] = 0.0,
     beta_fast: Annotated[
-        float, Query(ge=0, le=1e6, description="yarn: extrapolation boundary (0 means 32, as in transformers).")
+        float, Query(ge=0, le=MAX_SCALE, description="yarn: extrapolation boundary (0 means 32, as in transformers).")
     ] = 32.0,
     beta_slow: Annotated[
-        float, Query(ge=0, le=1e6, description="yarn: interpolation boundary (0 means 1, as in transformers).")
+        float, Query(ge=0, le=MAX_SCALE, description="yarn: interpolation boundary (0 means 1, as in transformers).")
     ] = 1.0,
     mscale: Annotated[
-        float, Query(ge=0, le=1e6, description="yarn: attention-factor numerator scale; used when mscale and "
+        float, Query(ge=0, le=MAX_SCALE, description="yarn: attention-factor numerator scale; used when mscale and "
                                                "mscale_all_dim are both non-zero.")
     ] = 0.0,
     mscale_all_dim: Annotated[
-        float, Query(ge=0, le=1e6, description="yarn: attention-factor denominator scale.")
+        float, Query(ge=0, le=MAX_SCALE, description="yarn: attention-factor denominator scale.")
     ] = 0.0,
     truncate: Annotated[bool, Query(description="yarn: floor/ceil the correction range.")] = True,
     low_freq_factor: Annotated[
-        float, Query(ge=0, le=1e6, description="llama3: low-frequency factor (> 0, required). 0: not given.")
+        float, Query(ge=0, le=MAX_SCALE, description="llama3: low-frequency factor (> 0, required). 0: not given.")
     ] = 0.0,
     high_freq_factor: Annotated[
-        float, Query(ge=0, le=1e6, description="llama3: high-frequency factor (> 0, != low_freq_factor, "
+        float, Query(ge=0, le=MAX_SCALE, description="llama3: high-frequency factor (> 0, != low_freq_factor, "
                                                "required). 0: not given.")
     ] = 0.0,
     short_factor: Annotated[
