@@ -1,9 +1,10 @@
 """GET /v1/t5/buckets and POST /v1/t5/bias: T5 relative-position buckets and bias (ENCODINGS.md §3)."""
 
 import hashlib
+from dataclasses import asdict, dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
@@ -47,30 +48,42 @@ BODY_DOC = {
 }
 
 
+@dataclass
+class T5Geometry:
+    """The query parameters both T5 routes share, checked together before anything else happens."""
+
+    query_length: QueryLength
+    key_length: KeyLength
+    bidirectional: Bidirectional = True
+    num_buckets: NumBuckets = 32
+    max_distance: MaxDistance = 128
+    offset: Offset = 0
+
+    def __post_init__(self) -> None:
+        check_t5_parameters(self.bidirectional, self.num_buckets, self.max_distance, self.offset)
+
+    @property
+    def args(self) -> tuple[int, int, bool, int, int, int]:
+        """Positional arguments of `t5_buckets` / `t5_bias` after the weight."""
+        return (self.query_length, self.key_length, self.bidirectional, self.num_buckets, self.max_distance,
+                self.offset)
+
+
+T5GeometryDep = Annotated[T5Geometry, Depends()]
+
+
 @router.get(
     "/v1/t5/buckets",
     summary="T5 relative-position buckets of key − query",
     response_description="Tensor `buckets` [query_length, key_length].",
 )
-def buckets(
-    table: TableDep,
-    query_length: QueryLength,
-    key_length: KeyLength,
-    bidirectional: Bidirectional = True,
-    num_buckets: NumBuckets = 32,
-    max_distance: MaxDistance = 128,
-    offset: Offset = 0,
-    dtype: IntDTypeQuery = "int64",
-) -> Response:
+def buckets(table: TableDep, t5: T5GeometryDep, dtype: IntDTypeQuery = "int64") -> Response:
     """Bit-exact `T5Attention._relative_position_bucket(key − query)` (float32 log, then truncation)."""
-    check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
-    params = {"query_length": query_length, "key_length": key_length, "bidirectional": bidirectional,
-              "num_buckets": num_buckets, "max_distance": max_distance, "offset": offset, "dtype": dtype}
-    specs = {"buckets": TensorSpec((query_length, key_length), np_dtype(dtype))}
+    params = {**asdict(t5), "dtype": dtype}
+    specs = {"buckets": TensorSpec((t5.query_length, t5.key_length), np_dtype(dtype))}
 
     def compute() -> Bundle:
-        values = t5_buckets(query_length, key_length, bidirectional, num_buckets, max_distance, offset, dtype)
-        return Bundle({"buckets": values})
+        return Bundle({"buckets": t5_buckets(*t5.args, dtype)})
 
     return table.serve(endpoint="t5/buckets", params=params, specs=specs, compute=compute)
 
@@ -84,37 +97,27 @@ def buckets(
 async def bias(
     request: Request,
     table: TableDep,
-    query_length: QueryLength,
-    key_length: KeyLength,
-    bidirectional: Bidirectional = True,
-    num_buckets: NumBuckets = 32,
-    max_distance: MaxDistance = 128,
-    offset: Offset = 0,
+    t5: T5GeometryDep,
     dtype: Annotated[BiasDType, Query(description=(
         "Element type of `bias`; `weight` (default) keeps the uploaded weight's dtype. The gather is "
         "exact, so any other choice equals casting the weight."))] = "weight",
 ) -> Response:
     """`T5Attention.compute_bias(q, k, past_seen_tokens=offset)[0]` with the uploaded weight."""
-    check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
     body = await read_body(request.headers.get("content-length"), request.stream(),
                            table.settings.max_request_bytes)
     weight = await run_in_threadpool(decode_tensor, body, request.headers.get("content-type"), "weight")
     weight_dtype = dtype_name(weight.dtype)
     if weight_dtype not in FLOAT_DTYPES:
         raise InvalidParameter(f"weight: must be a float tensor ({', '.join(FLOAT_DTYPES)}), got {weight_dtype}")
-    check_t5_weight_shape(weight.shape, num_buckets)
+    check_t5_weight_shape(weight.shape, t5.num_buckets)
     out_dtype = np_dtype(weight_dtype if dtype == "weight" else dtype)
-    params = {"query_length": query_length, "key_length": key_length, "bidirectional": bidirectional,
-              "num_buckets": num_buckets, "max_distance": max_distance, "offset": offset,
-              "dtype": dtype_name(out_dtype), "weight_shape": list(weight.shape), "weight_dtype": weight_dtype,
-              "weight_sha256": hashlib.sha256(weight.tobytes()).hexdigest()}
-    specs = {"bias": TensorSpec((weight.shape[1], query_length, key_length), out_dtype)}
+    params = {**asdict(t5), "dtype": dtype_name(out_dtype), "weight_shape": list(weight.shape),
+              "weight_dtype": weight_dtype, "weight_sha256": hashlib.sha256(weight.tobytes()).hexdigest()}
+    specs = {"bias": TensorSpec((weight.shape[1], t5.query_length, t5.key_length), out_dtype)}
 
     def compute() -> Bundle:
         # casting the table first equals casting the gathered bias, at a fraction of the memory
-        table_weight = weight.astype(out_dtype, copy=False)
-        values = t5_bias(table_weight, query_length, key_length, bidirectional, num_buckets, max_distance, offset)
-        return Bundle({"bias": values})
+        return Bundle({"bias": t5_bias(weight.astype(out_dtype, copy=False), *t5.args)})
 
     return await run_in_threadpool(table.serve, endpoint="t5/bias", params=params, specs=specs,
                                    compute=compute)
