@@ -1,6 +1,12 @@
-"""Names of the dtypes the API serves and their numpy equivalents (bfloat16 via ml_dtypes)."""
+"""The one table of element types: API name, numpy, safetensors, KServe v2, .npy and ONNX spellings.
 
-from typing import Literal
+Every other module looks dtypes up here (wire formats, uploads, the KServe codec, the model
+repository checks); none keeps its own mapping. bfloat16 is ml_dtypes' numpy extension type; .npy
+cannot describe it.
+"""
+
+from dataclasses import dataclass
+from typing import Literal, get_args
 
 import ml_dtypes
 import numpy as np
@@ -8,34 +14,68 @@ import numpy as np
 FloatDType = Literal["float32", "float16", "bfloat16", "float64"]
 IntDType = Literal["int64", "int32"]
 
-FLOAT_DTYPES: tuple[str, ...] = ("float32", "float16", "bfloat16", "float64")
-INT_DTYPES: tuple[str, ...] = ("int64", "int32")
+# What the table endpoints serve (`dtype=`): float tables and integer index tables.
+FLOAT_DTYPES: tuple[str, ...] = get_args(FloatDType)
+INT_DTYPES: tuple[str, ...] = get_args(IntDType)
 
-_BY_NAME: dict[str, np.dtype] = {
-    "float64": np.dtype(np.float64),
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "int64": np.dtype(np.int64),
-    "int32": np.dtype(np.int32),
-    "int16": np.dtype(np.int16),
-    "int8": np.dtype(np.int8),
-    "uint8": np.dtype(np.uint8),
-    "bool": np.dtype(np.bool_),
-}
+
+@dataclass(frozen=True)
+class DType:
+    """One element type in every spelling the service meets.
+
+    numpy: native byte order; safetensors: the header's dtype code; kserve: the v2 `datatype`;
+    npy: the .npy `descr` without its byte-order character (None: not representable);
+    onnx: the type string onnxruntime reports for a tensor input or output.
+    """
+
+    name: str
+    numpy: np.dtype
+    safetensors: str
+    kserve: str
+    npy: str | None
+    onnx: str
+
+
+DTYPES: tuple[DType, ...] = (
+    DType("float64", np.dtype(np.float64), "F64", "FP64", "f8", "tensor(double)"),
+    DType("float32", np.dtype(np.float32), "F32", "FP32", "f4", "tensor(float)"),
+    DType("float16", np.dtype(np.float16), "F16", "FP16", "f2", "tensor(float16)"),
+    DType("bfloat16", np.dtype(ml_dtypes.bfloat16), "BF16", "BF16", None, "tensor(bfloat16)"),
+    DType("int64", np.dtype(np.int64), "I64", "INT64", "i8", "tensor(int64)"),
+    DType("int32", np.dtype(np.int32), "I32", "INT32", "i4", "tensor(int32)"),
+    DType("int16", np.dtype(np.int16), "I16", "INT16", "i2", "tensor(int16)"),
+    DType("int8", np.dtype(np.int8), "I8", "INT8", "i1", "tensor(int8)"),
+    DType("uint64", np.dtype(np.uint64), "U64", "UINT64", "u8", "tensor(uint64)"),
+    DType("uint32", np.dtype(np.uint32), "U32", "UINT32", "u4", "tensor(uint32)"),
+    DType("uint16", np.dtype(np.uint16), "U16", "UINT16", "u2", "tensor(uint16)"),
+    DType("uint8", np.dtype(np.uint8), "U8", "UINT8", "u1", "tensor(uint8)"),
+    DType("bool", np.dtype(np.bool_), "BOOL", "BOOL", "b1", "tensor(bool)"),
+)
+
+BY_NAME: dict[str, DType] = {d.name: d for d in DTYPES}
+BY_SAFETENSORS: dict[str, DType] = {d.safetensors: d for d in DTYPES}
+BY_KSERVE: dict[str, DType] = {d.kserve: d for d in DTYPES}
+BY_NPY: dict[str, DType] = {d.npy: d for d in DTYPES if d.npy is not None}
+BY_ONNX: dict[str, DType] = {d.onnx: d for d in DTYPES}
 
 
 def np_dtype(name: str) -> np.dtype:
     """The numpy dtype for an API dtype name (`bfloat16` is ml_dtypes' extension type)."""
     try:
-        return _BY_NAME[name]
+        return BY_NAME[name].numpy
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(_BY_NAME)}") from None
+        raise ValueError(f"unknown dtype {name!r}; known: {', '.join(BY_NAME)}") from None
+
+
+def lookup(dtype: np.dtype) -> DType:
+    """The table row of a numpy dtype (either byte order)."""
+    native = dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype
+    for row in DTYPES:
+        if row.numpy == native:
+            return row
+    raise ValueError(f"dtype {dtype} has no API name")
 
 
 def dtype_name(dtype: np.dtype) -> str:
     """The API name of a numpy dtype; inverse of `np_dtype`."""
-    for name, candidate in _BY_NAME.items():
-        if candidate == dtype:
-            return name
-    raise ValueError(f"dtype {dtype} has no API name")
+    return lookup(dtype).name

@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pydantic_core
 
-from models.dtypes import dtype_name, np_dtype
+from models.dtypes import dtype_name, lookup, np_dtype
 from service.errors import NotAcceptable
 
 Format = Literal["safetensors", "npy", "raw", "json"]
@@ -32,11 +32,6 @@ MEDIA_TYPES: dict[str, str] = {
 FILE_SUFFIX = {"safetensors": ".safetensors", "npy": ".npy", "raw": ".bin", "json": ".json"}
 SINGLE_TENSOR_FORMATS = ("npy", "raw")
 
-# safetensors dtype codes (https://github.com/huggingface/safetensors, format spec).
-SAFETENSORS_CODES: dict[str, str] = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL",
-}
 
 
 @dataclass
@@ -109,7 +104,7 @@ def encode_safetensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
     offset = 0
     for name, array in arrays.items():
         header[name] = {
-            "dtype": SAFETENSORS_CODES[dtype_name(array.dtype)],
+            "dtype": lookup(array.dtype).safetensors,
             "shape": list(array.shape),
             "data_offsets": [offset, offset + array.nbytes],
         }
@@ -123,9 +118,10 @@ def encode_safetensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """NPY v1.0 (v2.0 when the header outgrows 64 KiB) header, padded so data starts 64-aligned."""
-    if dtype_name(dtype) == "bfloat16":
-        raise ValueError("npy cannot represent bfloat16")
-    descr = np.dtype(dtype).newbyteorder("<").str if dtype.itemsize > 1 else np.dtype(dtype).str
+    code = lookup(dtype).npy
+    if code is None:
+        raise ValueError(f"npy cannot represent {dtype_name(dtype)}")
+    descr = ("<" if dtype.itemsize > 1 else "|") + code
     text = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, tuple(shape))  # noqa: UP031
     for version, length_format in ((1, "<H"), (2, "<I")):
         prefix_len = 6 + 2 + struct.calcsize(length_format)

@@ -7,7 +7,7 @@ and the bytes follow in input order, little-endian, C order. Outputs are sent bi
 request says so (`parameters.binary_data_output` for all, or `outputs[i].parameters.binary_data`).
 
 Everything malformed is a `BadRequest` (400) with a message naming the tensor and the mismatch;
-nothing here knows the model (shape checks against config.json are in `service.engine`).
+nothing here knows the model (checks against config.json are in `service.kserve_model`).
 """
 
 from __future__ import annotations
@@ -17,20 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 import pydantic_core
 
+from models.dtypes import BY_KSERVE, lookup
 from service.errors import BadRequest
 
-# KServe v2 datatype names → numpy (little-endian; BF16 through ml_dtypes). BYTES is not served.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype("<u1"), "UINT16": np.dtype("<u2"), "UINT32": np.dtype("<u4"), "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"), "INT16": np.dtype("<i2"), "INT32": np.dtype("<i4"), "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"), "FP32": np.dtype("<f4"), "FP64": np.dtype("<f8"),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-}
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
 _OUTPUT_KEYS = {"name", "parameters"}
@@ -63,17 +55,6 @@ class InferRequest:
     binary_output: bool
 
 
-def datatype_of(dtype: np.dtype) -> str:
-    for name, candidate in DATATYPES.items():
-        if candidate == dtype:
-            return name
-    raise ValueError(f"dtype {dtype} has no KServe datatype")
-
-
-def _fail(message: str) -> BadRequest:
-    return BadRequest(message)
-
-
 def _header_length(value: str | None, body_length: int) -> int:
     """Length of the JSON header: the whole body without the header, else the declared length."""
     if value is None:
@@ -81,9 +62,9 @@ def _header_length(value: str | None, body_length: int) -> int:
     try:
         length = int(value)
     except ValueError:
-        raise _fail(f"{HEADER_LENGTH}: not an integer ({value!r})") from None
+        raise BadRequest(f"{HEADER_LENGTH}: not an integer ({value!r})") from None
     if not 0 < length <= body_length:
-        raise _fail(f"{HEADER_LENGTH}: {length} is outside the body (1..{body_length} bytes)")
+        raise BadRequest(f"{HEADER_LENGTH}: {length} is outside the body (1..{body_length} bytes)")
     return length
 
 
@@ -92,9 +73,9 @@ def _load_json_header(raw: bytes) -> dict[str, Any]:
         # pydantic-core's Rust parser: ~4x faster than the json module on tensors sent as JSON.
         header = pydantic_core.from_json(raw)
     except ValueError as exc:
-        raise _fail(f"request header is not valid JSON: {exc}") from None
+        raise BadRequest(f"request header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
-        raise _fail("request header must be a JSON object with an 'inputs' list")
+        raise BadRequest("request header must be a JSON object with an 'inputs' list")
     return header
 
 
@@ -103,14 +84,14 @@ def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
     if params is None:
         return {}
     if not isinstance(params, dict):
-        raise _fail(f"{where}: 'parameters' must be an object")
+        raise BadRequest(f"{where}: 'parameters' must be an object")
     return params
 
 
 def _flag(params: Mapping[str, Any], key: str, where: str, default: bool = False) -> bool:
     value = params.get(key, default)
     if not isinstance(value, bool):
-        raise _fail(f"{where}: parameter '{key}' must be true or false (got {value!r})")
+        raise BadRequest(f"{where}: parameter '{key}' must be true or false (got {value!r})")
     return value
 
 
@@ -118,46 +99,46 @@ def _shape(entry: Mapping[str, Any], where: str) -> tuple[int, ...]:
     shape = entry.get("shape")
     ok = isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     if not ok:
-        raise _fail(f"{where}: 'shape' must be a list of non-negative integers (got {shape!r})")
+        raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers (got {shape!r})")
     return tuple(shape)  # type: ignore[arg-type]
 
 
 def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
     """A JSON `data` list (flat or nested) → array of `shape`; element type must fit the datatype."""
     if not isinstance(data, list):
-        raise _fail(f"{where}: 'data' must be a list")
+        raise BadRequest(f"{where}: 'data' must be a list")
     try:
         values = np.array(data)
     except ValueError:
-        raise _fail(f"{where}: 'data' is a ragged nested list") from None
+        raise BadRequest(f"{where}: 'data' is a ragged nested list") from None
     expected = math.prod(shape)
     if values.size != expected:
-        raise _fail(f"{where}: 'data' has {values.size} elements, shape {list(shape)} needs {expected}")
+        raise BadRequest(f"{where}: 'data' has {values.size} elements, shape {list(shape)} needs {expected}")
     kind = values.dtype.kind if values.size else "b"
     allowed = {"BOOL": "b"}.get(datatype, "biu" if datatype.startswith(("INT", "UINT")) else "biuf")
     if kind not in allowed:
-        raise _fail(f"{where}: 'data' holds {values.dtype.name} values, not valid for {datatype}")
-    dtype = DATATYPES[datatype]
+        raise BadRequest(f"{where}: 'data' holds {values.dtype.name} values, not valid for {datatype}")
+    dtype = BY_KSERVE[datatype].numpy
     if kind in "iu" and values.size and dtype.kind in "iu":
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
-            raise _fail(f"{where}: 'data' has values outside the {datatype} range")
+            raise BadRequest(f"{where}: 'data' has values outside the {datatype} range")
     return values.astype(dtype).reshape(shape)  # [shape], row-major as sent
 
 
 def _input_entry(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
     if not isinstance(entry, dict):
-        raise _fail(f"inputs[{index}] must be an object")
+        raise BadRequest(f"inputs[{index}] must be an object")
     name = entry.get("name")
     if not isinstance(name, str) or not name:
-        raise _fail(f"inputs[{index}]: 'name' must be a non-empty string")
+        raise BadRequest(f"inputs[{index}]: 'name' must be a non-empty string")
     where = f"input '{name}'"
     unknown = set(entry) - _INPUT_KEYS
     if unknown:
-        raise _fail(f"{where}: unknown keys {sorted(unknown)}")
+        raise BadRequest(f"{where}: unknown keys {sorted(unknown)}")
     datatype = entry.get("datatype")
-    if not isinstance(datatype, str) or datatype not in DATATYPES:
-        raise _fail(f"{where}: datatype {datatype!r} is not supported; supported: {', '.join(DATATYPES)}")
+    if not isinstance(datatype, str) or datatype not in BY_KSERVE:
+        raise BadRequest(f"{where}: datatype {datatype!r} is not supported; supported: {', '.join(BY_KSERVE)}")
     return name, datatype, _shape(entry, where), _parameters(entry, where)
 
 
@@ -166,34 +147,34 @@ def _binary_size(params: Mapping[str, Any], where: str) -> int | None:
         return None
     size = params["binary_data_size"]
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise _fail(f"{where}: binary_data_size must be a non-negative integer (got {size!r})")
+        raise BadRequest(f"{where}: binary_data_size must be a non-negative integer (got {size!r})")
     return size
 
 
 def _parse_inputs(entries: Any, binary: memoryview) -> list[InputTensor]:
     if not isinstance(entries, list) or not entries:
-        raise _fail("'inputs' must be a non-empty list")
+        raise BadRequest("'inputs' must be a non-empty list")
     parsed = [_input_entry(entry, i) for i, entry in enumerate(entries)]
     names = [name for name, *_ in parsed]
     if len(set(names)) != len(names):
-        raise _fail(f"duplicate input names in {names}")
+        raise BadRequest(f"duplicate input names in {names}")
     sizes = [_binary_size(params, f"input '{name}'") for name, _, _, params in parsed]
     declared = sum(size or 0 for size in sizes)
     if declared > len(binary):
-        raise _fail(f"binary data is missing: inputs declare {declared} bytes, the body has {len(binary)} "
-                    f"after the {HEADER_LENGTH} header")
+        raise BadRequest(f"binary data is missing: inputs declare {declared} bytes, the body has {len(binary)} "
+                         f"after the {HEADER_LENGTH} header")
     if declared < len(binary):
-        raise _fail(f"trailing bytes: the body has {len(binary)} bytes of binary data, inputs declare {declared}")
+        raise BadRequest(f"trailing bytes: the body has {len(binary)} bytes of binary data, inputs declare {declared}")
     tensors, offset = [], 0
     for (name, datatype, shape, _), entry, size in zip(parsed, entries, sizes, strict=True):
         where = f"input '{name}'"
         if size is None:
             if "data" not in entry:
-                raise _fail(f"{where}: no 'data' and no binary_data_size")
+                raise BadRequest(f"{where}: no 'data' and no binary_data_size")
             array = _json_data(entry["data"], datatype, shape, where)
         else:
             if "data" in entry:
-                raise _fail(f"{where}: both 'data' and binary_data_size are given; send one")
+                raise BadRequest(f"{where}: both 'data' and binary_data_size are given; send one")
             array = _binary_array(binary[offset : offset + size], datatype, shape, where)
             offset += size
         tensors.append(InputTensor(name, datatype, shape, array))
@@ -201,11 +182,11 @@ def _parse_inputs(entries: Any, binary: memoryview) -> list[InputTensor]:
 
 
 def _binary_array(chunk: memoryview, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
-    dtype = DATATYPES[datatype]
+    dtype = BY_KSERVE[datatype].numpy
     expected = math.prod(shape) * dtype.itemsize
     if len(chunk) != expected:
-        raise _fail(f"{where}: binary_data_size is {len(chunk)} bytes, shape {list(shape)} {datatype} "
-                    f"needs {expected}")
+        raise BadRequest(f"{where}: binary_data_size is {len(chunk)} bytes, shape {list(shape)} {datatype} "
+                         f"needs {expected}")
     array = np.frombuffer(chunk, dtype=dtype).reshape(shape)  # [shape], C order as sent
     # The JSON header length can leave the bytes unaligned; onnxruntime wants aligned buffers.
     return array if array.flags.aligned else array.copy()
@@ -215,34 +196,34 @@ def _parse_outputs(entries: Any, binary_default: bool) -> list[RequestedOutput] 
     if entries is None:
         return None
     if not isinstance(entries, list):
-        raise _fail("'outputs' must be a list")
+        raise BadRequest("'outputs' must be a list")
     outputs = []
     for index, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise _fail(f"outputs[{index}] must be an object with a 'name'")
+            raise BadRequest(f"outputs[{index}] must be an object with a 'name'")
         where = f"output '{entry['name']}'"
         unknown = set(entry) - _OUTPUT_KEYS
         if unknown:
-            raise _fail(f"{where}: unknown keys {sorted(unknown)}")
+            raise BadRequest(f"{where}: unknown keys {sorted(unknown)}")
         params = _parameters(entry, where)
         if "classification" in params:
-            raise _fail(f"{where}: the classification extension is not supported")
+            raise BadRequest(f"{where}: the classification extension is not supported")
         outputs.append(RequestedOutput(entry["name"], _flag(params, "binary_data", where, binary_default)))
     names = [o.name for o in outputs]
     if len(set(names)) != len(names):
-        raise _fail(f"duplicate output names in {names}")
+        raise BadRequest(f"duplicate output names in {names}")
     return outputs
 
 
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """Decode a raw infer body (JSON, or JSON header + binary tensors) into arrays; 400 on anything off."""
     if not body:
-        raise _fail("empty request body; expected a JSON infer request")
+        raise BadRequest("empty request body; expected a JSON infer request")
     length = _header_length(header_length, len(body))
     header = _load_json_header(body[:length])
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
-        raise _fail(f"'id' must be a string (got {request_id!r})")
+        raise BadRequest(f"'id' must be a string (got {request_id!r})")
     params = _parameters(header, "request")
     binary_output = _flag(params, "binary_data_output", "request")
     inputs = _parse_inputs(header.get("inputs"), memoryview(body)[length:])
@@ -262,7 +243,7 @@ def encode_infer_response(
     chunks: list[memoryview] = []
     for out in wanted:
         array = np.ascontiguousarray(outputs[out.name])
-        entry: dict[str, Any] = {"name": out.name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
+        entry: dict[str, Any] = {"name": out.name, "datatype": lookup(array.dtype).kserve, "shape": list(array.shape)}
         if out.binary:
             entry["parameters"] = {"binary_data_size": array.nbytes}
             chunks.append(array.reshape(-1).view(np.uint8).data)  # [nbytes], no copy

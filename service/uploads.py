@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from models.dtypes import np_dtype
+from models.dtypes import BY_NPY, BY_SAFETENSORS
 from service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
 UploadFormat = Literal["npy", "safetensors"]
@@ -38,17 +38,8 @@ MAX_NPY_HEADER = 10_000
 MAX_SAFETENSORS_HEADER = 1 << 20
 MAX_NDIM = 32
 
-# .npy descr kind+size → API dtype name; byte order is handled separately
-_NPY_KINDS: dict[str, str] = {
-    "f8": "float64", "f4": "float32", "f2": "float16",
-    "i8": "int64", "i4": "int32", "i2": "int16", "i1": "int8", "u1": "uint8", "b1": "bool",
-}
 # numpy reads '|' (not applicable) on a multi-byte type as native order
 _BYTE_ORDERS: dict[str, Literal["<", ">", "="]] = {"<": "<", ">": ">", "=": "=", "|": "="}
-_SAFETENSORS_DTYPES: dict[str, str] = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-}
 
 
 def upload_format(content_type: str | None, body_start: bytes) -> UploadFormat:
@@ -171,10 +162,9 @@ def _npy_dtype(descr: Any) -> np.dtype:
     if "O" in descr:
         raise BadRequest("npy: object arrays are not accepted (they need pickle, and allow_pickle is off)")
     order, kind = (descr[0], descr[1:]) if descr[:1] in _BYTE_ORDERS else ("=", descr)
-    if kind not in _NPY_KINDS:
-        raise BadRequest(f"npy: dtype {descr!r} is not accepted; accepted kinds: "
-                         + ", ".join(_NPY_KINDS))
-    return np_dtype(_NPY_KINDS[kind]).newbyteorder(_BYTE_ORDERS[order])
+    if kind not in BY_NPY:
+        raise BadRequest(f"npy: dtype {descr!r} is not accepted; accepted kinds: " + ", ".join(BY_NPY))
+    return BY_NPY[kind].numpy.newbyteorder(_BYTE_ORDERS[order])
 
 
 def _checked_shape(shape: Any, what: str) -> tuple[int, ...]:
@@ -244,10 +234,10 @@ def _checked_entries(
         if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
             raise BadRequest(f"safetensors: tensor {tensor!r} needs exactly dtype, shape and data_offsets")
         code = info["dtype"]
-        if code not in _SAFETENSORS_DTYPES:
+        if code not in BY_SAFETENSORS:
             raise BadRequest(f"safetensors: tensor {tensor!r} has dtype {code!r}; accepted: "
-                             + ", ".join(_SAFETENSORS_DTYPES))
-        dtype = np_dtype(_SAFETENSORS_DTYPES[code])
+                             + ", ".join(BY_SAFETENSORS))
+        dtype = BY_SAFETENSORS[code].numpy
         shape = _checked_shape(info["shape"], f"safetensors: tensor {tensor!r}")
         offsets = info["data_offsets"]
         if (not isinstance(offsets, list) or len(offsets) != 2
