@@ -206,10 +206,6 @@ class Batcher:
         for item, result in zip(live, outputs, strict=True):
             _settle(item, result=result)
 
-    @property
-    def batches_run(self) -> int:
-        return self.execution_count
-
     def _run_counted(self, inputs: Mapping[str, np.ndarray], requests: int = 1) -> dict[str, np.ndarray]:
         """One model run over `requests` requests' rows (worker thread)."""
         started = time.perf_counter()

@@ -86,8 +86,9 @@ class Unavailable(ServiceError):
 
 
 def error_response(status_code: int, error_type: str, message: str,
-                   headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, "type": error_type}, status_code=status_code,
+                   headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
+    """The one error envelope `{"error", "type"}`; `extra` keys (e.g. readiness details) come after them."""
+    return JSONResponse({"error": message, "type": error_type, **extra}, status_code=status_code,
                         headers=dict(headers or {}))
 
 

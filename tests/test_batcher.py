@@ -13,6 +13,7 @@ import pytest
 from service.batcher import Batcher
 from service.engine import Engine
 from service.errors import Unavailable
+from service.repository import LoadedModel
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 
@@ -130,18 +131,18 @@ def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
     engine = Engine(Settings(model_repository=REPOSITORY, max_queue_delay_us=20_000, intra_op_num_threads=1))
     assert engine.load() == []
     entry = engine.models[model]
-    assert entry.config is not None
+    assert isinstance(entry, LoadedModel)
     hq, hkv, dim = (entry.config.raw["attention"][k] for k in ("num_heads", "num_kv_heads", "head_dim"))
     shapes = [(1, 4), (2, 4), (1, 7), (3, 2), (1, 1), (9, 3), (2, 6)]  # 9 rows > max_batch_size 8: split
     requests = [random_inputs(hq, hkv, dim, b, s, seed=i, start=17 * i) for i, (b, s) in enumerate(shapes)]
 
     async def scenario() -> list:
-        results = await asyncio.gather(*(entry.infer(r) for r in requests))
+        results = await asyncio.gather(*(engine.infer(entry, r) for r in requests))
         await engine.close()
         return results
 
     results = asyncio.run(scenario())
-    assert entry.batcher is not None and entry.batcher.batches_run < len(requests)
+    assert engine.batchers[model].execution_count < len(requests)
     for request, result in zip(requests, results, strict=True):
         alone = entry.run(request)["output"]
         assert result["output"].shape == alone.shape

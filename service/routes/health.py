@@ -4,6 +4,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from service import __version__
+from service.errors import Unavailable, error_response
 
 router = APIRouter(tags=["operations"])
 
@@ -17,5 +18,6 @@ def healthz() -> dict[str, str]:
 def readyz(request: Request) -> JSONResponse:
     problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
     if problems:
-        return JSONResponse({"status": "not ready", "problems": problems}, status_code=503)
+        return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems),
+                              status="not ready", problems=problems)
     return JSONResponse({"status": "ready", "version": __version__})

@@ -1,8 +1,8 @@
 """KServe v2 / Open Inference Protocol routes (REST), served from the model repository.
 
 `GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`,
-`.../ready`, `POST .../infer`. The infer route reads the raw body itself: tritonclient sends no
-Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
+`.../ready`, `.../stats`, `POST .../infer`. The infer route reads the raw body itself: tritonclient
+sends no Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ import asyncio
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import __version__
-from service.engine import VERSION, Engine, Model
-from service.errors import Unavailable
+from service.engine import VERSION, Engine, RepositoryEntry, ensure_ready
+from service.errors import Unavailable, error_response
 from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
+from service.kserve_model import check_inputs, check_outputs, model_metadata
 from service.uploads import read_body
 
 router = APIRouter(tags=["inference"])
@@ -29,15 +30,23 @@ NameParam = Annotated[str, Path(description="Model name: a folder of the model r
 VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
 
 
-def _engine(request: Request) -> Engine:
+def engine_of(request: Request) -> Engine:
     engine: Engine | None = getattr(request.app.state, "engine", None)
     if engine is None:
         raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
     return engine
 
 
-def _model(request: Request, name: str, version: str | None) -> Model:
-    return _engine(request).get(name, version)
+def _model(request: Request, name: NameParam) -> RepositoryEntry:
+    return engine_of(request).get(name)
+
+
+def _versioned_model(request: Request, name: NameParam, version: VersionParam) -> RepositoryEntry:
+    return engine_of(request).get(name, version)
+
+
+ModelDep = Annotated[RepositoryEntry, Depends(_model)]
+VersionedModelDep = Annotated[RepositoryEntry, Depends(_versioned_model)]
 
 
 async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
@@ -60,69 +69,67 @@ def server_live() -> dict[str, bool]:
 def server_ready(request: Request) -> JSONResponse:
     problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
     if problems:
-        return JSONResponse({"error": "not ready: " + "; ".join(problems), "type": "unavailable", "ready": False},
-                            status_code=503)
+        return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems), ready=False)
     return JSONResponse({"ready": True})
 
 
 @router.get("/v2/models/{name}", summary="Model metadata")
-def model_metadata(request: Request, name: NameParam) -> dict[str, Any]:
-    return _model(request, name, None).metadata()
+def model_metadata_route(model: ModelDep) -> dict[str, Any]:
+    return model_metadata(model)
 
 
 @router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
-def model_version_metadata(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
-    return _model(request, name, version).metadata()
+def model_version_metadata(model: VersionedModelDep) -> dict[str, Any]:
+    return model_metadata(model)
 
 
-def _ready_response(model: Model) -> JSONResponse:
+def _ready_response(model: RepositoryEntry) -> JSONResponse:
     if not model.ready:
-        return JSONResponse({"error": str(model.problem), "type": "unavailable", "name": model.name, "ready": False},
-                            status_code=503)
+        return error_response(503, Unavailable.error_type, str(model.problem), name=model.name, ready=False)
     return JSONResponse({"name": model.name, "versions": [VERSION], "ready": True})
 
 
 @router.get("/v2/models/{name}/ready", summary="Model readiness")
-def model_ready(request: Request, name: NameParam) -> JSONResponse:
-    return _ready_response(_model(request, name, None))
+def model_ready(model: ModelDep) -> JSONResponse:
+    return _ready_response(model)
 
 
 @router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
-def model_version_ready(request: Request, name: NameParam, version: VersionParam) -> JSONResponse:
-    return _ready_response(_model(request, name, version))
+def model_version_ready(model: VersionedModelDep) -> JSONResponse:
+    return _ready_response(model)
 
 
 @router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
-def model_stats(request: Request, name: NameParam) -> dict[str, Any]:
-    return {"model_stats": [_model(request, name, None).statistics()]}
+def model_stats(request: Request, model: ModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine_of(request).statistics(model)]}
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
-def model_version_stats(request: Request, name: NameParam, version: VersionParam) -> dict[str, Any]:
-    return {"model_stats": [_model(request, name, version).statistics()]}
+def model_version_stats(request: Request, model: VersionedModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine_of(request).statistics(model)]}
 
 
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
-async def infer(request: Request, name: NameParam) -> Response:
-    return await _infer(request, _model(request, name, None))
+async def infer(request: Request, model: ModelDep) -> Response:
+    return await _infer(request, model)
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
-async def infer_version(request: Request, name: NameParam, version: VersionParam) -> Response:
-    return await _infer(request, _model(request, name, version))
+async def infer_version(request: Request, model: VersionedModelDep) -> Response:
+    return await _infer(request, model)
 
 
-async def _infer(request: Request, model: Model) -> Response:
+async def _infer(request: Request, entry: RepositoryEntry) -> Response:
     """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
-    model.ensure_ready()  # 503 before reading a body that cannot be served
+    model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     body = await read_body(request.headers.get("content-length"), request.stream(),
                            request.app.state.settings.max_request_bytes)
     parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-    inputs = model.check_inputs(parsed.inputs)
+    inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
-        model.check_outputs([out.name for out in parsed.outputs])
-    outputs = await model.infer(inputs)
-    order = [spec.name for spec in model.config.outputs] if model.config else list(outputs)
+        check_outputs(model, [out.name for out in parsed.outputs])
+    outputs = await engine_of(request).infer(model, inputs)
     size = sum(array.nbytes for array in outputs.values())
-    content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs, order)
+    content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs,
+                                            model.config.output_names)
     return Response(content=content, headers=headers, media_type=None)

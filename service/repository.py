@@ -1,0 +1,223 @@
+"""The model repository: find models, read config.json, build and check onnxruntime sessions.
+
+Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `posenc export`).
+Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
+problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
+config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from models.dtypes import BY_KSERVE, BY_ONNX
+from service.settings import Settings
+
+log = logging.getLogger("posenc.engine")
+
+# onnxruntime's own load errors (InvalidProtobuf, InvalidGraph, Fail, ...) derive from Exception only.
+_ORT_STATE = ort.capi.onnxruntime_pybind11_state
+ORT_ERRORS: tuple[type[Exception], ...] = tuple(
+    getattr(_ORT_STATE, name) for name in ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError",
+                                           "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
+                                           "InvalidGraph", "EPFail") if hasattr(_ORT_STATE, name)
+)
+CUDA = "CUDAExecutionProvider"
+CPU = "CPUExecutionProvider"
+
+
+class ConfigError(ValueError):
+    """config.json is missing, malformed, or disagrees with the model file or session."""
+
+
+# Failures whose message is reported as the model's readiness problem.
+LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, json.JSONDecodeError, ConfigError, *ORT_ERRORS)
+
+
+@dataclass(frozen=True)
+class ModelTensor:
+    """One input or output of config.json: KServe datatype and shape, -1 for a dynamic dimension
+    (dim 0 is the batch)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def sequence_axis(self) -> int | None:
+        """The dynamic axis after the batch axis (the sequence), if any."""
+        dynamic = [axis for axis, dim in enumerate(self.shape) if dim == -1 and axis > 0]
+        return dynamic[0] if dynamic else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def _model_tensors(entries: Any, what: str) -> tuple[ModelTensor, ...]:
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"'{what}' must be a non-empty list")
+    tensors = []
+    for entry in entries:
+        try:
+            tensor = ModelTensor(str(entry["name"]), str(entry["datatype"]), tuple(int(d) for d in entry["shape"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"'{what}' entries need name, datatype and shape (got {entry!r})") from None
+        if tensor.datatype not in BY_KSERVE or not tensor.shape or tensor.shape[0] != -1:
+            raise ConfigError(f"{what} '{tensor.name}': known datatype and a dynamic batch dim 0 required")
+        tensors.append(tensor)
+    return tuple(tensors)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The parts of config.json the service relies on (the whole file is kept in `raw`)."""
+
+    name: str
+    inputs: tuple[ModelTensor, ...]
+    outputs: tuple[ModelTensor, ...]
+    max_batch_size: int
+    causal: bool
+    max_position: int | None
+    sha256: str | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, name: str, data: Any) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("config.json must hold a JSON object")
+        max_batch = data.get("max_batch_size", 1)
+        max_position = data.get("max_position")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch_size must be an integer >= 1 (got {max_batch!r})")
+        if max_position is not None and (not isinstance(max_position, int) or max_position < 1):
+            raise ConfigError(f"max_position must be an integer >= 1 (got {max_position!r})")
+        return cls(name, _model_tensors(data.get("inputs"), "inputs"), _model_tensors(data.get("outputs"), "outputs"),
+                   max_batch, bool(data.get("causal", False)), max_position, data.get("sha256"), data)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [tensor.name for tensor in self.outputs]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model whose session was built and agrees with its config.json."""
+
+    name: str
+    config: ModelConfig
+    session: ort.InferenceSession
+    providers: list[str]
+
+    ready = True
+    problem = None
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Synchronous onnxruntime run returning every output in model order (call from a worker thread)."""
+        names = self.config.output_names
+        return dict(zip(names, self.session.run(names, dict(inputs)), strict=True))
+
+
+@dataclass(frozen=True)
+class FailedModel:
+    """A repository entry that could not be served, and why (reported by the readiness endpoints)."""
+
+    name: str
+    problem: str
+
+    ready = False
+    providers: tuple[str, ...] = ()
+
+
+def resolve_providers(setting: str) -> list[str]:
+    """Providers to ask onnxruntime for: `cpu`, `cuda` (CUDA then CPU), `auto` (CUDA if built in)."""
+    available = ort.get_available_providers()
+    if setting == "cpu":
+        return [CPU]
+    if setting == "cuda" and CUDA not in available:
+        raise ConfigError("POSENC_PROVIDERS=cuda but this onnxruntime has no CUDAExecutionProvider "
+                          "(install onnxruntime-gpu)")
+    return [CUDA, CPU] if CUDA in available else [CPU]
+
+
+def intra_op_threads(setting: int) -> int:
+    """0 = one per CPU this process may run on."""
+    if setting > 0:
+        return setting
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_session(config: ModelConfig, session: ort.InferenceSession) -> None:
+    """config.json inputs/outputs == the session's (names, order-free; datatypes; static dims; -1 ↔ dynamic)."""
+    for what, declared_tensors, actual in (("input", config.inputs, session.get_inputs()),
+                                           ("output", config.outputs, session.get_outputs())):
+        declared = {tensor.name: tensor for tensor in declared_tensors}
+        found = {arg.name: arg for arg in actual}
+        if set(declared) != set(found):
+            raise ConfigError(f"{what}s differ: config.json {sorted(declared)}, model.onnx {sorted(found)}")
+        for name, tensor in declared.items():
+            arg = found[name]
+            dims = [d if isinstance(d, int) else -1 for d in arg.shape]  # symbolic or None → dynamic
+            onnx_type = BY_ONNX.get(arg.type)
+            if onnx_type is None or onnx_type.kserve != tensor.datatype or dims != list(tensor.shape):
+                raise ConfigError(f"{what} '{name}': config.json says {tensor.datatype} {list(tensor.shape)}, "
+                                  f"model.onnx has {arg.type} {dims}")
+
+
+def _read_config(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config.json is not valid JSON ({exc})") from None
+
+
+def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
+    model_bytes = (folder / "model.onnx").read_bytes()
+    if config.sha256 and hashlib.sha256(model_bytes).hexdigest() != config.sha256:
+        raise ConfigError("model.onnx does not match the sha256 in config.json")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads(settings.intra_op_num_threads)
+    options.inter_op_num_threads = 1  # the graph is a chain of fused nodes: nothing to overlap
+    # Idle intra-op threads would otherwise spin and steal CPU from the event loop and other models.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(model_bytes, sess_options=options, providers=resolve_providers(settings.providers))
+    if settings.providers == "cuda" and CUDA not in session.get_providers():
+        raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
+    _check_session(config, session)
+    return session
+
+
+def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | FailedModel:
+    """Read config.json, check the file hash, build the session and check it against config.json."""
+    try:
+        config = ModelConfig.parse(name, _read_config(folder / "config.json"))
+        session = _session(config, folder, settings)
+    except LOAD_ERRORS as exc:
+        failed = FailedModel(name, f"model '{name}': {exc}")
+        log.error("%s", failed.problem)
+        return failed
+    except Exception:  # one broken model must not take the service down; details go to the log
+        failed = FailedModel(name, f"model '{name}': failed to load (the service log has the details)")
+        log.exception("%s", failed.problem)
+        return failed
+    model = LoadedModel(name, config, session, session.get_providers())
+    log.info("model %s loaded: providers %s, %d intra-op threads", name, model.providers,
+             session.get_session_options().intra_op_num_threads)
+    return model
+
+
+def model_folders(root: Path) -> Iterator[Path]:
+    """Every `<root>/<name>/` holding a model.onnx or a config.json (hidden and `_` folders skipped), sorted."""
+    entries = (p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    yield from sorted(p for p in entries if (p / "model.onnx").exists() or (p / "config.json").exists())
