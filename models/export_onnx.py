@@ -29,9 +29,10 @@ import onnx
 import torch
 
 from models.errors import ParameterError
-from models.export_args import add_export_arguments
+from models.export_args import ROPE_OPTIONS, add_export_arguments
 from models.rope import RopeParameters, inv_freq_and_attention_factor, make_rope_parameters, rope_parameters_from_config
 from models.rope_attention import Layout, RopeAttention
+from models.rope_types import RUNTIME_DEPENDENT_TYPES
 
 OPSET = 23
 INPUT_NAMES = ("query", "key", "value", "position_ids")
@@ -39,9 +40,6 @@ OUTPUT_NAME = "output"
 FUSED_OPS = {"RotaryEmbedding": 2, "Attention": 1}
 # Ops that would mean the exporter decomposed attention or the rotation instead of fusing them.
 DECOMPOSITION_OPS = {"MatMul", "Softmax", "Einsum", "Neg", "Concat", "Split", "Slice", "Expand", "Where"}
-# dynamic / longrope inv_freq depends on the sequence length at run time in transformers; a static
-# graph freezes it at this length (documented in config.json as rope.inv_freq_seq_len).
-RUNTIME_DEPENDENT_TYPES = ("dynamic", "longrope")
 
 log = logging.getLogger("posenc.export")
 
@@ -105,6 +103,8 @@ def spec_from_hf_config(
     num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
     rope, info = rope_parameters_from_config(config)
     max_position = int(info.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096)
+    # dynamic / longrope inv_freq depends on the run-time sequence length in transformers; a static graph
+    # freezes it at the graph's max_position (config.json says so in rope.inv_freq_seq_len)
     frozen = max_position if rope.rope_type in RUNTIME_DEPENDENT_TYPES else None
     source = {"model_type": config.get("model_type"), "architectures": config.get("architectures")}
     return ExportSpec(name, rope, num_heads, num_kv_heads, layout=layout, causal=causal,
@@ -223,11 +223,7 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
         spec = spec_from_hf_config(config, args.name, layout=args.layout, causal=args.causal,
                                    max_batch_size=args.max_batch_size)
         return spec
-    rope_kwargs = {k: getattr(args, k) for k in (
-        "head_dim", "rope_theta", "rope_type", "partial_rotary_factor", "factor", "original_max_position_embeddings",
-        "low_freq_factor", "high_freq_factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-        "short_factor", "long_factor",
-    ) if getattr(args, k) is not None}
+    rope_kwargs = {k: getattr(args, k) for k in ROPE_OPTIONS if getattr(args, k) is not None}
     rope_kwargs["max_position_embeddings"] = args.max_position
     rope = make_rope_parameters(**rope_kwargs)
     frozen = args.max_position if rope.rope_type in RUNTIME_DEPENDENT_TYPES else None
@@ -238,6 +234,8 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
 
 def run_export(args: argparse.Namespace) -> list[Path]:
     """Export what the arguments ask for; returns the written model folders."""
+    if args.repository is None:
+        raise ParameterError("repository", "--repository is required outside a source checkout")
     if args.defaults:
         return [export(spec, args.repository) for spec in default_specs()]
     if not args.name:

@@ -8,11 +8,11 @@ and lay the rows out with a sliding window. Memory is the output plus O(q + k).
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from models.bounds import MAX_RELATIVE_POSITION
 from models.dtypes import IntDType, np_dtype
 from models.errors import ParameterError
 
 # keeps 2k + 1 inside int32, the narrowest integer dtype served
-MAX_RELATIVE_POSITION = 2**30 - 1
 
 
 def check_lengths(query_length: int, key_length: int) -> None:

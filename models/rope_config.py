@@ -3,7 +3,7 @@
 Reference: transformers 5.23.0 `modeling_rope_utils.py`, `RotaryEmbeddingConfigMixin`
 (`convert_rope_params_to_dict`, `standardize_rope_params`, `validate_rope`, `_check_received_keys`)
 and the init functions' reads of `config.head_dim` / `hidden_size // num_attention_heads`.
-ENCODINGS.md §1.1.
+docs/ENCODINGS.md §1.1.
 
 Rules reproduced:
 - the dict is `rope_scaling` (v4) if truthy, else `rope_parameters` (v5), else {};
@@ -12,7 +12,8 @@ Rules reproduced:
 - llama3/yarn/longrope: a top-level `original_max_position_embeddings` (Phi-3) overwrites the
   dict's value; otherwise the dict value defaults to `max_position_embeddings`. In the nested
   (per-layer) form only the default applies, as in `standardize_rope_params`;
-- required keys per rope_type as `_validate_*_rope_parameters` (KeyError there, ParameterError here);
+- required keys per rope_type as `_validate_*_rope_parameters` (the registry's `config_keys`; KeyError
+  there, ParameterError here);
 - yarn's `truncate` is read from the top-level dict (`config.rope_parameters.get("truncate", True)`),
   so a nested config always truncates.
 
@@ -26,24 +27,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from models.bounds import DEFAULT_ROPE_THETA
 from models.errors import ParameterError
-from models.rope_params import ROPE_TYPES, RopeParameters, make_rope_parameters
-
-DEFAULT_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
-_SCALED_TYPES = ("llama3", "yarn", "longrope")
-# `_validate_<rope_type>_rope_parameters` required_keys in transformers 5.23
-REQUIRED_KEYS: dict[str, frozenset[str]] = {
-    "default": frozenset({"rope_type"}),
-    "linear": frozenset({"rope_type", "factor"}),
-    "dynamic": frozenset({"rope_type", "factor"}),
-    "yarn": frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
-    "longrope": frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
-    "llama3": frozenset(
-        {"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-         "rope_theta"}
-    ),
-    "proportional": frozenset({"rope_type", "rope_theta"}),
-}
+from models.rope_params import RopeParameters, make_rope_parameters
+from models.rope_types import ROPE_TYPES, rope_type_spec
 
 
 def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
@@ -106,11 +93,7 @@ def _select_entry(
 def _check_required(entry: Mapping[str, Any]) -> str:
     """rope_type after validation; ParameterError naming missing keys (transformers: KeyError)."""
     rope_type = entry["rope_type"]
-    if rope_type not in REQUIRED_KEYS:
-        raise ParameterError(
-            "rope_type", f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}"
-        )
-    missing = sorted(REQUIRED_KEYS[rope_type] - set(entry))
+    missing = sorted(rope_type_spec(rope_type).config_keys - set(entry))
     if missing:
         raise ParameterError(
             ", ".join(missing), f"missing in rope_parameters, required for rope_type {rope_type!r}"
@@ -137,14 +120,15 @@ def rope_parameters_from_config(
         raise ParameterError(source, "must be a JSON object")
     entry, nested = _select_entry(rope, cfg, layer_type)
 
-    entry.setdefault("rope_theta", cfg.get("rope_theta", DEFAULT_THETA))
+    entry.setdefault("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
     if cfg.get("partial_rotary_factor") is not None:
         entry.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
     entry.setdefault("rope_type", entry.get("type", "default"))
     if not isinstance(entry["rope_type"], str):
         raise ParameterError("rope_type", f"must be a string, got {entry['rope_type']!r}")
     max_pos = cfg.get("max_position_embeddings")
-    if entry["rope_type"] in _SCALED_TYPES:
+    spec = ROPE_TYPES.get(entry["rope_type"])
+    if spec is not None and spec.original_from_max:
         if not nested and cfg.get("original_max_position_embeddings") is not None:
             entry["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
         elif max_pos is not None:

@@ -6,7 +6,7 @@
 applied. `make_rope_parameters` is the one place that validates them; every invalid value raises
 `models.errors.ParameterError` naming the parameter as the API spells it.
 
-Decisions where the reference is silent or fails (ENCODINGS.md §1.1, §1.2):
+Decisions where the reference is silent or fails (docs/ENCODINGS.md §1.1, §1.2):
 - odd rotary dim: transformers raises only for a fully rotated odd `head_dim > 4` and otherwise
   silently rotates one channel more than asked (`arange(0, d, 2)` has ceil(d/2) entries). No table
   of `d` channels is consistent with that, so any odd rotary dim is a ParameterError.
@@ -20,35 +20,17 @@ Decisions where the reference is silent or fails (ENCODINGS.md §1.1, §1.2):
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any
 
+from models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_SCALE, MAX_THETA
 from models.errors import ParameterError
-
-RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"]
-ROPE_TYPES: tuple[str, ...] = get_args(RopeType)
-
-# Fields each rope_type reads besides head_dim/rotary_dim/rope_theta/partial_rotary_factor
-# (the `rope_parameters_dict[...]` / `config.` reads in each transformers init function).
-_FIELDS_READ: dict[str, frozenset[str]] = {
-    "default": frozenset(),
-    "linear": frozenset({"factor"}),
-    "dynamic": frozenset({"factor", "max_position_embeddings"}),
-    "yarn": frozenset(
-        {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
-         "mscale", "mscale_all_dim", "truncate"}
-    ),
-    "longrope": frozenset(
-        {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"}
-    ),
-    "llama3": frozenset(
-        {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}
-    ),
-    "proportional": frozenset({"factor"}),
-}
-
-# Defaults transformers substitutes when a value is missing (yarn uses `or`, so 0 also means default).
-YARN_BETA_FAST_DEFAULT = 32.0
-YARN_BETA_SLOW_DEFAULT = 1.0
+from models.rope_types import (
+    ROPE_TYPES,
+    YARN_BETA_FAST_DEFAULT,
+    YARN_BETA_SLOW_DEFAULT,
+    RopeType,
+    rope_type_spec,
+)
 
 
 @dataclass(frozen=True)
@@ -62,7 +44,7 @@ class RopeParameters:
 
     head_dim: int
     rotary_dim: int
-    rope_theta: float = 10000.0
+    rope_theta: float = DEFAULT_ROPE_THETA
     rope_type: RopeType = "default"
     factor: float | None = None
     original_max_position_embeddings: int | None = None
@@ -94,7 +76,7 @@ class RopeParameters:
         out: dict[str, str] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None or (f.name == "truncate" and self.rope_type != "yarn"):
+            if value is None or (f.name == "truncate" and "truncate" not in ROPE_TYPES[self.rope_type].reads):
                 continue
             if isinstance(value, tuple):
                 out[f.name] = ",".join(repr(float(v)) for v in value)
@@ -103,13 +85,6 @@ class RopeParameters:
             else:
                 out[f.name] = repr(value) if isinstance(value, float) else str(value)
         return out
-
-
-# Upper bounds: far beyond any real model, and small enough that transformers' float32 arithmetic
-# (inv_freq, llama3 wavelengths, YaRN blends) cannot overflow to inf.
-MAX_SCALE = 1e6  # factors, betas, mscales, attention factor
-MAX_THETA = 1e12
-MAX_LENGTH = 1 << 40  # context lengths
 
 
 def _number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
@@ -124,7 +99,7 @@ def _number(name: str, value: Any, *, minimum: float | None = None, strict: bool
     return float(value)
 
 
-def _integer(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_LENGTH) -> int:
+def _integer(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_CONTEXT) -> int:
     """An integer (an integral float such as 4096.0 from JSON is accepted) in [minimum, maximum]."""
     if isinstance(value, float) and value.is_integer():
         value = int(value)
@@ -157,24 +132,13 @@ def _check_required(rope_type: str, kwargs: dict[str, Any]) -> None:
     A missing original_max_position_embeddings falls back to max_position_embeddings, and yarn /
     longrope derive a missing factor from max_position_embeddings / original (transformers 5.23).
     """
+    spec = ROPE_TYPES[rope_type]
     has = {name for name, value in kwargs.items() if value is not None}
     if "max_position_embeddings" in has:
-        has |= {"original_max_position_embeddings"} | ({"factor"} if rope_type in ("yarn", "longrope") else set())
-    required = {
-        "linear": ["factor"],
-        "dynamic": ["factor", "max_position_embeddings"],
-        "yarn": ["factor", "original_max_position_embeddings"],
-        "longrope": ["short_factor", "long_factor", "original_max_position_embeddings", "factor"],
-        "llama3": ["factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"],
-    }.get(rope_type, [])
-    missing = [name for name in required if name not in has]
+        has |= {"original_max_position_embeddings"} | ({"factor"} if spec.factor_from_lengths else set())
+    missing = [name for name in spec.required if name not in has]
     if missing:
-        hint = {
-            "yarn": "; with max_position_embeddings, original defaults to it and factor to max / original",
-            "longrope": "; with max_position_embeddings, original defaults to it and factor to max / original",
-            "llama3": "; original_max_position_embeddings defaults to max_position_embeddings",
-        }.get(rope_type, "")
-        raise ParameterError(", ".join(missing), f"required for rope_type {rope_type!r}{hint}")
+        raise ParameterError(", ".join(missing), f"required for rope_type {rope_type!r}{spec.missing_hint}")
 
 
 def _resolve_dims(
@@ -253,16 +217,15 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     if unknown:
         raise ParameterError(unknown[0], "is not a RoPE parameter")
     rope_type = kwargs.get("rope_type") or "default"
-    if rope_type not in ROPE_TYPES:
-        raise ParameterError("rope_type", f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
+    spec = rope_type_spec(rope_type)
     head, rot, prf = _resolve_dims(
         kwargs.get("head_dim"), kwargs.get("partial_rotary_factor"), kwargs.get("rotary_dim"), rope_type
     )
     _check_required(rope_type, kwargs)
     theta_in = kwargs.get("rope_theta")
-    theta = 10000.0 if theta_in is None else _number("rope_theta", theta_in, minimum=1.0, strict=True,
+    theta = DEFAULT_ROPE_THETA if theta_in is None else _number("rope_theta", theta_in, minimum=1.0, strict=True,
                                                                  maximum=MAX_THETA)
-    reads = _FIELDS_READ[rope_type]
+    reads = spec.reads
     v = {name: kwargs.get(name) for name in reads}
     out: dict[str, Any] = {
         "head_dim": head, "rotary_dim": rot, "rope_theta": theta, "rope_type": rope_type,
@@ -272,7 +235,7 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     max_pos = kwargs.get("max_position_embeddings")
     if max_pos is not None:
         max_pos = _integer("max_position_embeddings", max_pos)
-    if "original_max_position_embeddings" in reads:
+    if spec.original_from_max:
         name = "original_max_position_embeddings"
         orig = v[name] if v[name] is not None else max_pos  # standardize_rope_params' setdefault
         out[name] = _integer(name, _require(rope_type, name, orig))
@@ -280,7 +243,7 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
         out["max_position_embeddings"] = _require(rope_type, "max_position_embeddings", max_pos)
 
     factor = v.get("factor")
-    if rope_type in ("yarn", "longrope") and factor is None and max_pos is not None:
+    if spec.factor_from_lengths and factor is None and max_pos is not None:
         # transformers derives a missing factor as max / original (yarn and longrope only)
         factor = max_pos / out["original_max_position_embeddings"]
         out["max_position_embeddings"] = max_pos

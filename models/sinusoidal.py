@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from models.bounds import DEFAULT_SINUSOIDAL_BASE
 from models.errors import ParameterError
 
 SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
@@ -50,7 +51,7 @@ def sinusoidal_table(
     max_position: int,
     dim: int,
     variant: SinusoidalVariant = "paper",
-    base: float = 10000.0,
+    base: float = DEFAULT_SINUSOIDAL_BASE,
     offset: int = 0,
     padding_idx: int = 1,
     dtype: npt.DTypeLike = np.float32,

@@ -12,20 +12,12 @@ from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
 from service.metrics import install_metrics
-from service.routes import alibi, health, inference, relative, rope, sinusoidal, t5
+from service.routes import health, inference
 from service.settings import Settings
+from service.tables.http import table_router
 
 log = logging.getLogger("posenc")
 
-ROUTERS = [
-    health.router,
-    sinusoidal.router,
-    rope.router,
-    alibi.router,
-    t5.router,
-    relative.router,
-    inference.router,
-]
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -58,7 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.table_cache = ByteLRUCache(settings.cache_bytes)
     app.state.readiness_problems = ["starting"]
     install_error_handlers(app)
-    for router in ROUTERS:
+    for router in (health.router, table_router(), inference.router):
         app.include_router(router)
     # Observability: GET /metrics, per-route request metrics, the access log.
     install_metrics(app, access_log_enabled=settings.access_log)

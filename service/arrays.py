@@ -92,7 +92,7 @@ def _le_contiguous(array: np.ndarray) -> np.ndarray:
     return np.asarray(array, order="C")
 
 
-def _byte_view(array: np.ndarray) -> memoryview:
+def byte_view(array: np.ndarray) -> memoryview:
     """The array's buffer as bytes, without copying (works for ml_dtypes' bfloat16 too)."""
     return memoryview(array.reshape(-1).view(np.uint8).data)
 
@@ -112,7 +112,7 @@ def encode_safetensors(tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)
     parts: list[bytes | memoryview] = [struct.pack("<Q", len(header_bytes)), header_bytes]
-    parts.extend(_byte_view(a) for a in arrays.values())
+    parts.extend(byte_view(a) for a in arrays.values())
     return b"".join(parts)
 
 
@@ -133,11 +133,11 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 def encode_npy(array: np.ndarray) -> bytes:
     array = _le_contiguous(array)
-    return b"".join((npy_header(array.dtype, array.shape), _byte_view(array)))
+    return b"".join((npy_header(array.dtype, array.shape), byte_view(array)))
 
 
 def encode_raw(array: np.ndarray) -> bytes:
-    return bytes(_byte_view(_le_contiguous(array)))
+    return bytes(byte_view(_le_contiguous(array)))
 
 
 def raw_headers(name: str, array: np.ndarray) -> dict[str, str]:

@@ -112,6 +112,11 @@ def _describe_validation_error(err: Mapping[str, Any]) -> str:
     return f"{name}: {err.get('msg', 'invalid value')} (got {got!r})"
 
 
+def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> str:
+    """pydantic/FastAPI validation errors as one message naming each parameter."""
+    return "; ".join(_describe_validation_error(e) for e in errors)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Map every exception to the one JSON envelope."""
 
@@ -125,8 +130,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message = "; ".join(_describe_validation_error(e) for e in exc.errors())
-        return error_response(422, InvalidParameter.error_type, message)
+        return error_response(422, InvalidParameter.error_type, describe_validation_errors(exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

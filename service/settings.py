@@ -10,10 +10,19 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.export_args import SOURCE_REPOSITORY
+
 MiB = 1024 * 1024
 
-# The model repository shipped with the source tree (onnx/ beside service/).
-DEFAULT_MODEL_REPOSITORY = Path(__file__).resolve().parent.parent / "onnx"
+
+
+def shipped_model_repository() -> Path:
+    """The models posenc ships: package data of an installed wheel (`service/shipped_models`, built from
+    onnx/), or onnx/ of a source checkout (editable installs, the repository itself)."""
+    packaged = Path(__file__).resolve().parent / "shipped_models"
+    if packaged.is_dir() or SOURCE_REPOSITORY is None:
+        return packaged
+    return SOURCE_REPOSITORY
 
 
 class Settings(BaseSettings):
@@ -43,7 +52,8 @@ class Settings(BaseSettings):
         64 * MiB, ge=1, description="Largest request body accepted (uploads, inference); over it: 413."
     )
     model_repository: Path = Field(
-        DEFAULT_MODEL_REPOSITORY, description="Folder of `<model>/model.onnx` + `<model>/config.json`."
+        default_factory=shipped_model_repository,
+        description="Folder of `<model>/model.onnx` + `<model>/config.json`; default: the shipped models.",
     )
 
     # Inference (KServe v2): onnxruntime sessions and the per-model micro-batcher.

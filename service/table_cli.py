@@ -1,7 +1,8 @@
 """`posenc table`: write any v1 table to a file without a network server.
 
-The request goes through the very same app (`create_app`) in-process, by calling it as an ASGI
-application with a hand-built scope: same routes, same validation, same numbers, same errors.
+The endpoint's registered query model validates the NAME=VALUE pairs, and the table path the HTTP
+routes use (`TableRequest.answer`) computes and encodes the answer: same parameters, same numbers,
+same errors, byte for byte the body the HTTP API returns.
 
     posenc table /v1/sinusoidal max_position=8 dim=16 variant=fairseq --output pe.safetensors
     posenc table /v1/rope max_position=4096 head_dim=128 --output cos.npy --tensor cos
@@ -11,17 +12,22 @@ application with a hand-built scope: same routes, same validation, same numbers,
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from service.arrays import FILE_SUFFIX, FORMATS
+from pydantic import ValidationError
+
+from models.errors import ParameterError
+from service.arrays import FILE_SUFFIX, FORMATS, negotiate_format
+from service.cache import ByteLRUCache
+from service.errors import InvalidParameter, ServiceError, describe_validation_errors
+from service.settings import Settings
+from service.tables import TABLES
+from service.tables.core import TableQuery, TableRequest, TableRoute
 
 SUFFIX_FORMAT = {suffix: fmt for fmt, suffix in FILE_SUFFIX.items()} | {".raw": "raw"}
 BODY_MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/x-safetensors",
@@ -34,13 +40,6 @@ class TableCliError(Exception):
     def __init__(self, message: str, status: int = 1) -> None:
         super().__init__(message)
         self.status = status
-
-
-@dataclass
-class AsgiResponse:
-    status: int = 500
-    headers: dict[str, str] = field(default_factory=dict)
-    body: bytearray = field(default_factory=bytearray)
 
 
 def add_parser(commands: Any) -> None:
@@ -67,67 +66,34 @@ def resolve_format(output: str, explicit: str | None) -> str:
     return SUFFIX_FORMAT.get(Path(output).suffix.lower(), "safetensors")
 
 
-def build_query(endpoint: str, params: list[str], fmt: str, tensor: str | None) -> tuple[str, bytes]:
-    """(path, query string) from the endpoint (which may carry `?a=b` itself) and `NAME=VALUE` items."""
+def parse_request(endpoint: str, params: list[str]) -> tuple[TableRoute, dict[str, str]]:
+    """The registered route and its query parameters, from the endpoint (which may carry `?a=b`) and
+    `NAME=VALUE` items."""
     if not endpoint.startswith("/"):
         endpoint = "/" + (endpoint if endpoint.startswith("v1/") else "v1/" + endpoint)
     split = urlsplit(endpoint)
     if not split.path.startswith("/v1/"):
         raise TableCliError(f"posenc table: {split.path!r} is not a v1 table endpoint (/v1/...)", status=2)
-    pairs: list[tuple[str, str]] = []
+    route = TABLES.get(split.path)
+    if route is None:
+        raise TableCliError(f"posenc table: no route {split.path}; table endpoints: {', '.join(TABLES)}", status=2)
+    query = dict(parse_qsl(split.query, keep_blank_values=True))
     for item in params:
         name, sep, value = item.partition("=")
         if not sep or not name:
             raise TableCliError(f"posenc table: parameter {item!r} is not NAME=VALUE", status=2)
         if name in ("format", "tensor"):
             raise TableCliError(f"posenc table: use --{name} instead of {name}=", status=2)
-        pairs.append((name, value))
-    pairs.append(("format", fmt))
-    if tensor:
-        pairs.append(("tensor", tensor))
-    query = "&".join(q for q in (split.query, urlencode(pairs)) if q)
-    return split.path, query.encode()
+        query[name] = value
+    return route, query
 
 
-async def call_app(app: Any, method: str, path: str, query: bytes, body: bytes, content_type: str | None
-                   ) -> AsgiResponse:
-    """One HTTP request straight into the ASGI app (no sockets, no lifespan: tables need no models)."""
-    headers = [(b"host", b"posenc-cli"), (b"content-length", str(len(body)).encode())]
-    if content_type:
-        headers.append((b"content-type", content_type.encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-             "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-             "query_string": query, "headers": headers, "client": None, "server": ("posenc-cli", 0),
-             "state": {}}
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    response = AsgiResponse()
-
-    async def receive() -> dict[str, Any]:
-        # After the body, a client that never disconnects: park until the app is done.
-        if messages:
-            return messages.pop(0)
-        await asyncio.Event().wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            response.status = int(message["status"])
-            response.headers = {bytes(k).decode("latin-1").lower(): bytes(v).decode("latin-1")
-                                for k, v in message.get("headers", [])}
-        elif message["type"] == "http.response.body":
-            response.body += message.get("body", b"")
-
-    await app(scope, receive, send)
-    return response
-
-
-def error_message(response: AsgiResponse) -> str:
-    """The envelope's message (`{"error": ...}`), else the body as text."""
+def validate_query(route: TableRoute, values: dict[str, Any]) -> TableQuery:
+    """The query model of `route` from string values, validated as the HTTP route validates it."""
     try:
-        doc = json.loads(bytes(response.body))
-        return str(doc["error"])
-    except (ValueError, KeyError, TypeError):
-        return bytes(response.body).decode("utf-8", "replace")[:500]
+        return route.query.model_validate(values)
+    except ValidationError as exc:
+        raise InvalidParameter(describe_validation_errors(exc.errors())) from None
 
 
 def write_output(output: str, data: bytes) -> None:
@@ -151,9 +117,7 @@ def write_output(output: str, data: bytes) -> None:
         raise
 
 
-def read_body(path: str | None) -> tuple[bytes, str | None]:
-    if path is None:
-        return b"", None
+def read_body(path: str) -> tuple[bytes, str | None]:
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
@@ -161,24 +125,38 @@ def read_body(path: str | None) -> tuple[bytes, str | None]:
     return data, BODY_MEDIA_TYPES.get(Path(path).suffix.lower(), "application/octet-stream")
 
 
+def answer(route: TableRoute, query_values: dict[str, str], fmt: str, tensor: str | None,
+           body: tuple[bytes, str | None] | None, settings: Settings) -> bytes:
+    """The body the HTTP API would answer (ServiceError / ParameterError as it would refuse)."""
+    query = validate_query(route, query_values)
+    table = TableRequest(format=negotiate_format(fmt, None), tensor=tensor, settings=settings,
+                         cache=ByteLRUCache(0), method=route.method)
+    if route.query.body is not None:
+        query.check()
+        data, content_type = body if body is not None else (b"", None)
+        query = query.bind(route.query.body.decode(data, content_type))
+    return table.answer(query).body
+
+
 def run(args: argparse.Namespace) -> int:
     """Handler of `posenc table`: 0 on success, 1 when the service answers an error, 2 on bad usage."""
-    from service.app import create_app
     from service.cli import settings_or_exit
 
     try:
         fmt = resolve_format(args.output, args.format)
-        path, query = build_query(args.endpoint, list(args.params), fmt, args.tensor)
-        body, content_type = read_body(args.body)
-        app = create_app(settings_or_exit(access_log=False))
-        method = "POST" if args.body is not None else "GET"
-        response = asyncio.run(call_app(app, method, path, query, body, content_type))
-        if response.status != 200:
-            raise TableCliError(f"posenc table: {error_message(response)} (HTTP {response.status})")
-        write_output(args.output, bytes(response.body))
+        route, query = parse_request(args.endpoint, list(args.params))
+        body = read_body(args.body) if args.body is not None else None
+        settings = settings_or_exit(access_log=False)
+        try:
+            data = answer(route, query, fmt, args.tensor, body, settings)
+        except ServiceError as exc:
+            raise TableCliError(f"posenc table: {exc.message} (HTTP {exc.status_code})") from None
+        except ParameterError as exc:
+            raise TableCliError(f"posenc table: {exc} (HTTP 422)") from None
+        write_output(args.output, data)
     except TableCliError as exc:
         sys.stderr.write(f"{exc}\n")
         return exc.status
     if args.output != "-":
-        sys.stderr.write(f"posenc table: wrote {len(response.body)} bytes ({fmt}) to {args.output}\n")
+        sys.stderr.write(f"posenc table: wrote {len(data)} bytes ({fmt}) to {args.output}\n")
     return 0

@@ -137,11 +137,31 @@ def test_form_half_ignores_layout_in_the_cache_key(client: TestClient) -> None:
     assert len(full) == 2
 
 
-def test_zero_means_not_given(client: TestClient) -> None:
+def test_not_given_is_absent_not_zero(client: TestClient) -> None:
+    # 0 is a value like any other (out of range here), not a spelling of "not given"
     response = client.get("/v1/rope?max_position=4&head_dim=64&rope_type=linear&factor=0")
-    assert response.status_code == 422 and response.json()["error"].startswith("factor: required")
+    assert response.status_code == 422 and response.json()["error"].startswith("factor: must be > 0")
+    missing = client.get("/v1/rope?max_position=4&head_dim=64&rope_type=linear")
+    assert missing.status_code == 422 and missing.json()["error"].startswith("factor: required")
     explicit = client.get("/v1/rope?max_position=4&head_dim=64&rotary_dim=32&format=npy&tensor=cos")
     assert np.load(io.BytesIO(explicit.content)).shape == (4, 32)
+
+
+@pytest.mark.parametrize("factor", ["1.0", "0.5", "1"])
+def test_rotary_dim_with_any_partial_rotary_factor_is_one_422(client: TestClient, factor: str) -> None:
+    # partial_rotary_factor=1.0 used to pass as "not given" while 0.5 was refused
+    response = client.get(f"/v1/rope?max_position=4&head_dim=64&rotary_dim=32&partial_rotary_factor={factor}")
+    assert response.status_code == 422
+    assert response.json()["error"] == "rotary_dim: give either rotary_dim or partial_rotary_factor, not both"
+
+
+def test_openapi_shows_real_defaults(client: TestClient) -> None:
+    parameters = {p["name"]: p for p in client.get("/openapi.json").json()["paths"]["/v1/rope"]["get"]["parameters"]}
+    assert parameters["rope_theta"]["schema"]["default"] == 10000.0
+    assert parameters["beta_fast"]["schema"]["default"] == 32.0
+    for name in ("factor", "rotary_dim", "partial_rotary_factor", "short_factor", "low_freq_factor"):
+        assert parameters[name]["schema"].get("default") is None, name  # not given: absent, no sentinel
+        assert not parameters[name]["required"], name
 
 
 def test_raw_bfloat16_and_partial_rotary(client: TestClient) -> None:

@@ -1,7 +1,13 @@
-"""The shared path of every table endpoint: negotiate, size-check, ETag/304, cache, compute, encode.
+"""The contract of every table endpoint, and the one path that answers it.
 
-A route declares what it will produce (`TensorSpec`s computed from its parameters) and hands over a
-`compute` callable; nothing is allocated before the size check has passed.
+A family is one `TableQuery` subclass (a pydantic model: its fields are the query parameters, with
+bounds, defaults and descriptions) registered with `register_table`. The query declares its output
+tensors (`specs`, from the parameters alone) and computes them (`compute`, calling `models/`); the
+shared path does the rest: format negotiation, tensor selection, size limits before anything is
+allocated, the canonical key (ETag and cache), 304, the LRU cache and the wire encoding.
+
+Nothing here knows HTTP: `TableRequest.answer` returns an `Answer` that the routes
+(`service.tables.http`) and `posenc table` (`service.table_cli`) deliver, byte for byte the same.
 """
 
 from __future__ import annotations
@@ -11,17 +17,15 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
-from fastapi import Depends, Header, Query, Request
-from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from models.dtypes import FloatDType, IntDType, dtype_name
+from models.dtypes import dtype_name
 from service import __version__
 from service.arrays import (
     FILE_SUFFIX,
-    FORMATS,
     MEDIA_TYPES,
     SINGLE_TENSOR_FORMATS,
     Bundle,
@@ -30,7 +34,6 @@ from service.arrays import (
     encode_npy,
     encode_raw,
     encode_safetensors,
-    negotiate_format,
     raw_headers,
 )
 from service.cache import ByteLRUCache, CachedBody
@@ -38,11 +41,6 @@ from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, Precon
 from service.settings import Settings
 
 CACHE_CONTROL = "public, max-age=86400"
-
-FloatDTypeQuery = Annotated[
-    FloatDType, Query(description="Element type of the float tensors (bfloat16: safetensors and raw only).")
-]
-IntDTypeQuery = Annotated[IntDType, Query(description="Element type of the integer tensors.")]
 
 
 @dataclass(frozen=True)
@@ -60,6 +58,83 @@ class TensorSpec:
     @property
     def size(self) -> int:
         return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Body:
+    """How a POST family reads its request body: `decode(bytes, content_type)` → the upload it binds.
+
+    `limit` caps the body below POSENC_MAX_REQUEST_BYTES (None: that setting alone); `openapi` is
+    the operation's requestBody document.
+    """
+
+    decode: Callable[[bytes, str | None], Any]
+    openapi: Mapping[str, Any]
+    limit: int | None = None
+
+
+class TableQuery(BaseModel):
+    """The query parameters of one table endpoint, and what it produces from them.
+
+    Subclasses declare fields (FastAPI reads them as the query string; `posenc table` validates the
+    same model from NAME=VALUE pairs) and implement `specs` and `compute`; `check` holds the
+    cross-field rules (a `ParameterError` → 422 naming the parameter). POST families set `body` and
+    read the decoded upload from `self.upload`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    endpoint: ClassVar[str]  # the path without /v1/: names the table in the ETag and the metadata
+    body: ClassVar[Body | None] = None
+    _upload: Any = PrivateAttr(default=None)
+
+    @property
+    def upload(self) -> Any:
+        return self._upload
+
+    def bind(self, upload: Any) -> Self:
+        """A copy of this query holding the decoded request body."""
+        bound = self.model_copy()
+        bound._upload = upload
+        return bound
+
+    def check(self) -> None:
+        """Cross-field validation, before any work (the fields' own bounds are checked by pydantic)."""
+
+    def params(self) -> dict[str, Any]:
+        """The resolved parameters: canonical key (ETag, cache) and response metadata. None = not given."""
+        return self.model_dump()
+
+    def specs(self) -> dict[str, TensorSpec]:
+        """The tensors `compute` returns, in response order."""
+        raise NotImplementedError
+
+    def compute(self) -> Bundle:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TableRoute:
+    """One registered table endpoint."""
+
+    path: str
+    query: type[TableQuery]
+    summary: str
+    response_description: str
+
+    @property
+    def method(self) -> str:
+        return "GET" if self.query.body is None else "POST"
+
+
+TABLES: dict[str, TableRoute] = {}
+
+
+def register_table(path: str, query: type[TableQuery], *, summary: str, response_description: str) -> None:
+    """Declare a table endpoint: the route, its OpenAPI entry and `posenc table` follow from it."""
+    if path in TABLES:
+        raise ValueError(f"table route {path} registered twice")
+    TABLES[path] = TableRoute(path, query, summary, response_description)
 
 
 def metadata_value(value: Any) -> str:
@@ -86,15 +161,25 @@ def format_bytes(n: int) -> str:
 
 
 @dataclass
+class Answer:
+    """A table response: status (200 or 304), headers, body and media type."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes = b""
+    media_type: str | None = None
+
+
+@dataclass
 class TableRequest:
-    """What a table route needs besides its own parameters (a FastAPI dependency)."""
+    """How a table is asked for (format, tensor, conditional request) and where it is answered from."""
 
     format: Format
     tensor: str | None
-    if_none_match: str | None
-    method: str
     settings: Settings
     cache: ByteLRUCache
+    if_none_match: str | None = None
+    method: str = "GET"
 
     def _select(self, specs: Mapping[str, TensorSpec]) -> list[str]:
         names = list(specs)
@@ -122,43 +207,40 @@ class TableRequest:
                                       f"limit is {self.settings.max_json_elements} (POSENC_MAX_JSON_ELEMENTS); "
                                       "use format=safetensors, npy or raw")
 
-    def serve(self, *, endpoint: str, params: Mapping[str, Any], specs: Mapping[str, TensorSpec],
-              compute: Callable[[], Bundle]) -> Response:
-        """Answer a table request: 304, a cached body, or a freshly computed and encoded one.
-
-        `params` are the resolved parameters (they go into the ETag and the metadata); `specs` the
-        tensors `compute` will return, in response order.
-        """
+    def answer(self, query: TableQuery) -> Answer:
+        """304, a cached body, or a freshly computed and encoded one (blocking: call from a worker thread)."""
+        query.check()
+        specs = query.specs()
         selected = self._select(specs)
         if self.format == "npy" and any(dtype_name(specs[n].dtype) == "bfloat16" for n in selected):
             raise BadRequest("format=npy cannot represent bfloat16; use format=safetensors (BF16) or raw, "
                              "or another dtype")
         self._check_size(specs, selected)
 
-        canonical = {name: metadata_value(v) for name, v in sorted(params.items()) if v is not None}
-        key_doc = {"endpoint": endpoint, "params": canonical, "format": self.format,
+        canonical = {name: metadata_value(v) for name, v in sorted(query.params().items()) if v is not None}
+        key_doc = {"endpoint": query.endpoint, "params": canonical, "format": self.format,
                    "tensors": selected, "version": __version__}
         digest = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
         etag = f'"{digest[:40]}"'
         headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL, "Vary": "Accept"}
         if _etag_matches(self.if_none_match, etag):
             if self.method in ("GET", "HEAD"):
-                return Response(status_code=304, headers=headers)
+                return Answer(304, headers)
             # RFC 9110 13.1.2: a matching If-None-Match on other methods is a failed precondition.
             raise PreconditionFailed(f"If-None-Match matches the current representation {etag}")
 
         cached = self.cache.get(digest)
         if cached is None:
-            bundle = compute()
+            bundle = query.compute()
             _check_bundle(bundle, specs)
-            metadata = {"posenc_version": __version__, "endpoint": endpoint, **canonical, **bundle.metadata}
-            cached = _encode(self.format, {n: bundle.tensors[n] for n in selected}, metadata, endpoint)
+            metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **canonical, **bundle.metadata}
+            cached = _encode(self.format, {n: bundle.tensors[n] for n in selected}, metadata, query.endpoint)
             self.cache.put(digest, cached)
             headers["X-Cache"] = "miss"
         else:
             headers["X-Cache"] = "hit"
         headers.update(dict(cached.headers))
-        return Response(content=cached.body, media_type=cached.media_type, headers=headers)
+        return Answer(200, headers, cached.body, cached.media_type)
 
 
 def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:
@@ -185,30 +267,3 @@ def _encode(fmt: Format, tensors: Mapping[str, np.ndarray], metadata: Mapping[st
             headers.update(raw_headers(name, array))
     headers["Content-Disposition"] = f'attachment; filename="{stem}{FILE_SUFFIX[fmt]}"'
     return CachedBody(body=body, media_type=MEDIA_TYPES[fmt], headers=tuple(headers.items()))
-
-
-def table_request(
-    request: Request,
-    format: Annotated[
-        str | None,
-        Query(description="Response format: " + ", ".join(FORMATS) + ". Wins over the Accept header; "
-              "default safetensors."),
-    ] = None,
-    tensor: Annotated[
-        str | None, Query(description="Name of the one tensor to return (required for npy/raw when the "
-                                      "endpoint returns several).")
-    ] = None,
-    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
-    if_none_match: Annotated[str | None, Header(include_in_schema=False)] = None,
-) -> TableRequest:
-    return TableRequest(
-        format=negotiate_format(format, accept),
-        tensor=tensor,
-        if_none_match=if_none_match,
-        method=request.method,
-        settings=request.app.state.settings,
-        cache=request.app.state.table_cache,
-    )
-
-
-TableDep = Annotated[TableRequest, Depends(table_request)]

@@ -1,0 +1,94 @@
+"""Table routes built from the registry: one GET (or POST, for families with a body) per `TableRoute`.
+
+A GET route validates its query model (FastAPI's query-parameter models: 422 naming the parameter)
+and answers in a worker thread. A POST route checks its parameters and the format first, then reads
+the body (bounded), and decodes, binds and answers in a worker thread: hashing or decoding an upload
+never blocks the event loop.
+"""
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+
+from service.arrays import FORMATS, negotiate_format
+from service.tables import TABLES
+from service.tables.core import Answer, TableQuery, TableRequest, TableRoute
+from service.uploads import read_body
+
+
+def table_request(
+    request: Request,
+    format: Annotated[
+        str | None,
+        Query(description="Response format: " + ", ".join(FORMATS) + ". Wins over the Accept header; "
+              "default safetensors."),
+    ] = None,
+    tensor: Annotated[
+        str | None, Query(description="Name of the one tensor to return (required for npy/raw when the "
+                                      "endpoint returns several).")
+    ] = None,
+    accept: Annotated[str | None, Header(include_in_schema=False)] = None,
+    if_none_match: Annotated[str | None, Header(include_in_schema=False)] = None,
+) -> TableRequest:
+    return TableRequest(
+        format=negotiate_format(format, accept),
+        tensor=tensor,
+        settings=request.app.state.settings,
+        cache=request.app.state.table_cache,
+        if_none_match=if_none_match,
+        method=request.method,
+    )
+
+
+TableDep = Annotated[TableRequest, Depends(table_request)]
+
+
+def _response(answer: Answer) -> Response:
+    return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
+                    headers=answer.headers)
+
+
+def _decode_and_answer(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
+                       body: bytes, content_type: str | None) -> Answer:
+    return table.answer(query.bind(decode(body, content_type)))
+
+
+def _endpoint(route: TableRoute) -> Any:
+    """The route function; its signature names the query model so FastAPI documents every field."""
+    query_model = route.query
+
+    if query_model.body is None:
+        def get_table(query: Annotated[query_model, Query()], table: TableDep) -> Response:  # type: ignore[valid-type]
+            return _response(table.answer(query))
+
+        return get_table
+
+    body_limit, decode = query_model.body.limit, query_model.body.decode
+
+    async def post_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
+                         table: TableDep) -> Response:
+        parameters: TableQuery = query
+        parameters.check()  # before the body: nothing is read for a request that cannot be served
+        limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
+        body = await read_body(request.headers.get("content-length"), request.stream(), limit)
+        answer = await run_in_threadpool(_decode_and_answer, table, parameters, decode, body,
+                                         request.headers.get("content-type"))
+        return _response(answer)
+
+    return post_table
+
+
+def table_router() -> APIRouter:
+    """Every registered table route."""
+    router = APIRouter(tags=["tables"])
+    for route in TABLES.values():
+        body = route.query.body
+        router.add_api_route(
+            route.path, _endpoint(route), methods=[route.method], summary=route.summary,
+            description=(route.query.__doc__ or "").strip(), response_description=route.response_description,
+            openapi_extra=dict(body.openapi) if body else None, response_class=Response,
+        )
+    return router

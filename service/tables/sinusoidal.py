@@ -1,0 +1,46 @@
+"""Absolute sinusoidal position tables (docs/ENCODINGS.md §6)."""
+
+from typing import Any
+
+from pydantic import Field
+
+from models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SINUSOIDAL_BASE
+from models.dtypes import np_dtype
+from models.sinusoidal import SinusoidalVariant, sinusoidal_table
+from service.arrays import Bundle
+from service.tables.core import TableQuery, TensorSpec, register_table
+from service.tables.fields import FloatDTypeField
+
+
+class SinusoidalQuery(TableQuery):
+    """The fixed sin/cos table of the Transformer paper and its variants, in float64 cast once."""
+
+    endpoint = "sinusoidal"
+
+    max_position: int = Field(ge=1, le=MAX_ROWS, description="Number of rows (positions).")
+    dim: int = Field(ge=1, le=MAX_DIM, description="Embedding width (columns).")
+    variant: SinusoidalVariant = Field("paper", description=(
+        "paper: interleaved sin/cos, base^(-2i/d). tensor2tensor: [sin|cos], exp(-i ln(base)/(d/2-1)). "
+        "fairseq: tensor2tensor spacing, row padding_idx zeroed (dim >= 4). marian: [sin|cos] with the "
+        "paper's frequencies."))
+    base: float = Field(DEFAULT_SINUSOIDAL_BASE, gt=0, le=MAX_SINUSOIDAL_BASE,
+                        description="Frequency base (tensor2tensor: max_timescale).")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
+    padding_idx: int = Field(1, ge=0, le=MAX_OFFSET, description="fairseq only: position whose row is zero.")
+    dtype: FloatDTypeField = "float32"
+
+    def params(self) -> dict[str, Any]:
+        # padding_idx only shapes the fairseq table: other variants must share one cache entry
+        return self.model_dump(exclude=None if self.variant == "fairseq" else {"padding_idx"})
+
+    def specs(self) -> dict[str, TensorSpec]:
+        return {"pe": TensorSpec((self.max_position, self.dim), np_dtype(self.dtype))}
+
+    def compute(self) -> Bundle:
+        pe = sinusoidal_table(self.max_position, self.dim, self.variant, self.base, self.offset, self.padding_idx,
+                              np_dtype(self.dtype))
+        return Bundle({"pe": pe})
+
+
+register_table("/v1/sinusoidal", SinusoidalQuery, summary="Sinusoidal absolute position table",
+               response_description="Tensor `pe` [max_position, dim] in the negotiated wire format.")
