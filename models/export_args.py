@@ -48,7 +48,8 @@ def _option_type(field_type: str) -> Callable[[str], Any]:
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `posenc export` and `python -m models.export_onnx`."""
-    field_types = {f.name: str(f.type) for f in dataclasses.fields(RopeParameters)}
+    # a plain class (`bool`) by its name, a union (`float | None`) as written
+    field_types = {f.name: getattr(f.type, "__name__", str(f.type)) for f in dataclasses.fields(RopeParameters)}
     parser.add_argument("--defaults", action="store_true", help="(re)generate the shipped models")
     parser.add_argument("--from-config", metavar="CONFIG_JSON", help="Hugging Face config.json to take geometry from")
     parser.add_argument("--name", help="model name (folder in the repository)")

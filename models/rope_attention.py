@@ -2,11 +2,11 @@
 
 One of the two torch users of the project (with `models/export_onnx.py`). The frequencies and the
 attention factor come from `models.rope.inv_freq_and_attention_factor` — never recomputed here — and
-the angles follow transformers 5.23 `LlamaRotaryEmbedding.forward` (ENCODINGS.md §1.3):
+the angles follow transformers 5.23 `LlamaRotaryEmbedding.forward` (docs/ENCODINGS.md §1.3):
 `freqs = position_ids.float() * inv_freq` in float32, `cos = cos(freqs) * attention_factor` (same
 for sin). The rotation is applied to the first `rotary_dim` channels of q and k (partial rotary
 passes the rest through), in the half-split (NeoX, `rotate_half`) or interleaved (GPT-J,
-`rotate_every_two`) layout (ENCODINGS.md §2). Attention is `scaled_dot_product_attention` with
+`rotate_every_two`) layout (docs/ENCODINGS.md §2). Attention is `scaled_dot_product_attention` with
 scale 1/sqrt(head_dim), causal (upper-left aligned, query i sees keys 0..i) or bidirectional, and
 Hq a multiple of Hkv (MHA, GQA, MQA).
 

@@ -1,4 +1,4 @@
-"""Sinusoidal absolute position tables (ENCODINGS.md §6), closed form in float64, cast once.
+"""Sinusoidal absolute position tables (docs/ENCODINGS.md §6), closed form in float64, cast once.
 
 Variants differ in frequency spacing and column layout:
 - paper:         omega_k = base^(-2k/d); interleaved, PE[p, 2k] = sin, PE[p, 2k+1] = cos

@@ -1,4 +1,18 @@
+"""Shared fixtures, and the markers that say what a test needs.
+
+`torch`: torch, transformers or onnx (the export extra): the parity tests and the exporter. Without
+torch, `pytest -m "not torch"` runs everything else; the modules marked `torch` are not even imported
+(they import torch at the top). A plain `pytest` without torch stops with a usage error instead of
+silently skipping the parity suites.
+`server`: a real uvicorn server on loopback (the protocol itself is under test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -6,12 +20,32 @@ from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
 
+TORCH_MARK = "pytestmark = pytest.mark.torch"
+HAS_TORCH = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "onnx"))
 
-def make_client(**overrides: object) -> TestClient:
-    return TestClient(create_app(Settings(**overrides)))  # type: ignore[arg-type]
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not HAS_TORCH and "not torch" not in (config.option.markexpr or ""):
+        raise pytest.UsageError("torch, transformers and onnx are not installed: install the test extra "
+                                "(pip install -e '.[test]') or run the tests that do not need them: "
+                                "pytest -m \"not torch\"")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Without torch, modules marked `torch` are not imported (their imports would fail)."""
+    if HAS_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    return True if TORCH_MARK in collection_path.read_text() else None
+
+
+@contextmanager
+def running_client(**overrides: object) -> Iterator[TestClient]:
+    """A TestClient on `create_app(Settings(**overrides))` with its lifespan run (models loaded)."""
+    with TestClient(create_app(Settings(**overrides))) as client:  # type: ignore[arg-type]
+        yield client
 
 
 @pytest.fixture
 def client() -> Iterator[TestClient]:
-    with make_client() as c:
+    with running_client() as c:
         yield c

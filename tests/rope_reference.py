@@ -20,7 +20,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding
 
 transformers.logging.set_verbosity_error()
 
-# Precision contract (ENCODINGS.md, top): inv_freq is transformers' float32 computation, so it must match
+# Precision contract (docs/ENCODINGS.md, top): inv_freq is transformers' float32 computation, so it must match
 # within 2 ulp (rtol 3e-7). cos/sin are evaluated in float64 from that inv_freq while transformers multiplies
 # position x inv_freq in float32 (angle error ~|angle| * 6e-8), hence the angle-proportional term.
 INV_FREQ_MAX_ULP = 2

@@ -18,7 +18,7 @@ from models.deberta import deberta_buckets
 from models.relative import clipped_relative_indices
 from models.t5 import t5_bias, t5_buckets
 from service.arrays import decode_json_tensor
-from tests.conftest import make_client
+from tests.conftest import running_client
 
 # (url, tensor name, expected array)
 ENDPOINTS: list[tuple[str, str, Callable[[], np.ndarray]]] = [
@@ -224,7 +224,7 @@ def test_bad_t5_uploads(client: TestClient, content_type: str, body: bytes, stat
 
 
 def test_upload_over_the_request_limit_is_413() -> None:
-    with make_client(max_request_bytes=1000) as c:
+    with running_client(max_request_bytes=1000) as c:
         body = npy_body(WEIGHT)  # 896 bytes of data + header
         r = c.post(T5_URL, content=body + b"\0" * 1000, headers={"Content-Type": "application/x-npy"})
         assert r.status_code == 413 and "POSENC_MAX_REQUEST_BYTES" in r.json()["error"]
@@ -247,7 +247,7 @@ def test_too_large_is_413_immediately(client: TestClient, url: str) -> None:
 
 
 def test_t5_bias_output_over_the_limit_is_413() -> None:
-    with make_client(max_table_bytes=10_000) as c:
+    with running_client(max_table_bytes=10_000) as c:
         r = c.post("/v1/t5/bias?query_length=100&key_length=100", content=npy_body(WEIGHT),
                    headers={"Content-Type": "application/x-npy"})
         assert r.status_code == 413 and "240000 bytes" in r.json()["error"]

@@ -1,4 +1,4 @@
-"""Numeric core of the bias family against transformers 5.23.0, the ALiBi paper and ENCODINGS.md.
+"""Numeric core of the bias family against transformers 5.23.0, the ALiBi paper and docs/ENCODINGS.md.
 
 Integer tables (T5, DeBERTa, clipped) and the BLOOM/MPT biases are compared for exact equality.
 """
@@ -21,6 +21,8 @@ from models.deberta import deberta_buckets, deberta_log_bucket_position
 from models.errors import ParameterError
 from models.relative import clipped_relative_indices
 from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+
+pytestmark = pytest.mark.torch
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64}

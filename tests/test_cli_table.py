@@ -1,5 +1,6 @@
 """`posenc table`: the file holds exactly what the HTTP API answers; errors exit non-zero with the message."""
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -7,17 +8,17 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load_file
 
-from service.app import create_app
 from service.cli import main
-from service.settings import Settings
+from tests.conftest import running_client
 
 PARAMS = ["max_position=8", "dim=16", "variant=fairseq"]
 QUERY = "max_position=8&dim=16&variant=fairseq"
 
 
 @pytest.fixture(scope="module")
-def client() -> TestClient:
-    return TestClient(create_app(Settings()))
+def client() -> Iterator[TestClient]:
+    with running_client() as c:
+        yield c
 
 
 def test_safetensors_file_equals_http_response(tmp_path: Path, client: TestClient) -> None:

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
+from tests.conftest import running_client
 
 HOSTILE = ["", "0", "-1", "1", "2", "3", "nan", "inf", "-inf", "1e308", "99999999999999999999", "abc", "1.5",
            "true", "%00", "\u00e9", "8,8", "-0", " 4", "0x10"]
@@ -19,7 +18,8 @@ BODIES = [b"", b"{}", b"[]", b"null", b"\x93NUMPY\x01\x00", b"\x08\x00\x00\x00\x
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(max_table_bytes=1 << 22)), raise_server_exceptions=False) as c:
+    with running_client(max_table_bytes=1 << 22) as c:
+        c.raise_server_exceptions = False  # a 5xx must show as a response, not as an exception
         yield c
 
 

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.settings import Settings
+from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 MODEL = "rope_attention"
@@ -19,7 +18,7 @@ DATATYPE = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(max_queue_delay_us=0))) as c:
+    with running_client(max_queue_delay_us=0) as c:
         yield c
 
 
@@ -146,7 +145,7 @@ def test_malformed_bodies_are_400(client: TestClient) -> None:
 
 
 def test_request_over_the_byte_limit_is_413() -> None:
-    with TestClient(create_app(Settings(max_request_bytes=1000))) as small:
+    with running_client(max_request_bytes=1000) as small:
         body, headers = _binary_body(GOOD)
         r = small.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
     assert r.status_code == 413 and "POSENC_MAX_REQUEST_BYTES" in r.json()["error"]

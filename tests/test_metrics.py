@@ -13,14 +13,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.app import create_app
 from service.logs import JsonFormatter, log_config
 from service.settings import Settings
+from tests.conftest import running_client
 from tests.infer_utils import random_inputs
 
 TABLE = "/v1/sinusoidal?max_position=4&dim=8"
-
-
-@pytest.fixture
-def client() -> TestClient:
-    return TestClient(create_app(Settings()))
 
 
 def samples(client: TestClient) -> dict[tuple[str, frozenset], float]:
@@ -94,7 +90,7 @@ def test_infer_calls_feed_the_batch_queue_and_run_metrics() -> None:
     arrays = random_inputs(8, 8, 64, batch=2, seq=5)
     body = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": "INT64" if a.dtype == np.int64 else "FP32",
                         "data": a.reshape(-1).tolist()} for name, a in arrays.items()]}
-    with TestClient(create_app(Settings())) as client:
+    with running_client() as client:
         for _ in range(3):
             assert client.post("/v2/models/rope_attention/infer", json=body).status_code == 200
         got = samples(client)

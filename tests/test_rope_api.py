@@ -1,6 +1,6 @@
 """GET /v1/rope and POST /v1/rope/from-config through the app, against transformers 5.23.
 
-Tolerances: tests/rope_reference.py (precision contract of ENCODINGS.md).
+Tolerances: tests/rope_reference.py (precision contract of docs/ENCODINGS.md).
 """
 
 import io
@@ -15,8 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as load_safetensors
 
-from service.app import create_app
-from service.settings import Settings
+from tests.conftest import running_client
 from tests.rope_reference import (
     MODEL_CONFIGS,
     assert_inv_freq_close,
@@ -27,13 +26,15 @@ from tests.rope_reference import (
     rotary_module,
 )
 
+pytestmark = pytest.mark.torch
+
 LLAMA31_QUERY = ("/v1/rope?max_position=8192&head_dim=128&rope_theta=500000&rope_type=llama3&factor=8"
                  "&low_freq_factor=1&high_freq_factor=4&original_max_position_embeddings=8192")
 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(max_table_bytes=64 * 2**20))) as test_client:
+    with running_client(max_table_bytes=64 * 2**20) as test_client:
         yield test_client
 
 

@@ -17,6 +17,8 @@ from models.errors import ParameterError
 from models.rope import make_rope_parameters
 from models.rope_attention import RopeAttention, apply_rope
 
+pytestmark = pytest.mark.torch
+
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}
 

@@ -1,6 +1,6 @@
 """models/rope: parity with transformers 5.23 (ROPE_INIT_FUNCTIONS, rotary forwards), golden values, errors.
 
-Tolerances: tests/rope_reference.py (precision contract of ENCODINGS.md).
+Tolerances: tests/rope_reference.py (precision contract of docs/ENCODINGS.md).
 """
 
 import math
@@ -31,6 +31,8 @@ from tests.rope_reference import (
     llama_config,
     rotary_module,
 )
+
+pytestmark = pytest.mark.torch
 
 # (head_dim, partial_rotary_factor): rotary dims 64, 32 (80 x 0.4), 80, 96, 48, 128, 32, 256, 64
 DIMS = [(64, 1.0), (80, 0.4), (80, 1.0), (96, 1.0), (96, 0.5), (128, 1.0), (128, 0.25), (256, 1.0), (256, 0.25)]
@@ -155,7 +157,7 @@ def test_dtypes_cast_once_from_float64(dtype: str) -> None:
 
 
 def test_bfloat16_row_golden() -> None:
-    """ENCODINGS.md §1.3: head_dim 8, positions 0..2, bf16: the cat(freqs, freqs) layout is visible."""
+    """docs/ENCODINGS.md §1.3: head_dim 8, positions 0..2, bf16: the cat(freqs, freqs) layout is visible."""
     cos, _, _ = rope_cos_sin(make_rope_parameters(head_dim=8), 3, dtype="bfloat16")
     expected = [0.5390625, 0.99609375, 1, 1, 0.5390625, 0.99609375, 1, 1]
     assert cos[1].astype(np.float64).tolist() == expected
@@ -164,7 +166,7 @@ def test_bfloat16_row_golden() -> None:
     assert ref_cos[1].tolist() == expected
 
 
-# --- golden values of ENCODINGS.md §1.2 ----------------------------------------------------------------
+# --- golden values of docs/ENCODINGS.md §1.2 ----------------------------------------------------------------
 
 
 def test_yarn_golden() -> None:

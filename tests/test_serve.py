@@ -15,6 +15,8 @@ import pytest
 
 from models.sinusoidal import sinusoidal_table
 
+pytestmark = pytest.mark.server
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -44,6 +46,8 @@ def server() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_safetensors_header_is_plain_json(server: str) -> None:
@@ -62,8 +66,9 @@ def test_safetensors_header_is_plain_json(server: str) -> None:
 def test_errors_over_the_wire(server: str) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(server + "/v1/sinusoidal?max_position=0&dim=16")
-    assert info.value.code == 422
-    assert json.loads(info.value.read())["type"] == "invalid_parameter"
+    with info.value as error:  # an HTTPError holds the open response
+        assert error.code == 422
+        assert json.loads(error.read())["type"] == "invalid_parameter"
 
 
 def test_bad_setting_fails_at_startup_naming_the_variable() -> None:

@@ -1,4 +1,4 @@
-"""Sinusoidal tables against the reference implementations and ENCODINGS.md §6 reference values."""
+"""Sinusoidal tables against the reference implementations and docs/ENCODINGS.md §6 reference values."""
 
 import math
 
@@ -11,6 +11,8 @@ from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
 
 from models.errors import ParameterError
 from models.sinusoidal import sinusoidal_table
+
+pytestmark = pytest.mark.torch
 
 # References that compute in float64 and cast to float32 agree with ours to float32 rounding (<= 1 ulp).
 F32_ROUNDING = 1.2e-7
@@ -88,7 +90,7 @@ def test_offset_is_a_slice_of_the_full_table(variant: str) -> None:
 
 
 def test_reference_values_fairseq_dim8() -> None:
-    # ENCODINGS.md §6 (measured with fairseq, dim 8, padding_idx 1).
+    # docs/ENCODINGS.md §6 (measured with fairseq, dim 8, padding_idx 1).
     table = sinusoidal_table(3, 8, "fairseq", padding_idx=1, dtype=np.float64)
     np.testing.assert_allclose(table[2], [0.9093, 0.0927, 0.00431, 0.0002, -0.4161, 0.9957, 1.0, 1.0], atol=6e-5)
     assert not table[1].any()

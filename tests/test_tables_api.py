@@ -12,7 +12,7 @@ from safetensors.numpy import load as safetensors_load
 
 from models.sinusoidal import sinusoidal_table
 from service.arrays import decode_json_tensor
-from tests.conftest import make_client
+from tests.conftest import running_client
 
 URL = "/v1/sinusoidal?max_position=16&dim=12&variant=marian"
 
@@ -119,7 +119,7 @@ def test_identical_requests_are_served_from_the_cache(client: TestClient) -> Non
 
 
 def test_cache_can_be_disabled() -> None:
-    with make_client(cache_bytes=0) as c:
+    with running_client(cache_bytes=0) as c:
         assert c.get(URL).headers["x-cache"] == "miss"
         assert c.get(URL).headers["x-cache"] == "miss"
 
@@ -162,14 +162,14 @@ def test_too_large_is_413_before_allocating(client: TestClient) -> None:
 
 
 def test_limit_is_configurable() -> None:
-    with make_client(max_table_bytes=1000) as c:
+    with running_client(max_table_bytes=1000) as c:
         assert c.get("/v1/sinusoidal?max_position=25&dim=10").status_code == 200  # 1000 bytes
         r = c.get("/v1/sinusoidal?max_position=26&dim=10")
         assert r.status_code == 413 and "1040 bytes" in r.json()["error"]
 
 
 def test_json_is_limited_to_small_tables() -> None:
-    with make_client(max_json_elements=100) as c:
+    with running_client(max_json_elements=100) as c:
         assert c.get("/v1/sinusoidal?max_position=10&dim=10&format=json").status_code == 200
         r = c.get("/v1/sinusoidal?max_position=11&dim=10&format=json")
         assert r.status_code == 413 and "format=safetensors" in r.json()["error"]

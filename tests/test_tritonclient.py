@@ -17,6 +17,8 @@ from service.app import create_app
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
+pytestmark = pytest.mark.server
+
 MODEL = "rope_attention"
 GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 
