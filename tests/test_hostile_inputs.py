@@ -3,6 +3,7 @@
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,3 +137,32 @@ def test_hostile_config_json_values_are_4xx(client: TestClient) -> None:
         r = client.post("/v1/rope/from-config?max_position=16", content=json.dumps(config).encode(),
                         headers={"Content-Type": "application/json"})
         assert r.status_code < 500, (config, r.text)
+
+
+PATH_VALUES = ["rope_attention", "nope", "..", "%2e%2e", "1", "2", "\u00e9", "a" * 300]
+
+
+@pytest.mark.parametrize("repository", ["shipped", "empty"])
+def test_every_route_answers_errors_in_the_envelope(tmp_path: Path, repository: str) -> None:
+    """Every path of the OpenAPI document (operations and /v2 included), with hostile path segments and
+    with no models at all: never a 500 (503 only for readiness without models), and every error body
+    carries `error` and `type`."""
+    overrides = {"model_repository": tmp_path} if repository == "empty" else {}
+    with running_client(**overrides) as client:
+        client.raise_server_exceptions = False
+        checked = 0
+        for path, ops in client.get("/openapi.json").json()["paths"].items():
+            for method in ops:
+                for value in PATH_VALUES:
+                    url = path.replace("{name}", value).replace("{version}", value)
+                    r = client.request(method.upper(), url, content=b"{}" if method == "post" else None)
+                    allowed = (503,) if repository == "empty" else ()
+                    assert r.status_code < 500 or r.status_code in allowed, (method, url, r.text)
+                    if r.status_code >= 400:
+                        assert {"error", "type"} <= set(r.json()), (method, url, r.text)
+                    checked += 1
+        for url in ("/readyz", "/v2/health/ready"):
+            r = client.get(url)
+            if repository == "empty":
+                assert r.status_code == 503 and {"error", "type"} <= set(r.json()), r.text
+    assert checked > 100
