@@ -17,7 +17,7 @@ import numpy as np
 import pydantic_core
 
 from models.dtypes import dtype_name, lookup, np_dtype
-from service.errors import NotAcceptable
+from service.errors import NotAcceptable, echo
 
 Format = Literal["safetensors", "npy", "raw", "json"]
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -49,7 +49,7 @@ def negotiate_format(format_param: str | None, accept: str | None) -> Format:
     """
     if format_param is not None:
         if format_param not in FORMATS:
-            raise NotAcceptable(f"format: unsupported format {format_param!r}; supported: {', '.join(FORMATS)}")
+            raise NotAcceptable(f"format: unsupported format {echo(format_param)}; supported: {', '.join(FORMATS)}")
         return format_param  # type: ignore[return-value]
     if not accept or not accept.strip():
         return DEFAULT_FORMAT
@@ -78,7 +78,7 @@ def negotiate_format(format_param: str | None, accept: str | None) -> Format:
             best = (quality, position, chosen)
     if best is None:
         raise NotAcceptable(
-            f"Accept: none of {accept!r} is served; use one of "
+            f"Accept: none of {echo(accept)} is served; use one of "
             + ", ".join(MEDIA_TYPES.values()) + " or ?format=" + "|".join(FORMATS)
         )
     return best[2]
@@ -148,7 +148,7 @@ def raw_headers(name: str, array: np.ndarray) -> dict[str, str]:
     }
 
 
-def _json_values(array: np.ndarray) -> list[Any]:
+def json_values(array: np.ndarray) -> list[Any]:
     """Flat row-major values; non-finite floats become the strings "Infinity", "-Infinity", "NaN"."""
     flat = array.reshape(-1)
     if flat.dtype.kind in "iub":
@@ -163,7 +163,7 @@ def _json_values(array: np.ndarray) -> list[Any]:
 def encode_json(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> bytes:
     doc = {
         "tensors": {
-            name: {"dtype": dtype_name(a.dtype), "shape": list(a.shape), "data": _json_values(a)}
+            name: {"dtype": dtype_name(a.dtype), "shape": list(a.shape), "data": json_values(a)}
             for name, a in tensors.items()
         },
         "metadata": dict(metadata),

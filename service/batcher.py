@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,19 +85,30 @@ class Batcher:
         self.inference_count = 0
         self.execution_count = 0
 
-    async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full."""
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """One of the model's `max_queue_size` places, held until the answer; 503 with Retry-After when
+        they are all taken. Taken before a request's body is read, so a full model refuses at once."""
         if self._waiting_requests >= self.max_queue_size:
             raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
                               f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
         self._set_waiting(self._waiting_requests + 1)
         try:
-            if not self.batching:
-                loop = asyncio.get_running_loop()
-                return await loop.run_in_executor(self.executor, self._run_counted, inputs)
-            return await self._submit_batched(inputs)
+            yield
         finally:
             self._set_waiting(self._waiting_requests - 1)
+
+    async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full."""
+        with self.admission():
+            return await self.run_admitted(inputs)
+
+    async def run_admitted(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`submit` for a request that already holds its place (`admission`)."""
+        if not self.batching:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.executor, self._run_counted, inputs)
+        return await self._submit_batched(inputs)
 
     def _set_waiting(self, count: int) -> None:
         self._waiting_requests = count

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +78,13 @@ class Engine:
             raise NotFound(f"model '{name}' has no version '{version}'; versions: ['{VERSION}']")
         return model
 
+    def admission(self, model: LoadedModel) -> AbstractContextManager[None]:
+        """A place in the model's queue for one request, from before its body is read (503 when full)."""
+        return self.batchers[model.name].admission()
+
     async def infer(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run validated inputs through the model's batcher."""
-        return await self.batchers[model.name].submit(inputs)
+        """Run validated inputs of an admitted request through the model's batcher."""
+        return await self.batchers[model.name].run_admitted(inputs)
 
     def statistics(self, model: RepositoryEntry) -> dict[str, Any]:
         """Triton-style statistics: rows inferred and onnxruntime executions (batches) so far."""

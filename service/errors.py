@@ -75,6 +75,14 @@ class UnsupportedMediaType(ServiceError):
     error_type = "unsupported_media_type"
 
 
+class ClientClosedRequest(ServiceError):
+    """The client went away before its request was read (nginx's 499): not a server error. Nobody is
+    left to read the answer; the status is for the metrics and the access log."""
+
+    status_code = 499
+    error_type = "client_closed_request"
+
+
 class Unavailable(ServiceError):
     """Overloaded or not ready (503); `retry_after` seconds go into the Retry-After header."""
 
@@ -83,6 +91,16 @@ class Unavailable(ServiceError):
 
     def __init__(self, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after)} if retry_after else None)
+
+
+ECHO_LIMIT = 200  # characters of a client's own input repeated in an error message
+
+
+def echo(value: str) -> str:
+    """`repr` of client input for an error message, cut at ECHO_LIMIT characters (a 1 MB header stays out)."""
+    if len(value) <= ECHO_LIMIT:
+        return repr(value)
+    return f"{value[:ECHO_LIMIT]!r}… ({len(value)} characters)"
 
 
 def error_response(status_code: int, error_type: str, message: str,
@@ -121,7 +139,9 @@ def install_error_handlers(app: FastAPI) -> None:
     """Map every exception to the one JSON envelope."""
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
+        if isinstance(exc, ClientClosedRequest):
+            log.info("client closed the connection during %s %s: %s", request.method, request.url.path, exc.message)
         return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
 
     @app.exception_handler(ParameterError)

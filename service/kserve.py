@@ -21,7 +21,8 @@ import numpy as np
 import pydantic_core
 
 from models.dtypes import BY_KSERVE, lookup
-from service.errors import BadRequest
+from service.arrays import json_values
+from service.errors import BadRequest, echo
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
@@ -59,10 +60,10 @@ def _header_length(value: str | None, body_length: int) -> int:
     """Length of the JSON header: the whole body without the header, else the declared length."""
     if value is None:
         return body_length
-    try:
-        length = int(value)
-    except ValueError:
-        raise BadRequest(f"{HEADER_LENGTH}: not an integer ({value!r})") from None
+    # digits only: int() would also take " 473 ", "+473" and "1_0"
+    if not (value.isascii() and value.isdigit()):
+        raise BadRequest(f"{HEADER_LENGTH}: not an integer of decimal digits ({echo(value)})")
+    length = int(value)
     if not 0 < length <= body_length:
         raise BadRequest(f"{HEADER_LENGTH}: {length} is outside the body (1..{body_length} bytes)")
     return length
@@ -114,9 +115,10 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> 
     expected = math.prod(shape)
     if values.size != expected:
         raise BadRequest(f"{where}: 'data' has {values.size} elements, shape {list(shape)} needs {expected}")
-    kind = values.dtype.kind if values.size else "b"
-    allowed = {"BOOL": "b"}.get(datatype, "biu" if datatype.startswith(("INT", "UINT")) else "biuf")
-    if kind not in allowed:
+    kind = values.dtype.kind
+    # JSON true/false are BOOL data only: they are not numbers of any other datatype
+    allowed = {"BOOL": "b"}.get(datatype, "iu" if datatype.startswith(("INT", "UINT")) else "iuf")
+    if values.size and kind not in allowed:
         raise BadRequest(f"{where}: 'data' holds {values.dtype.name} values, not valid for {datatype}")
     dtype = BY_KSERVE[datatype].numpy
     if kind in "iu" and values.size and dtype.kind in "iu":
@@ -248,7 +250,9 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": array.nbytes}
             chunks.append(array.reshape(-1).view(np.uint8).data)  # [nbytes], no copy
         else:
-            entry["data"] = array.reshape(-1).tolist()  # [N]: row-major flat list, as the protocol sends
+            # [N] row-major flat list, as the protocol sends; non-finite floats as the tables spell them
+            # ("NaN", "Infinity", "-Infinity"): a bare NaN is not JSON and JSON.parse rejects it
+            entry["data"] = json_values(array)
         entries.append(entry)
     head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:

@@ -21,9 +21,10 @@ from collections.abc import AsyncIterable
 from typing import Any, Literal
 
 import numpy as np
+from starlette.requests import ClientDisconnect
 
 from models.dtypes import BY_NPY, BY_SAFETENSORS
-from service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, UnsupportedMediaType
 
 UploadFormat = Literal["npy", "safetensors"]
 UPLOAD_MEDIA_TYPES: dict[str, UploadFormat] = {
@@ -83,11 +84,14 @@ async def read_body(content_length: str | None, chunks: AsyncIterable[bytes], li
             raise PayloadTooLarge(_too_large(declared, limit))
     parts: list[bytes] = []
     received = 0
-    async for chunk in chunks:
-        received += len(chunk)
-        if received > limit:
-            raise PayloadTooLarge(_too_large(received, limit, at_least=True))
-        parts.append(chunk)
+    try:
+        async for chunk in chunks:
+            received += len(chunk)
+            if received > limit:
+                raise PayloadTooLarge(_too_large(received, limit, at_least=True))
+            parts.append(chunk)
+    except ClientDisconnect:
+        raise ClientClosedRequest(f"the client disconnected after {received} bytes of the body") from None
     return b"".join(parts)
 
 

@@ -122,13 +122,15 @@ async def infer_version(request: Request, model: VersionedModelDep) -> Response:
 async def _infer(request: Request, entry: RepositoryEntry) -> Response:
     """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
-    body = await read_body(request.headers.get("content-length"), request.stream(),
-                           request.app.state.settings.max_request_bytes)
-    parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-    inputs = check_inputs(model, parsed.inputs)
-    if parsed.outputs is not None:
-        check_outputs(model, [out.name for out in parsed.outputs])
-    outputs = await engine_of(request).infer(model, inputs)
+    engine = engine_of(request)
+    with engine.admission(model):  # a full queue refuses before the body is read
+        body = await read_body(request.headers.get("content-length"), request.stream(),
+                               request.app.state.settings.max_request_bytes)
+        parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+        inputs = check_inputs(model, parsed.inputs)
+        if parsed.outputs is not None:
+            check_outputs(model, [out.name for out in parsed.outputs])
+        outputs = await engine.infer(model, inputs)
     size = sum(array.nbytes for array in outputs.values())
     content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs,
                                             model.config.output_names)
