@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import __version__
+from service.budget import MemoryBudget, limit_malloc_arenas
 from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
@@ -48,6 +49,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.table_cache = ByteLRUCache(settings.cache_bytes)
+    app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
+                                           wait_seconds=settings.memory_wait_seconds)
+    limit_malloc_arenas(settings.malloc_arenas)
     app.state.readiness_problems = ["starting"]
     install_error_handlers(app)
     for router in (health.router, table_router(), inference.router):

@@ -48,6 +48,23 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(
         256 * MiB, ge=0, description="Byte budget of the in-memory LRU cache of encoded table responses (0 = off)."
     )
+    memory_budget_bytes: int = Field(
+        1024 * MiB, ge=MiB,
+        description="Memory that table computations, uploads and inference requests in flight may hold together "
+        "(estimated before allocating); requests that do not fit wait (see memory_wait_seconds).",
+    )
+    memory_wait_seconds: float = Field(
+        10.0, ge=0, le=600,
+        description="How long a request waits for memory_budget_bytes to come free before a 503 with Retry-After.",
+    )
+    memory_waiters: int = Field(
+        64, ge=0, le=100_000, description="Requests that may wait for memory at once; one more gets a 503 at once."
+    )
+    malloc_arenas: int = Field(
+        2, ge=0, le=64,
+        description="glibc malloc heaps (M_ARENA_MAX) set at start-up; fewer heaps strand less freed memory. "
+        "0 leaves glibc's default (8 per core).",
+    )
     max_request_bytes: int = Field(
         64 * MiB, ge=1, description="Largest request body accepted (uploads, inference); over it: 413."
     )

@@ -69,6 +69,14 @@ def decode_tensor(body: bytes, content_type: str | None, name: str = "weight") -
     return decode_safetensors(body, name)
 
 
+def declared_length(content_length: str | None, limit: int) -> int:
+    """Bytes a body will take: its Content-Length when that is a valid number within `limit`, else `limit`
+    (a chunked or lying body is cut at the limit anyway)."""
+    if content_length is not None and content_length.isascii() and content_length.isdigit():
+        return min(int(content_length), limit)
+    return limit
+
+
 async def read_body(content_length: str | None, chunks: AsyncIterable[bytes], limit: int) -> bytes:
     """The request body, refused with 413 as soon as it is known to exceed `limit` bytes.
 

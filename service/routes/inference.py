@@ -15,11 +15,13 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 
 from service import __version__
+from service.budget import MemoryBudget
 from service.engine import VERSION, Engine, RepositoryEntry, ensure_ready
 from service.errors import Unavailable, error_response
 from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
 from service.kserve_model import check_inputs, check_outputs, model_metadata
-from service.uploads import read_body
+from service.repository import LoadedModel
+from service.uploads import declared_length, read_body
 
 router = APIRouter(tags=["inference"])
 
@@ -120,17 +122,25 @@ async def infer_version(request: Request, model: VersionedModelDep) -> Response:
 
 
 async def _infer(request: Request, entry: RepositoryEntry) -> Response:
-    """Read, parse and validate everything, run through the model's batcher, encode the outputs."""
+    """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     engine = engine_of(request)
+    limit = request.app.state.settings.max_request_bytes
+    budget: MemoryBudget = request.app.state.memory_budget
+    # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
+    reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
-        body = await read_body(request.headers.get("content-length"), request.stream(),
-                               request.app.state.settings.max_request_bytes)
-        parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
-        inputs = check_inputs(model, parsed.inputs)
-        if parsed.outputs is not None:
-            check_outputs(model, [out.name for out in parsed.outputs])
-        outputs = await engine.infer(model, inputs)
+        async with budget.reserve(reserved, f"an inference on '{model.name}'"):
+            return await _run_infer(request, engine, model, limit)
+
+
+async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
+    body = await read_body(request.headers.get("content-length"), request.stream(), limit)
+    parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+    inputs = check_inputs(model, parsed.inputs)
+    if parsed.outputs is not None:
+        check_outputs(model, [out.name for out in parsed.outputs])
+    outputs = await engine.infer(model, inputs)
     size = sum(array.nbytes for array in outputs.values())
     content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs,
                                             model.config.output_names)

@@ -112,6 +112,14 @@ class TableQuery(BaseModel):
     def compute(self) -> Bundle:
         raise NotImplementedError
 
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        """Memory held while computing and encoding, reserved before `compute` runs (`MemoryBudget`).
+
+        The default covers the tensors, their encoded body and one float64 temporary per element (the
+        families compute in float64 and cast once); a family whose working set differs overrides it.
+        """
+        return sum(2 * spec.nbytes + 8 * spec.size for spec in specs.values())
+
 
 @dataclass(frozen=True)
 class TableRoute:
@@ -171,6 +179,19 @@ class Answer:
 
 
 @dataclass
+class Pending:
+    """A table request that passed every check and missed the cache: what `TableRequest.complete` needs."""
+
+    query: TableQuery
+    specs: Mapping[str, TensorSpec]
+    selected: list[str]
+    canonical: dict[str, str]
+    digest: str
+    headers: dict[str, str]
+    working_bytes: int
+
+
+@dataclass
 class TableRequest:
     """How a table is asked for (format, tensor, conditional request) and where it is answered from."""
 
@@ -209,6 +230,11 @@ class TableRequest:
 
     def answer(self, query: TableQuery) -> Answer:
         """304, a cached body, or a freshly computed and encoded one (blocking: call from a worker thread)."""
+        prepared = self.prepare(query)
+        return prepared if isinstance(prepared, Answer) else self.complete(prepared)
+
+    def prepare(self, query: TableQuery) -> Answer | Pending:
+        """Every check, the canonical key, then 304 or a cached body; else what computing it needs."""
         query.check()
         specs = query.specs()
         selected = self._select(specs)
@@ -231,16 +257,23 @@ class TableRequest:
 
         cached = self.cache.get(digest)
         if cached is None:
-            bundle = query.compute()
-            _check_bundle(bundle, specs)
-            metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **canonical, **bundle.metadata}
-            cached = _encode(self.format, {n: bundle.tensors[n] for n in selected}, metadata, query.endpoint)
-            self.cache.put(digest, cached)
-            headers["X-Cache"] = "miss"
-        else:
-            headers["X-Cache"] = "hit"
-        headers.update(dict(cached.headers))
-        return Answer(200, headers, cached.body, cached.media_type)
+            return Pending(query, specs, selected, canonical, digest, headers, query.working_bytes(specs))
+        return _answer(headers, cached, "hit")
+
+    def complete(self, pending: Pending) -> Answer:
+        """Compute, encode and cache a table `prepare` found missing (blocking: call from a worker thread)."""
+        query = pending.query
+        bundle = query.compute()
+        _check_bundle(bundle, pending.specs)
+        metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **pending.canonical, **bundle.metadata}
+        cached = _encode(self.format, {n: bundle.tensors[n] for n in pending.selected}, metadata, query.endpoint)
+        del bundle  # the arrays go before the answer is sent: only the encoded body stays
+        self.cache.put(pending.digest, cached)
+        return _answer(pending.headers, cached, "miss")
+
+
+def _answer(headers: dict[str, str], cached: CachedBody, cache_status: str) -> Answer:
+    return Answer(200, {**headers, "X-Cache": cache_status, **dict(cached.headers)}, cached.body, cached.media_type)
 
 
 def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:

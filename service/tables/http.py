@@ -14,9 +14,13 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from service.arrays import FORMATS, negotiate_format
+from service.budget import MemoryBudget, release_free_memory
 from service.tables import TABLES
-from service.tables.core import Answer, TableQuery, TableRequest, TableRoute
-from service.uploads import read_body
+from service.tables.core import Answer, Pending, TableQuery, TableRequest, TableRoute
+from service.uploads import declared_length, read_body
+
+# After a computation this large, freed memory is handed back to the system (allocator fragmentation).
+RELEASE_AFTER_BYTES = 16 << 20
 
 
 def table_request(
@@ -51,9 +55,21 @@ def _response(answer: Answer) -> Response:
                     headers=answer.headers)
 
 
-def _decode_and_answer(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
-                       body: bytes, content_type: str | None) -> Answer:
-    return table.answer(query.bind(decode(body, content_type)))
+def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
+                        body: bytes, content_type: str | None) -> Answer | Pending:
+    return table.prepare(query.bind(decode(body, content_type)))
+
+
+async def _complete(request: Request, table: TableRequest, prepared: Answer | Pending) -> Response:
+    """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget."""
+    if isinstance(prepared, Answer):
+        return _response(prepared)
+    budget: MemoryBudget = request.app.state.memory_budget
+    async with budget.reserve(prepared.working_bytes, f"/v1/{prepared.query.endpoint}"):
+        answer = await run_in_threadpool(table.complete, prepared)
+    if prepared.working_bytes >= RELEASE_AFTER_BYTES:
+        await run_in_threadpool(release_free_memory)
+    return _response(answer)
 
 
 def _endpoint(route: TableRoute) -> Any:
@@ -61,8 +77,9 @@ def _endpoint(route: TableRoute) -> Any:
     query_model = route.query
 
     if query_model.body is None:
-        def get_table(query: Annotated[query_model, Query()], table: TableDep) -> Response:  # type: ignore[valid-type]
-            return _response(table.answer(query))
+        async def get_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
+                            table: TableDep) -> Response:
+            return await _complete(request, table, await run_in_threadpool(table.prepare, query))
 
         return get_table
 
@@ -73,10 +90,14 @@ def _endpoint(route: TableRoute) -> Any:
         parameters: TableQuery = query
         parameters.check()  # before the body: nothing is read for a request that cannot be served
         limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
-        body = await read_body(request.headers.get("content-length"), request.stream(), limit)
-        answer = await run_in_threadpool(_decode_and_answer, table, parameters, decode, body,
-                                         request.headers.get("content-type"))
-        return _response(answer)
+        budget: MemoryBudget = request.app.state.memory_budget
+        # the body, and its decoded copy, are held until the table is prepared
+        async with budget.reserve(2 * declared_length(request.headers.get("content-length"), limit), "an upload"):
+            body = await read_body(request.headers.get("content-length"), request.stream(), limit)
+            prepared = await run_in_threadpool(_decode_and_prepare, table, parameters, decode, body,
+                                               request.headers.get("content-type"))
+            del body
+        return await _complete(request, table, prepared)
 
     return post_table
 

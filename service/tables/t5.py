@@ -1,6 +1,7 @@
 """T5 relative-position buckets and the bias of an uploaded learned table (docs/ENCODINGS.md §3)."""
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -113,6 +114,9 @@ class T5BiasQuery(T5Query):
 
     def specs(self) -> dict[str, TensorSpec]:
         return {"bias": TensorSpec((self.weight.shape[1], self.query_length, self.key_length), self.out_dtype())}
+
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        return super().working_bytes(specs) + self.weight.nbytes  # + the weight cast to the output dtype
 
     def compute(self) -> Bundle:
         # casting the table first equals casting the gathered bias, at a fraction of the memory

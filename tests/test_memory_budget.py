@@ -1,0 +1,89 @@
+"""The process-wide memory budget: concurrent requests hold at most the budget; the rest wait in a bounded
+line, then get 503 with Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from service.budget import MemoryBudget, release_free_memory
+from service.errors import Unavailable
+from tests.conftest import running_client
+
+
+async def _hold(budget: MemoryBudget, nbytes: int, seconds: float, log: list[tuple[str, int]]) -> None:
+    async with budget.reserve(nbytes, "a test"):
+        log.append(("in", budget.reserved))
+        await asyncio.sleep(seconds)
+
+
+def test_requests_that_do_not_fit_wait_their_turn() -> None:
+    async def scenario() -> list[tuple[str, int]]:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
+        log: list[tuple[str, int]] = []
+        await asyncio.gather(*(_hold(budget, 60, 0.05, log) for _ in range(4)))
+        assert budget.reserved == 0 and budget.waiting == 0
+        return log
+
+    log = asyncio.run(scenario())
+    assert [reserved for _, reserved in log] == [60] * 4  # one at a time: 2 x 60 > 100
+
+
+def test_a_request_larger_than_the_budget_runs_alone() -> None:
+    async def scenario() -> list[tuple[str, int]]:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
+        log: list[tuple[str, int]] = []
+        await asyncio.gather(_hold(budget, 10, 0.05, log), _hold(budget, 10**9, 0.05, log))
+        return log
+
+    assert sorted(asyncio.run(scenario())) == [("in", 10), ("in", 100)]
+
+
+@pytest.mark.parametrize(("waiters", "wait_seconds", "message"), [(0, 5.0, "already wait"), (8, 0.05, "stayed in use")])
+def test_full_line_or_long_wait_is_503(waiters: int, wait_seconds: float, message: str) -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=waiters, wait_seconds=wait_seconds)
+        holder = asyncio.create_task(_hold(budget, 100, 0.5, []))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Unavailable, match=message) as info:
+            async with budget.reserve(1, "a test"):
+                pass
+        assert info.value.headers["Retry-After"] == "1"
+        await holder
+        assert budget.reserved == 0 and budget.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_concurrent_large_tables_share_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """8 distinct ~4 MiB bias tables at once under a 24 MiB budget: never more than the budget reserved,
+    every answer a 200 (they wait) or a 503 with Retry-After — never a 5xx of another kind."""
+    peak = {"reserved": 0}
+    original = MemoryBudget.reserve
+
+    def recording(self: MemoryBudget, nbytes: int, what: str):  # type: ignore[no-untyped-def]
+        context = original(self, nbytes, what)
+
+        class Recorded:
+            async def __aenter__(self_inner) -> None:
+                await context.__aenter__()
+                peak["reserved"] = max(peak["reserved"], self.reserved)
+
+            async def __aexit__(self_inner, *exc: object) -> None:
+                await context.__aexit__(*exc)
+
+        return Recorded()
+
+    monkeypatch.setattr(MemoryBudget, "reserve", recording)
+    with running_client(memory_budget_bytes=24 << 20, memory_wait_seconds=30, cache_bytes=0) as client:
+        urls = [f"/v1/alibi/bias?num_heads=16&query_length=256&key_length={256 + i}" for i in range(8)]
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(lambda url: client.get(url).status_code, urls))
+    assert statuses == [200] * 8
+    assert 0 < peak["reserved"] <= 24 << 20
+
+
+def test_release_free_memory_is_safe_to_call() -> None:
+    release_free_memory()  # glibc malloc_trim, or nothing
