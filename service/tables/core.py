@@ -115,10 +115,15 @@ class TableQuery(BaseModel):
     def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
         """Memory held while computing and encoding, reserved before `compute` runs (`MemoryBudget`).
 
-        The default covers the tensors, their encoded body and one float64 temporary per element (the
-        families compute in float64 and cast once); a family whose working set differs overrides it.
+        The default covers the tensors, their encoded body and the server's send buffer (asyncio copies
+        what the socket does not take at once); the relative-position families compute one value per
+        offset and lay them out without a full-size temporary. A family that evaluates a full-size
+        float64 temporary adds it (`FLOAT64_TEMPORARY`).
         """
-        return sum(2 * spec.nbytes + 8 * spec.size for spec in specs.values())
+        return sum(3 * spec.nbytes for spec in specs.values())
+
+
+FLOAT64_TEMPORARY = 8  # bytes per output element of a table evaluated in float64 and cast once
 
 
 @dataclass(frozen=True)

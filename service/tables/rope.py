@@ -8,6 +8,7 @@ scaling parameter comes from the rope_type registry.
 """
 
 import json
+from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
@@ -28,7 +29,7 @@ from models.rope import (
 from models.rope_types import ROPE_TYPES
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
-from service.tables.core import Body, TableQuery, TensorSpec, register_table
+from service.tables.core import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
@@ -83,6 +84,11 @@ class RopeTableQuery(TableQuery):
         out_dtype = np_dtype(self.dtype)
         return {"cos": TensorSpec((self.rows, width), out_dtype), "sin": TensorSpec((self.rows, width), out_dtype),
                 "inv_freq": TensorSpec((self.rope.n_frequencies,), np_dtype("float32"))}
+
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        # angles, cos and sin in float64 over [rows, rotary_dim/2]: 1.5 float64 values per full-form element
+        cos = specs["cos"]
+        return super().working_bytes(specs) + 3 * FLOAT64_TEMPORARY * cos.shape[0] * self.rope.n_frequencies
 
     def metadata(self) -> dict[str, str]:
         """Metadata beyond the parameters."""

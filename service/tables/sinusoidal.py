@@ -1,5 +1,6 @@
 """Absolute sinusoidal position tables (docs/ENCODINGS.md §6)."""
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import Field
@@ -8,7 +9,7 @@ from models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS
 from models.dtypes import np_dtype
 from models.sinusoidal import SinusoidalVariant, sinusoidal_table
 from service.arrays import Bundle
-from service.tables.core import TableQuery, TensorSpec, register_table
+from service.tables.core import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
 
 
@@ -32,6 +33,10 @@ class SinusoidalQuery(TableQuery):
     def params(self) -> dict[str, Any]:
         # padding_idx only shapes the fairseq table: other variants must share one cache entry
         return self.model_dump(exclude=None if self.variant == "fairseq" else {"padding_idx"})
+
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        # angles and their sin/cos in float64 over the whole table
+        return super().working_bytes(specs) + 2 * FLOAT64_TEMPORARY * specs["pe"].size
 
     def specs(self) -> dict[str, TensorSpec]:
         return {"pe": TensorSpec((self.max_position, self.dim), np_dtype(self.dtype))}
