@@ -13,6 +13,7 @@ from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
 from service.metrics import install_metrics
+from service.openapi import install_openapi
 from service.routes import health, inference
 from service.settings import Settings
 from service.tables.http import table_router
@@ -54,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     limit_malloc_arenas(settings.malloc_arenas)
     app.state.readiness_problems = ["starting"]
     install_error_handlers(app)
+    install_openapi(app)
     for router in (health.router, table_router(), inference.router):
         app.include_router(router)
     # Observability: GET /metrics, per-route request metrics, the access log.

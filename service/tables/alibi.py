@@ -26,6 +26,7 @@ class AlibiSlopesQuery(TableQuery):
     """
 
     endpoint = "alibi/slopes"
+    tensors = ("slopes",)
 
     num_heads: NumHeads
     alibi_bias_max: AlibiBiasMax = 8.0
@@ -45,6 +46,7 @@ class AlibiBiasQuery(TableQuery):
     """The bias added to the attention logits of each head, in the form the chosen `mode` names."""
 
     endpoint = "alibi/bias"
+    tensors = ("bias",)
 
     num_heads: NumHeads
     query_length: int = Field(ge=1, le=MAX_SEQUENCE, description=(

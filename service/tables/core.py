@@ -85,6 +85,7 @@ class TableQuery(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     endpoint: ClassVar[str]  # the path without /v1/: names the table in the ETag and the metadata
+    tensors: ClassVar[tuple[str, ...]]  # the names `specs` returns, in response order (for ?tensor= and docs)
     body: ClassVar[Body | None] = None
     _upload: Any = PrivateAttr(default=None)
 
@@ -242,6 +243,8 @@ class TableRequest:
         """Every check, the canonical key, then 304 or a cached body; else what computing it needs."""
         query.check()
         specs = query.specs()
+        if tuple(specs) != query.tensors:
+            raise RuntimeError(f"{type(query).__name__}: specs {list(specs)} differ from tensors {query.tensors}")
         selected = self._select(specs)
         if self.format == "npy" and any(dtype_name(specs[n].dtype) == "bfloat16" for n in selected):
             raise BadRequest("format=npy cannot represent bfloat16; use format=safetensors (BF16) or raw, "
@@ -282,6 +285,7 @@ def _answer(headers: dict[str, str], cached: CachedBody, cache_status: str) -> A
 
 
 def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:
+    # specs and tensors are the family's own declarations: a mismatch is a bug, not bad input
     for name, spec in specs.items():
         array = bundle.tensors.get(name)
         if array is None or array.shape != spec.shape or array.dtype != spec.dtype:

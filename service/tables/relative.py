@@ -24,6 +24,7 @@ class DebertaBucketsQuery(RelativeQuery):
     """
 
     endpoint = "deberta/buckets"
+    tensors = ("relative_positions",)
 
     position_buckets: int = Field(256, ge=2, le=MAX_BUCKETS, description=(
         "position_buckets (bucket_size): |query − key| <= position_buckets // 2 is kept exactly."))
@@ -48,6 +49,7 @@ class ClippedQuery(RelativeQuery):
     """Shaw et al. (2018): clip(key − query, −k, k) + k, the rows of a learned [2k + 1, d] table."""
 
     endpoint = "relative/clipped"
+    tensors = ("indices",)
 
     max_relative_position: int = Field(ge=0, le=MAX_RELATIVE_POSITION, description=(
         "Clipping distance k: indices are clip(key − query, −k, k) + k, rows of a [2k + 1, d] table."))

@@ -54,6 +54,8 @@ def _factor_list(name: str, text: str | None) -> tuple[float, ...] | None:
 class RopeTableQuery(TableQuery):
     """Rows, layout and dtype of a RoPE table: what both RoPE routes ask besides the RoPE itself."""
 
+    tensors = ("cos", "sin", "inv_freq")
+
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
     layout: Layout = Field("half", description=(
         "Channel order of form=full: half = cat(freqs, freqs) as HF rotate_half (NeoX, Llama); "

@@ -51,6 +51,7 @@ class T5BucketsQuery(T5Query):
     """Bit-exact `T5Attention._relative_position_bucket(key − query)` (float32 log, then truncation)."""
 
     endpoint = "t5/buckets"
+    tensors = ("buckets",)
 
     dtype: IntDTypeField = "int64"
 
@@ -86,6 +87,7 @@ class T5BiasQuery(T5Query):
     """`T5Attention.compute_bias(q, k, past_seen_tokens=offset)[0]` with the uploaded weight."""
 
     endpoint = "t5/bias"
+    tensors = ("bias",)
     body = WEIGHT_BODY
 
     dtype: BiasDType = Field("weight", description=(

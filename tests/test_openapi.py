@@ -1,0 +1,37 @@
+"""The OpenAPI document describes what the service sends and accepts (generated clients and schemathesis
+work from it)."""
+
+from fastapi.testclient import TestClient
+
+from service.arrays import MEDIA_TYPES
+
+
+def test_every_error_status_has_the_envelope_schema(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    assert set(spec["components"]["schemas"]["Error"]["required"]) == {"error", "type"}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if int(status) >= 400:
+                    schema = response["content"]["application/json"]["schema"]
+                    assert schema == {"$ref": "#/components/schemas/Error"}, (method, path, status)
+
+
+def test_tables_declare_their_media_types_and_errors(client: TestClient) -> None:
+    operation = client.get("/openapi.json").json()["paths"]["/v1/rope"]["get"]
+    assert set(operation["responses"]["200"]["content"]) == set(MEDIA_TYPES.values())
+    assert {"304", "400", "406", "413", "422", "503"} <= set(operation["responses"])
+    parameters = {p["name"]: p["schema"] for p in operation["parameters"]}
+    assert parameters["tensor"]["enum"] == ["cos", "sin", "inv_freq"]
+    assert parameters["format"]["enum"] == ["safetensors", "npy", "raw", "json"]
+    upload = client.get("/openapi.json").json()["paths"]["/v1/t5/bias"]["post"]
+    assert {"412", "415"} <= set(upload["responses"]) and "requestBody" in upload
+
+
+def test_infer_declares_its_body_and_the_models(client: TestClient) -> None:
+    operation = client.get("/openapi.json").json()["paths"]["/v2/models/{name}/infer"]["post"]
+    assert set(operation["requestBody"]["content"]) == {"application/json", "application/octet-stream"}
+    name = next(p for p in operation["parameters"] if p["name"] == "name")
+    assert name["schema"]["enum"] == ["llama3_1_attention", "rope_attention"]
+    assert {"400", "404", "413", "503"} <= set(operation["responses"])
