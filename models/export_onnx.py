@@ -35,6 +35,7 @@ from models.rope_attention import Layout, RopeAttention
 from models.rope_types import RUNTIME_DEPENDENT_TYPES
 
 OPSET = 23
+IR_VERSION = 10  # onnxruntime 1.30/1.31 refuse IR 14, which onnx 1.23 stamps on new models by default
 INPUT_NAMES = ("query", "key", "value", "position_ids")
 OUTPUT_NAME = "output"
 FUSED_OPS = {"RotaryEmbedding": 2, "Attention": 1}
@@ -138,6 +139,8 @@ def export_model_proto(spec: ExportSpec) -> onnx.ModelProto:
     if program is None:
         raise ExportError("torch.onnx.export returned no program")
     model = program.model_proto
+    # stated, not inherited: what torch writes today, and what every onnxruntime the project admits loads
+    model.ir_version = IR_VERSION
     check_fused_graph(model)
     return model
 

@@ -7,9 +7,10 @@
 # when present (no registry is reachable there), else $CONTAINER_ENGINE or docker.
 # Containers run with --network host on a free port (POSENC_PORT), so no -p publishing is needed.
 # Checks: image facts (non-root, no torch, no compiler, exactly one onnxruntime), health and
-# HEALTHCHECK, one table in each wire format, /metrics, one inference call when the repository ships
-# models, an empty and a broken model repository (up but unready), a bad POSENC_* value (exits,
-# naming the variable). Every wait is bounded; containers are removed on exit.
+# HEALTHCHECK, the KServe v2 endpoints, one table in each wire format, /metrics, one inference call
+# on a shipped model (the repository must ship one: onnx/*/config.json), an empty and a broken model
+# repository (up, /v2 present, but unready), a bad POSENC_* value (exits, naming the variable).
+# Every wait is bounded; containers are removed on exit.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -130,12 +131,13 @@ step_serve() {
   # The shipped rope_attention model if present, else the first one.
   model=$(find "$REPO/onnx" -mindepth 2 -maxdepth 2 -name config.json 2>/dev/null \
             | awk '/\/rope_attention\/config.json$/ { print "0 " $0; next } { print "1 " $0 }' | sort | head -n 1 | cut -d' ' -f2- || true)
-  if [ -n "$model" ]; then
-    model_args=(--model "$(basename "$(dirname "$model")")" --model-config "$model")
-    log "serve: inference check with model ${model_args[1]}"
-  else
-    log "serve: the repository ships no model (onnx/*/config.json): inference check skipped"
+  if [ -z "$model" ]; then
+    fail "the repository ships no model (onnx/*/config.json): nothing to check inference with"
+    timeout 30 "$ENGINE" stop -t 10 "$PREFIX-main" >/dev/null 2>&1 || true
+    return
   fi
+  model_args=(--model "$(basename "$(dirname "$model")")" --model-config "$model")
+  log "serve: inference check with model ${model_args[1]}"
   "${CHECK[@]}" check "http://127.0.0.1:$port" "${model_args[@]}" || { fail "HTTP checks"; show_logs main; }
   healthy main || fail "HEALTHCHECK does not report healthy"
   timeout 30 "$ENGINE" stop -t 10 "$PREFIX-main" >/dev/null 2>&1 || fail "stop"
@@ -149,14 +151,7 @@ step_unready() {
   log "unready: $name model repository on port $port"
   run_container "$name" "$port" -v "$dir:/models:ro" -e POSENC_MODEL_REPOSITORY=/models || {
     fail "$name: container did not start"; return; }
-  local rc=0
-  "${CHECK[@]}" expect-unready "http://127.0.0.1:$port" --timeout 60 || rc=$?
-  if [ "$rc" = 3 ]; then
-    log "unready: SKIPPED ($name): this build has no inference routes (/v2), so no models to be unready about"
-    timeout 30 "$ENGINE" stop -t 10 "$PREFIX-$name" >/dev/null 2>&1 || true
-    return
-  fi
-  [ "$rc" = 0 ] || fail "$name: not up-but-unready"
+  "${CHECK[@]}" expect-unready "http://127.0.0.1:$port" --timeout 60 || fail "$name: not up-but-unready (or no /v2)"
   sleep 2
   running "$name" || { fail "$name: container exited"; show_logs "$name"; return; }
   if healthy "$name"; then fail "$name: HEALTHCHECK says healthy with a $name repository"; fi

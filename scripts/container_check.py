@@ -5,10 +5,11 @@
     python3 scripts/container_check.py check URL [--model NAME --model-config PATH]
     python3 scripts/container_check.py expect-unready URL
 
-`expect-unready` exits 3 (skipped) when the service has no `/v2` routes at all.
-`check` covers health, one table in each wire format (decoded and compared value by value), the
-metrics endpoint and, with `--model`, one binary KServe v2 inference call. Exit status 0 = all good;
-failures print one line each to stderr.
+`check` covers health, the KServe v2 server endpoints (`/v2`, `/v2/health/ready`), one table in each
+wire format (decoded and compared value by value), the metrics endpoint and, with `--model`, one
+binary KServe v2 inference call. `expect-unready` wants the service up (`/healthz`, `/v2`) but
+unready (503 on `/readyz` and `/v2/health/ready`); a service without `/v2` fails it. Exit status
+0 = all good; failures print one line each to stderr.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import urllib.request
 from array import array
 from typing import Any
 
-SKIPPED = 3  # exit status of expect-unready when the build has no inference routes at all
 TABLE = "/v1/sinusoidal?max_position=16&dim=8&variant=paper"
 
 
@@ -128,6 +128,19 @@ def check_tables(url: str) -> None:
     expect(status == 422, f"bad parameter: HTTP {status}, expected 422")
 
 
+def check_v2_server(url: str, ready: bool) -> None:
+    """The KServe v2 server endpoints exist (a missing /v2 is a failure) and readiness is as expected."""
+    status, _, body = http("GET", url + "/v2")
+    expect(status == 200, f"/v2: HTTP {status}, expected 200 (KServe v2 server metadata): {body[:200]!r}")
+    doc = json.loads(body)
+    expect(isinstance(doc, dict) and doc.get("name") == "posenc", f"/v2: {body[:200]!r}, expected server 'posenc'")
+    status, _, body = http("GET", url + "/v2/health/live")
+    expect(status == 200, f"/v2/health/live: HTTP {status}: {body[:200]!r}")
+    status, _, body = http("GET", url + "/v2/health/ready")
+    wanted = 200 if ready else 503
+    expect(status == wanted, f"/v2/health/ready: HTTP {status}, expected {wanted}: {body[:200]!r}")
+
+
 def check_metrics(url: str) -> None:
     status, headers, body = http("GET", url + "/metrics")
     expect(status == 200 and headers.get("content-type", "").startswith("text/plain"), f"/metrics: HTTP {status}")
@@ -200,14 +213,14 @@ def main() -> int:
             wait_for(url, "/healthz", args.timeout)
         elif args.action == "expect-unready":
             wait_for(url, "/healthz", args.timeout)
-            if http("GET", url + "/v2")[0] == 404:
-                return SKIPPED
             status, _, body = http("GET", url + "/readyz")
             expect(status == 503, f"/readyz: HTTP {status}, expected 503: {body[:200]!r}")
+            check_v2_server(url, ready=False)
             print(f"  unready as expected: {body.decode()[:300]}")
         else:
             wait_for(url, "/healthz", 5)
             wait_for(url, "/readyz", 5)
+            check_v2_server(url, ready=True)
             check_tables(url)
             check_metrics(url)
             if args.model:

@@ -4,29 +4,29 @@
 
 Writes `{"tables": [...], "infer": {...} | null}`. Each table case has the endpoint, its query
 parameters and the expected tensors as little-endian bytes (base64) with dtype and shape: the
-sinusoidal cases straight from `models.sinusoidal`, every case also through the app in-process (so
-endpoints that land later are covered without a change here; a case whose route does not exist yet
-is left out). The inference case holds deterministic inputs and the output of onnxruntime run
-directly on the shipped `onnx/<model>/model.onnx` — no server involved.
+sinusoidal cases straight from `models.sinusoidal`, every case also through the app in-process
+(`fastapi.testclient.TestClient`, lifespan included). Every case in CASES must answer 200: one that
+does not (a missing route, parameters the endpoint refuses) stops the script with a non-zero exit
+naming the case, so the JS test never silently checks fewer cases. The inference case holds
+deterministic inputs and the output of onnxruntime run directly on the shipped
+`onnx/<model>/model.onnx` — no server involved.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import numpy as np
+from fastapi.testclient import TestClient
 
 from models.sinusoidal import sinusoidal_table
 from service.app import create_app
 from service.arrays import decode_json_tensor
 from service.settings import Settings
-from service.table_cli import call_app
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -53,18 +53,17 @@ def tensor_doc(array: np.ndarray) -> dict[str, Any]:
             "b64": base64.b64encode(little.reshape(-1).view(np.uint8).tobytes()).decode()}
 
 
-def in_process(app: Any, endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray] | None:
-    """The tensors the app computes for this request (None when the route does not exist)."""
+class FixtureError(RuntimeError):
+    """A fixture case the app does not answer with 200."""
+
+
+def in_process(client: TestClient, endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The tensors the app computes for this request; FixtureError unless it answers 200."""
     # format=json decodes with the service's own helper (bfloat16 and -inf included, no extra package).
-    query = urlencode({**params, "format": "json"}).encode()
-    response = asyncio.run(call_app(app, "GET", endpoint, query, b"", None))
-    if response.status != 200:
-        # 404: the route is not in this build; another 4xx: the case's parameters do not fit it (its
-        # own tests cover that). Either way the JS test has nothing to compare for it.
-        print(f"js fixtures: {endpoint} {params}: HTTP {response.status} {bytes(response.body)[:200]!r}, left out",
-              file=sys.stderr)
-        return None
-    doc = json.loads(bytes(response.body))
+    response = client.get(endpoint, params={**params, "format": "json"})
+    if response.status_code != 200:
+        raise FixtureError(f"GET {endpoint} {params}: HTTP {response.status_code} {response.content[:300]!r}")
+    doc = response.json()
     return {name: decode_json_tensor(t) for name, t in doc["tensors"].items()}
 
 
@@ -80,12 +79,19 @@ def direct(endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray] | Non
 
 
 def table_cases() -> list[dict[str, Any]]:
-    app = create_app(Settings(access_log=False))
+    """One fixture per CASES entry, in order; SystemExit naming every case that did not answer 200."""
+    served_cases, failed = [], []
+    with TestClient(create_app(Settings(access_log=False))) as client:
+        for endpoint, params in CASES:
+            try:
+                served_cases.append((endpoint, params, in_process(client, endpoint, params)))
+            except FixtureError as exc:
+                failed.append(str(exc))
+    if failed:
+        raise SystemExit(f"js fixtures: {len(failed)} of {len(CASES)} table case(s) did not answer 200:\n  "
+                         + "\n  ".join(failed))
     cases = []
-    for endpoint, params in CASES:
-        served = in_process(app, endpoint, params)
-        if served is None:
-            continue
+    for endpoint, params, served in served_cases:
         reference = direct(endpoint, params)
         if reference is not None:
             for name, array in reference.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from collections.abc import Iterator
@@ -12,11 +13,43 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
-from service.engine import CPU, CUDA, Engine, intra_op_threads, resolve_providers
+from service.engine import Engine
+from service.repository import CPU, CUDA, intra_op_threads, resolve_providers
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 
-HAS_CUDA = CUDA in ort.get_available_providers()
+# Whether this onnxruntime build has the CUDA provider at all (onnxruntime-gpu). It says nothing about a
+# device: onnxruntime-gpu lists CUDA on a machine without a GPU too. `cuda_device` probes that.
+CUDA_BUILT_IN = CUDA in ort.get_available_providers()
+
+
+@functools.cache
+def cuda_device() -> tuple[bool, str]:
+    """(usable, why): whether onnxruntime really runs a session on a CUDA device; probed once per run.
+
+    The shipped model is opened with the CUDA provider first (no onnx library needed, so this runs
+    without the export extra); onnxruntime either raises or silently falls back to the CPU when the
+    provider cannot start (no device, no driver, missing CUDA/cuDNN libraries), so only CUDA in
+    `session.get_providers()` counts.
+    """
+    if not CUDA_BUILT_IN:
+        return False, f"this onnxruntime ({ort.get_device()}) has no {CUDA}: install onnxruntime-gpu"
+    model = (REPOSITORY / "rope_attention" / "model.onnx").read_bytes()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the probe's own failure is the answer, not noise in the test log
+    try:
+        session = ort.InferenceSession(model, sess_options=options, providers=[CUDA, CPU])
+    except Exception as exc:  # onnxruntime raises RuntimeError / its own Fail types when CUDA cannot start
+        return False, f"{CUDA} is built in but a session on it failed: {exc}"
+    if CUDA not in session.get_providers():
+        return False, f"{CUDA} is built in but onnxruntime fell back to {session.get_providers()} (no CUDA device?)"
+    return True, "a session runs on CUDAExecutionProvider"
+
+
+def require_cuda_device() -> None:
+    usable, why = cuda_device()
+    if not usable:
+        pytest.skip(f"needs onnxruntime-gpu and a usable CUDA device: {why}")
 
 
 def _copy_repository(tmp_path: Path) -> Path:
@@ -111,15 +144,25 @@ def test_missing_config_and_empty_repository(tmp_path: Path) -> None:
     assert "not a folder" in Engine(Settings(model_repository=tmp_path / "nowhere")).load()[0]
 
 
-@pytest.mark.skipif(HAS_CUDA, reason="this onnxruntime has CUDA")
+@pytest.mark.skipif(CUDA_BUILT_IN, reason="this onnxruntime has the CUDA provider (onnxruntime-gpu)")
 def test_providers_without_cuda(tmp_path: Path) -> None:
     assert resolve_providers("auto") == [CPU] and resolve_providers("cpu") == [CPU]
     problems = Engine(Settings(model_repository=_copy_repository(tmp_path), providers="cuda")).load()
     assert "onnxruntime-gpu" in problems[0]
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs onnxruntime-gpu with a CUDA device")
+def test_providers_cuda_built_in_without_a_device(tmp_path: Path) -> None:
+    """onnxruntime-gpu on a machine where CUDA cannot start: providers=cuda is a readiness problem."""
+    if not CUDA_BUILT_IN:
+        pytest.skip("this onnxruntime has no CUDA provider (test_providers_without_cuda covers it)")
+    if cuda_device()[0]:
+        pytest.skip("a CUDA device is usable (test_providers_with_cuda covers it)")
+    problems = Engine(Settings(model_repository=_copy_repository(tmp_path), providers="cuda")).load()
+    assert len(problems) == 1 and "could not use a CUDA device" in problems[0]
+
+
 def test_providers_with_cuda(tmp_path: Path) -> None:
+    require_cuda_device()
     engine = Engine(Settings(model_repository=_copy_repository(tmp_path), providers="cuda"))
     assert engine.load() == []
     assert engine.models["rope_attention"].providers[0] == CUDA

@@ -48,8 +48,30 @@ function assertJsonValues(values, wanted, dtype, what) {
   }
 }
 
+// Every table case scripts/js_client_fixtures.py defines (its CASES), by endpoint: the fixture script
+// fails when one does not answer 200, and this test fails when the fixtures hold any other set, so no
+// case is dropped silently. Add a case there, count it here.
+const EXPECTED_TABLE_CASES = {
+  "/v1/sinusoidal": 3,
+  "/v1/rope": 2,
+  "/v1/alibi/slopes": 1,
+  "/v1/alibi/bias": 1,
+  "/v1/t5/buckets": 1,
+  "/v1/deberta/buckets": 1,
+  "/v1/relative/clipped": 1,
+};
+
 describe("tables", () => {
-  assert.ok(fixtures.tables.length > 0, "the fixtures have table cases");
+  test("the fixtures hold exactly the expected table cases", () => {
+    const counts = {};
+    for (const c of fixtures.tables) counts[c.endpoint] = (counts[c.endpoint] ?? 0) + 1;
+    assert.deepEqual(counts, EXPECTED_TABLE_CASES);
+    const total = Object.values(EXPECTED_TABLE_CASES).reduce((a, b) => a + b, 0);
+    assert.equal(fixtures.tables.length, total);
+    const labels = fixtures.tables.map((c) => `${c.endpoint}?${new URLSearchParams(c.params)}`);
+    assert.equal(new Set(labels).size, labels.length, `duplicate table cases: ${labels}`);
+  });
+
   for (const c of fixtures.tables) {
     const label = `${c.endpoint}?${new URLSearchParams(c.params)}`;
     test(`safetensors ${label}`, async () => {
