@@ -115,17 +115,32 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> 
     expected = math.prod(shape)
     if values.size != expected:
         raise BadRequest(f"{where}: 'data' has {values.size} elements, shape {list(shape)} needs {expected}")
+    dtype = BY_KSERVE[datatype].numpy
+    if dtype.kind in "iu" and values.dtype.kind in "fO":
+        values = _wide_integers(data, datatype, where)
     kind = values.dtype.kind
     # JSON true/false are BOOL data only: they are not numbers of any other datatype
-    allowed = {"BOOL": "b"}.get(datatype, "iu" if datatype.startswith(("INT", "UINT")) else "iuf")
+    # (integers as Python ints: "O", checked by `_wide_integers`)
+    allowed = {"BOOL": "b"}.get(datatype, "iuO" if datatype.startswith(("INT", "UINT")) else "iuf")
     if values.size and kind not in allowed:
         raise BadRequest(f"{where}: 'data' holds {values.dtype.name} values, not valid for {datatype}")
-    dtype = BY_KSERVE[datatype].numpy
-    if kind in "iu" and values.size and dtype.kind in "iu":
+    if kind in "iuO" and values.size and dtype.kind in "iu":
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
             raise BadRequest(f"{where}: 'data' has values outside the {datatype} range")
     return values.astype(dtype).reshape(shape)  # [shape], row-major as sent
+
+
+def _wide_integers(data: list[Any], datatype: str, where: str) -> np.ndarray:
+    """Integer data numpy could not hold in one integer type: ints on both sides of 2**63 (uint64 data
+    such as [0, 2**64 - 1]) become float64, and beyond 64 bits object. Kept as Python ints (exact) for
+    the range check; anything that is not an int (a float, a boolean) is reported as such."""
+    values = np.array(data, dtype=object)
+    flat = values.reshape(-1)
+    wrong = next((v for v in flat if not isinstance(v, int) or isinstance(v, bool)), None)
+    if wrong is not None:
+        raise BadRequest(f"{where}: 'data' holds {type(wrong).__name__} values, not valid for {datatype}")
+    return values
 
 
 def _input_entry(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], dict[str, Any]]:
