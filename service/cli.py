@@ -26,29 +26,18 @@ def settings_or_exit(**overrides: object) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    """`posenc serve`: the exit status says how it stopped (see `service.server.serve`)."""
+    import os
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "workers": args.workers,
                                    "log_level": args.log_level}.items() if v is not None}
     settings = settings_or_exit(**overrides)
     # Workers re-read the environment: pass the CLI overrides down through it.
-    import os
-
     for key, value in overrides.items():
         os.environ[f"POSENC_{key.upper()}"] = str(value)
-    from service.logs import log_config
+    from service.server import serve
 
-    uvicorn.run(
-        "service.app:app_from_env",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
-        log_config=log_config(settings),
-        access_log=False,  # the service writes its own access log (POSENC_ACCESS_LOG, POSENC_LOG_FORMAT)
-    )
-    return 0
+    return serve(settings)
 
 
 def _export(args: argparse.Namespace) -> int:

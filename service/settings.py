@@ -102,3 +102,23 @@ class Settings(BaseSettings):
         256, ge=1, le=1_000_000,
         description="Requests waiting per model; one more gets 503 with Retry-After.",
     )
+
+    # Connection limits and shutdown (`posenc serve`; see README "Limits and timeouts").
+    timeout_keep_alive: float = Field(
+        5.0, gt=0, le=3600, description="Seconds an idle kept-alive connection stays open between two requests."
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, le=3600,
+        description="Seconds from connection open (or the end of the previous response) until the request head "
+        "must be complete; otherwise the connection is closed.",
+    )
+    body_timeout: float = Field(
+        30.0, gt=0, le=3600,
+        description="Longest gap in seconds between two chunks of a request body; longer: 408 and the connection "
+        "is closed.",
+    )
+    graceful_shutdown_timeout: float = Field(
+        30.0, ge=0, le=3600,
+        description="Seconds requests in flight get after SIGTERM/SIGINT before their connections are closed "
+        "(the exit status is then 1).",
+    )

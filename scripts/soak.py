@@ -1,0 +1,363 @@
+"""Bounded soak test: mixed load and faulty clients against a real `posenc serve`, then SIGTERM under load.
+
+    python scripts/soak.py [--seconds 60] [--concurrency 64] [--seed 0] [--max-rss-mib N]
+
+Starts `python -m service.cli serve` on a free loopback port (short header/body/graceful timeouts, so the
+fault clients meet them within the run), drives it with `--concurrency` keep-alive clients (cached and
+uncached tables of several families and formats, JSON and binary KServe v2 infer on `rope_attention`,
+.npy uploads to /v1/t5/bias) plus fault clients (disconnect mid-body, trickle a body, send half a head then
+idle, stall a body), and sends SIGTERM while the load runs. Fails (exit 1) on: any 5xx, except 503 with
+Retry-After (overload: allowed, counted apart); any other non-2xx answer to the load; a request fully
+sent before the SIGTERM that got no complete answer (a lost response); a fault client the server did not
+end within its timeout (+5 s); an ERROR line in the server log; a server exit status other than 0, or later than
+the graceful timeout (+2 s); a peak RSS (VmHWM) over --max-rss-mib. The request mix is seeded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import io
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.settings import Settings
+
+MiB = 1024 * 1024
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+SLACK = 2.0  # seconds the server may exit after its graceful timeout
+FAULT_SLACK = 5.0  # seconds a fault client may stay open past its timeout (event loops run late under full load)
+
+CACHED = [  # the same URLs again and again: answered from the LRU cache after the first time
+    "/v1/rope?max_position=2048&head_dim=128&rope_theta=500000&rope_type=llama3&factor=8&low_freq_factor=1"
+    "&high_freq_factor=4&original_max_position_embeddings=8192",
+    "/v1/rope?max_position=4096&head_dim=64&form=half&format=npy&tensor=cos",
+    "/v1/sinusoidal?max_position=2048&dim=512",
+    "/v1/sinusoidal?max_position=64&dim=16&variant=fairseq&format=json",
+    "/v1/alibi/bias?num_heads=16&query_length=128&key_length=512&format=raw",
+    "/v1/alibi/slopes?num_heads=12&format=json",
+    "/v1/t5/buckets?query_length=256&key_length=256&format=npy",
+    "/v1/deberta/buckets?query_length=128&key_length=128&dtype=int32&format=raw",
+    "/v1/relative/clipped?query_length=16&key_length=16&max_relative_position=4&format=json",
+]
+MIX = {"table-cached": 35, "table-uncached": 25, "infer-json": 15, "infer-binary": 15, "t5-upload": 10}
+
+
+def uncached_url(rng: random.Random) -> str:
+    """A table nobody asked for yet (a random offset): computed, encoded and put into the cache."""
+    offset, fmt = rng.randrange(1 << 20), rng.choice(["safetensors", "npy", "raw"])
+    family = rng.choice(["sinusoidal", "rope", "alibi", "t5"])
+    if family == "sinusoidal":
+        query = f"max_position={rng.randint(1, 1024)}&dim={rng.choice([32, 64, 256])}&offset={offset}"
+    elif family == "rope":
+        query = f"max_position={rng.randint(1, 1024)}&head_dim={rng.choice([64, 128])}&offset={offset}" + (
+            "&tensor=sin" if fmt != "safetensors" else "")
+    elif family == "alibi":
+        return (f"/v1/alibi/bias?num_heads={rng.randint(1, 32)}&query_length={rng.randint(1, 64)}"
+                f"&key_length={rng.randint(64, 512)}&format={fmt}")
+    else:
+        return f"/v1/t5/buckets?query_length={rng.randint(1, 64)}&key_length=128&offset={offset}&format={fmt}"
+    return f"/v1/{family}?{query}&format={fmt}"
+
+
+def request_bytes(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
+    if method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def payloads(seed: int) -> dict[str, list[bytes]]:
+    """Pre-built request bodies (client CPU goes to sending, not to building JSON)."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[bytes]] = defaultdict(list)
+    for seq in (1, 2, 4, 8):
+        arrays = [rng.standard_normal((1, 8, seq, 64), dtype=np.float32) for _ in range(3)]
+        positions = np.arange(seq, dtype=np.int64)[None] + int(rng.integers(0, 4000))
+        names, types = ["query", "key", "value", "position_ids"], ["FP32"] * 3 + ["INT64"]
+        tensors = [*arrays, positions]
+        doc = {"inputs": [{"name": n, "datatype": t, "shape": list(a.shape), "data": a.ravel().tolist()}
+                          for n, t, a in zip(names, types, tensors, strict=True)]}
+        out["infer-json"].append(request_bytes("POST", "/v2/models/rope_attention/infer", json.dumps(doc).encode(),
+                                               Content_Type="application/json"))
+        header = json.dumps({"inputs": [{"name": n, "datatype": t, "shape": list(a.shape),
+                                         "parameters": {"binary_data_size": a.nbytes}}
+                                        for n, t, a in zip(names, types, tensors, strict=True)],
+                             "parameters": {"binary_data_output": True}}).encode()
+        out["infer-binary"].append(request_bytes(
+            "POST", "/v2/models/rope_attention/infer", header + b"".join(a.tobytes() for a in tensors),
+            Content_Type="application/octet-stream", Inference_Header_Content_Length=str(len(header))))
+        buffer = io.BytesIO()
+        np.save(buffer, rng.standard_normal((32, 8)).astype(np.float32))
+        out["t5-upload"].append(request_bytes("POST", f"/v1/t5/bias?query_length={16 * seq}&key_length=64",
+                                              buffer.getvalue(), Content_Type="application/x-npy"))
+    return out
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
+    """Status and headers of one complete response (Content-Length or chunked body read to the end)."""
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if line)}
+    if "content-length" in headers:
+        await reader.readexactly(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+    return status, headers
+
+
+@dataclass
+class Result:
+    kind: str
+    outcome: str  # an HTTP status, or what happened to the connection
+    latency: float
+    sent_before_sigterm: bool | None  # None: the request was never fully sent
+    violation: str | None = None
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, port: int, proc: subprocess.Popen[bytes]) -> None:
+        self.args, self.port, self.proc = args, port, proc
+        self.results: list[Result] = []
+        self.sigterm_at: float | None = None
+        self.bodies = payloads(args.seed)
+        self.peak_rss = self.peak_hwm = 0
+
+    def record(self, kind: str, outcome: str, start: float, sent_at: float | None, violation: str | None = None
+               ) -> None:  # sent_at: when the request's last byte was in the kernel (None: never fully sent)
+        before = None if sent_at is None else (self.sigterm_at is None or sent_at < self.sigterm_at)
+        self.results.append(Result(kind, outcome, time.monotonic() - start, before, violation))
+
+    async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection(HOST, self.port)
+        writer.transport.set_write_buffer_limits(0)  # drain() returns once every byte is in the kernel
+        return reader, writer
+
+    async def load_client(self, index: int) -> None:
+        rng = random.Random(self.args.seed * 100_003 + index)
+        kinds, weights = list(MIX), list(MIX.values())
+        conn = None
+        while self.proc.poll() is None:
+            kind = rng.choices(kinds, weights)[0]
+            if kind == "table-cached":
+                data = request_bytes("GET", rng.choice(CACHED))
+            elif kind == "table-uncached":
+                data = request_bytes("GET", uncached_url(rng))
+            else:
+                data = rng.choice(self.bodies[kind])
+            start, sent_at = time.monotonic(), None
+            try:
+                if conn is None:
+                    conn = await self.connect()
+                conn[1].write(data)
+                await conn[1].drain()
+                sent_at = time.monotonic()
+                status, headers = await asyncio.wait_for(read_response(conn[0]), 60)
+            except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
+                if conn is not None:
+                    conn[1].close()
+                conn = None
+                if self.sigterm_at is not None and sent_at is None:
+                    return  # the server stopped listening: this client is done
+                failed = f"{type(exc).__name__} before SIGTERM" if self.sigterm_at is None and sent_at is None else None
+                self.record(kind, type(exc).__name__, start, sent_at, failed)
+                continue
+            violation = None
+            if status >= 500 and not (status == 503 and "retry-after" in headers):
+                violation = f"{status} answer"
+            elif status >= 300 and status != 503:
+                violation = f"unexpected {status}"
+            self.record(kind, "503+Retry-After" if status == 503 and not violation else str(status), start, sent_at,
+                        violation)
+            if headers.get("connection", "").lower() == "close":
+                conn[1].close()
+                conn = None
+
+    async def fault_client(self, kind: str, index: int) -> None:
+        rng = random.Random(self.args.seed * 7919 + index)
+        a = self.args
+        body = self.bodies["t5-upload"][0]
+        head, payload = body.split(b"\r\n\r\n", 1)
+        head += b"\r\n\r\n"
+        while self.sigterm_at is None and self.proc.poll() is None:
+            start = time.monotonic()
+            try:
+                reader, writer = await self.connect()
+            except OSError:
+                return
+            try:
+                if kind == "fault-disconnect":  # half the body, then gone: the server must not mind
+                    writer.write(head + payload[:len(payload) // 2])
+                    await writer.drain()
+                    await asyncio.sleep(rng.uniform(0, 0.2))
+                    self.record(kind, "client closed", start, None)
+                elif kind == "fault-trickle":  # 8 pieces: each gap under the body timeout, all within the drain
+                    writer.write(head)
+                    step = len(payload) // 8 + 1
+                    for offset in range(0, len(payload), step):
+                        await asyncio.sleep(min(a.body_timeout / 3, a.graceful_timeout / 10))
+                        writer.write(payload[offset:offset + step])
+                        await writer.drain()
+                    sent_at = time.monotonic()
+                    status, _ = await asyncio.wait_for(read_response(reader), 60)
+                    self.record(kind, str(status), start, sent_at, None if status == 200 else f"trickle got {status}")
+                else:  # half a head, or a stalled body: the server must end it within its timeout
+                    stalled = kind == "fault-stalled-body"
+                    writer.write(head + payload[:100] if stalled else head[:40])
+                    await writer.drain()
+                    limit = (a.body_timeout if stalled else a.header_timeout) + FAULT_SLACK
+                    data = await asyncio.wait_for(reader.read(), limit)
+                    outcome = data[:12].decode("latin-1").replace("HTTP/1.1 ", "") if data else "server closed"
+                    violation = None if outcome in ("408", "server closed") else f"{kind} got {outcome}"
+                    self.record(kind, outcome, start, None, violation)
+            except TimeoutError:
+                self.record(kind, "still open", start, None, f"{kind}: not ended by the server in time")
+            except (OSError, asyncio.IncompleteReadError) as exc:
+                self.record(kind, type(exc).__name__, start, None)
+            finally:
+                writer.close()
+
+    async def sample_rss(self) -> None:
+        status = Path(f"/proc/{self.proc.pid}/status")
+        while self.proc.poll() is None:
+            try:
+                fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+                self.peak_rss = max(self.peak_rss, int(fields["VmRSS"].split()[0]) * 1024)
+                self.peak_hwm = max(self.peak_hwm, int(fields["VmHWM"].split()[0]) * 1024)
+            except (OSError, KeyError, ValueError):
+                pass
+            await asyncio.sleep(0.2)
+
+    async def run(self) -> tuple[int | None, float]:
+        faults = ["fault-disconnect", "fault-trickle", "fault-partial-head", "fault-stalled-body"]
+        tasks = [asyncio.create_task(self.load_client(i)) for i in range(self.args.concurrency)]
+        tasks += [asyncio.create_task(self.fault_client(kind, i)) for i, kind in enumerate(faults * 2)]
+        sampler = asyncio.create_task(self.sample_rss())
+        await asyncio.sleep(self.args.seconds)
+        self.sigterm_at = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        limit = self.args.graceful_timeout + SLACK
+        while self.proc.poll() is None and time.monotonic() < self.sigterm_at + limit + 10:
+            await asyncio.sleep(0.05)
+        exit_after = time.monotonic() - self.sigterm_at
+        await asyncio.wait([*tasks, sampler], timeout=70)
+        for task in [*tasks, sampler]:
+            task.cancel()
+        return self.proc.poll(), exit_after
+
+
+def percentile(values: list[float], q: float) -> float:
+    return sorted(values)[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def report(soak: Soak, status: int | None, exit_after: float, max_rss: int, log: str) -> list[str]:
+    by_kind: dict[str, list[Result]] = defaultdict(list)
+    for r in soak.results:
+        by_kind[r.kind].append(r)
+    print(f"\n{'kind':<20}{'n':>7}  {'p50 ms':>8}{'p99 ms':>9}  outcomes")
+    for kind, results in sorted(by_kind.items()):
+        ok = [r.latency * 1000 for r in results if r.outcome[:3].isdigit() or r.outcome == "server closed"]
+        outcomes = ", ".join(f"{k}: {v}" for k, v in sorted(Counter(r.outcome for r in results).items()))
+        print(f"{kind:<20}{len(results):>7}  {percentile(ok, 0.5):>8.1f}{percentile(ok, 0.99):>9.1f}  {outcomes}")
+    violations = [f"{r.kind}: {r.violation}" for r in soak.results if r.violation]
+    lost = [r for r in soak.results if r.sent_before_sigterm and not r.outcome[:3].isdigit()]
+    violations += [f"{r.kind}: lost response ({r.outcome}) for a request sent before SIGTERM" for r in lost]
+    after = sum(1 for r in soak.results if r.sent_before_sigterm is False)
+    overload = sum(1 for r in soak.results if r.outcome == "503+Retry-After")
+    errors = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
+    violations += [f"server log: {line}" for line in errors[:5]]
+    if status != 0:
+        violations.append(f"server exit status {status} (expected 0)")
+    if exit_after > soak.args.graceful_timeout + SLACK:
+        violations.append(f"server exited {exit_after:.1f} s after SIGTERM (graceful timeout "
+                          f"{soak.args.graceful_timeout:g} s + {SLACK:g} s)")
+    if soak.peak_hwm > max_rss:
+        violations.append(f"peak RSS {soak.peak_hwm / MiB:.0f} MiB over --max-rss-mib {max_rss / MiB:.0f}")
+    for kind in MIX:
+        if not any(r.outcome == "200" for r in by_kind[kind]):
+            violations.append(f"{kind}: no successful request at all")
+    print(f"\nrequests: {len(soak.results)}; 503 with Retry-After (allowed): {overload}; "
+          f"sent after SIGTERM, not required to succeed: {after}; lost: {len(lost)}")
+    print(f"server: exit status {status}, {exit_after:.2f} s after SIGTERM; peak RSS (VmHWM) "
+          f"{soak.peak_hwm / MiB:.0f} MiB (sampled VmRSS max {soak.peak_rss / MiB:.0f} MiB; "
+          f"bound {max_rss / MiB:.0f} MiB); server log ERROR lines: {len(errors)}")
+    return violations
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60, help="load duration before the SIGTERM")
+    parser.add_argument("--concurrency", type=int, default=64, help="keep-alive load clients")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-rss-mib", type=float, help="peak RSS bound (default: cache budget + 400 MiB)")
+    parser.add_argument("--header-timeout", type=float, default=2.0, help="POSENC_HEADER_TIMEOUT for the run")
+    parser.add_argument("--body-timeout", type=float, default=3.0, help="POSENC_BODY_TIMEOUT for the run")
+    parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "POSENC_HOST": HOST, "POSENC_PORT": str(port), "POSENC_WORKERS": "1",
+           "POSENC_LOG_LEVEL": "warning", "POSENC_ACCESS_LOG": "false",
+           "POSENC_HEADER_TIMEOUT": str(args.header_timeout), "POSENC_BODY_TIMEOUT": str(args.body_timeout),
+           "POSENC_GRACEFUL_SHUTDOWN_TIMEOUT": str(args.graceful_timeout)}
+    max_rss = int(args.max_rss_mib * MiB) if args.max_rss_mib else Settings().cache_bytes + 400 * MiB
+    with tempfile.TemporaryFile() as log_file:
+        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], cwd=ROOT, env=env,
+                                stdout=log_file, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 120
+            while True:  # ready: models loaded
+                try:
+                    conn = http.client.HTTPConnection(HOST, port, timeout=5)
+                    conn.request("GET", "/readyz")
+                    if conn.getresponse().status == 200:
+                        break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log_file.seek(0)
+                    sys.stderr.write(f"the server did not become ready:\n{log_file.read().decode()}\n")
+                    return 1
+                time.sleep(0.2)
+            print(f"posenc serve on port {port}: {args.seconds:g} s of load, concurrency {args.concurrency}, seed "
+                  f"{args.seed}; header/body/graceful timeouts {args.header_timeout:g}/{args.body_timeout:g}/"
+                  f"{args.graceful_timeout:g} s")
+            soak = Soak(args, port, proc)
+            status, exit_after = asyncio.run(soak.run())
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        log_file.seek(0)
+        log = log_file.read().decode(errors="replace")
+    violations = report(soak, status, exit_after, max_rss, log)
+    if violations:
+        print(f"\nFAILED: {len(violations)} violation(s)")
+        for line in violations[:30]:
+            print("  " + line)
+        print("\nserver log (last 20 lines):\n" + "\n".join(log.splitlines()[-20:]))
+        return 1
+    print("\nOK: no 5xx, no lost responses, clean exit within the graceful timeout, RSS within bound")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
