@@ -43,6 +43,18 @@ class ByteLRUCache:
             self.hits += 1
             return entry
 
+    def peek(self, key: str) -> CachedBody | None:
+        """The entry without counting a hit or a miss (the caller counts what it serves)."""
+        with self._lock:
+            return self._entries.get(key)
+
+    def count_hit(self, key: str) -> None:
+        """Count a hit served from `peek` and mark the entry recently used."""
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+            self.hits += 1
+
     def put(self, key: str, entry: CachedBody) -> None:
         size = len(entry.body)
         if size > self.capacity:

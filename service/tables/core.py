@@ -162,7 +162,7 @@ def metadata_value(value: Any) -> str:
     return str(value)
 
 
-def _etag_matches(if_none_match: str | None, etag: str) -> bool:
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
     if not if_none_match:
         return False
     candidates = [c.strip() for c in if_none_match.split(",")]
@@ -176,12 +176,24 @@ def format_bytes(n: int) -> str:
 
 @dataclass
 class Answer:
-    """A table response: status (200 or 304), headers, body and media type."""
+    """A table response: status (200 or 304), headers, body and media type; `cache_key` names the
+    cache entry it came from or went into."""
 
     status: int
     headers: dict[str, str]
     body: bytes = b""
     media_type: str | None = None
+    cache_key: str | None = None
+
+
+def validator_headers(cache_key: str) -> dict[str, str]:
+    """ETag (from the canonical key), Cache-Control and Vary: what a 304 carries."""
+    return {"ETag": f'"{cache_key[:40]}"', "Cache-Control": CACHE_CONTROL, "Vary": "Accept"}
+
+
+def answer_headers(cache_key: str, cached: CachedBody, cache_status: str) -> dict[str, str]:
+    """Every header of a 200 table answer."""
+    return {**validator_headers(cache_key), "X-Cache": cache_status, **dict(cached.headers)}
 
 
 @dataclass
@@ -193,7 +205,6 @@ class Pending:
     selected: list[str]
     canonical: dict[str, str]
     digest: str
-    headers: dict[str, str]
     working_bytes: int
 
 
@@ -255,18 +266,18 @@ class TableRequest:
         key_doc = {"endpoint": query.endpoint, "params": canonical, "format": self.format,
                    "tensors": selected, "version": __version__}
         digest = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()
-        etag = f'"{digest[:40]}"'
-        headers = {"ETag": etag, "Cache-Control": CACHE_CONTROL, "Vary": "Accept"}
-        if _etag_matches(self.if_none_match, etag):
+        headers = validator_headers(digest)
+        etag = headers["ETag"]
+        if etag_matches(self.if_none_match, etag):
             if self.method in ("GET", "HEAD"):
-                return Answer(304, headers)
+                return Answer(304, headers, cache_key=digest)
             # RFC 9110 13.1.2: a matching If-None-Match on other methods is a failed precondition.
             raise PreconditionFailed(f"If-None-Match matches the current representation {etag}")
 
         cached = self.cache.get(digest)
         if cached is None:
-            return Pending(query, specs, selected, canonical, digest, headers, query.working_bytes(specs))
-        return _answer(headers, cached, "hit")
+            return Pending(query, specs, selected, canonical, digest, query.working_bytes(specs))
+        return _answer(digest, cached, "hit")
 
     def complete(self, pending: Pending) -> Answer:
         """Compute, encode and cache a table `prepare` found missing (blocking: call from a worker thread)."""
@@ -277,11 +288,11 @@ class TableRequest:
         cached = _encode(self.format, {n: bundle.tensors[n] for n in pending.selected}, metadata, query.endpoint)
         del bundle  # the arrays go before the answer is sent: only the encoded body stays
         self.cache.put(pending.digest, cached)
-        return _answer(pending.headers, cached, "miss")
+        return _answer(pending.digest, cached, "miss")
 
 
-def _answer(headers: dict[str, str], cached: CachedBody, cache_status: str) -> Answer:
-    return Answer(200, {**headers, "X-Cache": cache_status, **dict(cached.headers)}, cached.body, cached.media_type)
+def _answer(cache_key: str, cached: CachedBody, cache_status: str) -> Answer:
+    return Answer(200, answer_headers(cache_key, cached, cache_status), cached.body, cached.media_type, cache_key)
 
 
 def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:

@@ -50,9 +50,18 @@ def table_request(
 TableDep = Annotated[TableRequest, Depends(table_request)]
 
 
-def _response(answer: Answer) -> Response:
+CACHE_KEY_SCOPE = "posenc.cache_key"  # set on the request scope: the fast path learns the request's spelling
+
+
+def to_response(answer: Answer) -> Response:
     return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
                     headers=answer.headers)
+
+
+def _response(request: Request, answer: Answer) -> Response:
+    if answer.cache_key is not None:
+        request.scope[CACHE_KEY_SCOPE] = answer.cache_key
+    return to_response(answer)
 
 
 def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
@@ -63,13 +72,13 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
 async def _complete(request: Request, table: TableRequest, prepared: Answer | Pending) -> Response:
     """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget."""
     if isinstance(prepared, Answer):
-        return _response(prepared)
+        return _response(request, prepared)
     budget: MemoryBudget = request.app.state.memory_budget
     async with budget.reserve(prepared.working_bytes, f"/v1/{prepared.query.endpoint}"):
         answer = await run_in_threadpool(table.complete, prepared)
     if prepared.working_bytes >= RELEASE_AFTER_BYTES:
         await run_in_threadpool(release_free_memory)
-    return _response(answer)
+    return _response(request, answer)
 
 
 def _endpoint(route: TableRoute) -> Any:

@@ -1,0 +1,121 @@
+"""The cache-hit fast path answers exactly what the full path answers, shares entries across spellings,
+and never serves a request that the full path would refuse."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.tables.core import TableRequest
+from tests.conftest import running_client
+
+TABLE_REQUESTS = [
+    "/v1/rope?max_position=8&head_dim=16",
+    "/v1/rope?max_position=8&head_dim=16&rope_type=linear&factor=2",
+    "/v1/sinusoidal?max_position=8&dim=6&variant=fairseq",
+    "/v1/alibi/slopes?num_heads=12",
+    "/v1/alibi/bias?num_heads=3&query_length=2&key_length=5&mask=true",
+    "/v1/t5/buckets?query_length=4&key_length=9",
+    "/v1/deberta/buckets?query_length=4&key_length=9",
+    "/v1/relative/clipped?query_length=4&key_length=9&max_relative_position=2",
+]
+FORMATS = ["safetensors", "json", "npy", "raw"]
+
+
+@pytest.fixture
+def prepared(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Records every request that took the full path (parameter validation and `TableRequest.prepare`)."""
+    calls: list[str] = []
+    original = TableRequest.prepare
+
+    def recording(self: TableRequest, query: object) -> object:
+        calls.append(type(query).__name__)
+        return original(self, query)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(TableRequest, "prepare", recording)
+    yield calls
+
+
+def _single(url: str, fmt: str) -> str:
+    tensor = "&tensor=cos" if url.startswith("/v1/rope") and fmt in ("npy", "raw") else ""
+    return f"{url}&format={fmt}{tensor}"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("url", TABLE_REQUESTS)
+def test_fast_path_answers_byte_for_byte_what_the_full_path_answers(prepared: list[str], url: str, fmt: str) -> None:
+    with running_client() as client:
+        miss = client.get(_single(url, fmt))
+        assert miss.status_code == 200 and miss.headers["X-Cache"] == "miss"
+        # the same table under another spelling (a parameter the table ignores): the full path, from the cache
+        full_hit = client.get(_single(url, fmt) + "&unused=1")
+        assert len(prepared) == 2
+        fast_hit = client.get(_single(url, fmt))
+        assert len(prepared) == 2, "the second request of a spelling must not take the full path"
+    assert full_hit.headers["X-Cache"] == fast_hit.headers["X-Cache"] == "hit"
+    assert fast_hit.content == full_hit.content == miss.content
+    assert dict(fast_hit.headers) == dict(full_hit.headers)
+
+
+def test_conditional_requests_on_the_fast_path(prepared: list[str]) -> None:
+    with running_client() as client:
+        url = TABLE_REQUESTS[0]
+        etag = client.get(url).headers["ETag"]
+        full = client.get(url + "&offset=0", headers={"If-None-Match": etag})  # a new spelling: full path
+        fast = client.get(url, headers={"If-None-Match": etag})
+        other = client.get(url, headers={"If-None-Match": '"something-else"'})
+    assert len(prepared) == 2
+    assert full.status_code == fast.status_code == 304 and fast.content == b""
+    assert dict(full.headers) == dict(fast.headers)
+    assert other.status_code == 200
+
+
+def test_equivalent_spellings_share_one_cache_entry() -> None:
+    with running_client() as client:
+        cache = client.app.state.table_cache  # type: ignore[attr-defined]
+        spellings = ["/v1/alibi/slopes?num_heads=12", "/v1/alibi/slopes?num_heads=12&alibi_bias_max=8",
+                     "/v1/alibi/slopes?alibi_bias_max=8.0&num_heads=12&dtype=float32",
+                     "/v1/alibi/slopes?num_heads=012&alibi_bias_max=0.8e1"]
+        bodies = {client.get(url).content for url in spellings for _ in range(2)}
+        assert len(bodies) == 1 and len(cache) == 1
+
+
+def test_accept_decides_the_format_on_the_fast_path() -> None:
+    with running_client() as client:
+        url = TABLE_REQUESTS[3]
+        for _ in range(2):
+            as_json = client.get(url, headers={"Accept": "application/json"})
+            as_npy = client.get(url, headers={"Accept": "application/x-npy"})
+            assert as_json.headers["content-type"] == "application/json"
+            assert as_npy.headers["content-type"] == "application/x-npy"
+
+
+@pytest.mark.parametrize("bad", ["/v1/alibi/slopes?num_heads=12&format=xml",
+                                 "/v1/alibi/slopes?num_heads=0",
+                                 "/v1/rope?max_position=8&head_dim=16&format=npy",
+                                 "/v1/rope?max_position=8&head_dim=16&format=npy&tensor=tan"])
+def test_a_refused_request_is_refused_every_time(bad: str) -> None:
+    with running_client() as client:
+        good = bad.replace("&format=xml", "").replace("num_heads=0", "num_heads=12").split("&format=npy")[0]
+        assert client.get(good).status_code == 200
+        statuses = {client.get(bad).status_code for _ in range(3)}
+        assert len(statuses) == 1 and statuses.pop() >= 400
+
+
+def test_an_evicted_table_takes_the_full_path_again(prepared: list[str]) -> None:
+    with running_client(cache_bytes=400) as client:  # room for one small table
+        first, second = TABLE_REQUESTS[3], "/v1/alibi/slopes?num_heads=13"
+        client.get(first)
+        client.get(second)  # evicts the first
+        again = client.get(first)
+    assert again.status_code == 200 and again.headers["X-Cache"] == "miss" and len(prepared) == 3
+
+
+def test_fast_path_requests_are_counted_under_their_route(client: TestClient) -> None:
+    for _ in range(3):
+        client.get(TABLE_REQUESTS[3])
+    metrics = client.get("/metrics").text
+    assert 'posenc_http_requests_total{method="GET",route="/v1/alibi/slopes",status="200"} 3.0' in metrics
+    assert "posenc_table_cache_hits_total 2.0" in metrics
