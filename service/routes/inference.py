@@ -58,17 +58,17 @@ async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
 
 
 @router.get("/v2", summary="Server metadata")
-def server_metadata() -> dict[str, Any]:
+async def server_metadata() -> dict[str, Any]:
     return {"name": "posenc", "version": __version__, "extensions": EXTENSIONS}
 
 
 @router.get("/v2/health/live", summary="Server liveness")
-def server_live() -> dict[str, bool]:
+async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
 @router.get("/v2/health/ready", summary="Server readiness: every model loaded and valid")
-def server_ready(request: Request) -> JSONResponse:
+async def server_ready(request: Request) -> JSONResponse:
     problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
     if problems:
         return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems), ready=False)
