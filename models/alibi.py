@@ -13,7 +13,7 @@ import numpy as np
 
 from models.dtypes import FloatDType, np_dtype
 from models.errors import ParameterError
-from models.relative import check_lengths, key_minus_query, toeplitz_view
+from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
 
 AlibiMode = Literal["causal", "symmetric", "bloom", "mpt"]
 ALIBI_MODES: tuple[str, ...] = ("causal", "symmetric", "bloom", "mpt")
@@ -119,6 +119,15 @@ def alibi_bias(
 
     `mask=True` puts −inf where a causal query may not attend (j > p_i) in every mode. With
     query_length > key_length the first rows lie before the first key and are fully masked.
+
+    Work is O(num_heads · (q · k + q + k)) whatever the split between heads and lengths: the values
+    are evaluated per (head, offset) and laid out by strided copies, a block of heads at a time
+    (`head_blocks`). Peak working memory beyond the output: the float64 slopes [num_heads] (8 bytes
+    a head, twice while `alibi_slopes` computes them) and one block's temporaries, O(PER_OFFSET_BLOCK
+    + q + k) values (float64 products [block, q + k − 1] and their cast; bloom/mpt: [block, key_length]
+    in float64, float32 and `dtype`), about 1 MiB unless one head's q + k − 1 exceeds 2^16. Never
+    the [num_heads, q + k − 1] float64 table of all heads: with q = 1 or k = 1 that alone would be
+    4× a float16 output, 2× a float32 one.
     """
     check_lengths(query_length, key_length)
     check_alibi_parameters(num_heads, alibi_bias_max)
@@ -129,27 +138,37 @@ def alibi_bias(
     # key − query position j − p_i for every distinct offset, as `toeplitz_view` lays it out
     key_minus_position = key_minus_query(query_length, key_length) - (key_length - query_length)
     if mode in ("causal", "symmetric"):
-        distance = key_minus_position if mode == "causal" else -np.abs(key_minus_position)  # [q + k − 1]
-        for head, slope in enumerate(alibi_slopes(num_heads, alibi_bias_max)):
-            per_offset = (slope * distance).astype(out_dtype)  # [q + k − 1]
-            out[head] = toeplitz_view(per_offset, query_length, key_length)  # [q, k]
+        distance = key_minus_position if mode == "causal" else -np.abs(key_minus_position)  # int64 [q + k − 1]
+        slopes = alibi_slopes(num_heads, alibi_bias_max)  # float64 [num_heads]
+        for heads in head_blocks(num_heads, query_length, key_length):
+            # the same float64 slope × distance products as one head at a time, then the one cast
+            per_offset = (slopes[heads, None] * distance[None, :]).astype(out_dtype)  # [block, q + k − 1]
+            out[heads] = toeplitz_heads_view(per_offset, query_length, key_length)  # [block, q, k]
     else:
-        out[...] = _key_only_rows(num_heads, key_length, mode, alibi_bias_max).astype(out_dtype)[:, None, :]
+        slopes, keys = _key_only_factors(num_heads, key_length, mode, alibi_bias_max)
+        # rows do not depend on the query: cast [block, key_length] once, broadcast over the q rows
+        for heads in head_blocks(num_heads, 1, key_length):
+            out[heads] = _key_only_rows(slopes[heads], keys).astype(out_dtype, copy=False)[:, None, :]
     if mask:
         future = toeplitz_view(key_minus_position > 0, query_length, key_length)  # [q, k] bool
         np.copyto(out, out_dtype.type(-np.inf), where=future[None, :, :])  # broadcast over heads
     return out
 
 
-def _key_only_rows(num_heads: int, key_length: int, mode: AlibiMode, alibi_bias_max: float) -> np.ndarray:
-    """BLOOM/MPT rows [num_heads, key_length] in float32: slope × key index (MPT: shifted to end at 0).
+def _key_only_factors(
+    num_heads: int, key_length: int, mode: AlibiMode, alibi_bias_max: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """BLOOM/MPT factors: float32 slopes [num_heads] and int64 key terms [key_length] (MPT: ending at 0)."""
+    if mode == "bloom":
+        return bloom_slopes(num_heads, alibi_bias_max), np.arange(key_length)
+    return mpt_slopes(num_heads, alibi_bias_max), np.arange(key_length) - (key_length - 1)
+
+
+def _key_only_rows(slopes: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """BLOOM/MPT rows [heads, key_length] in float32: float32 slopes [heads] × int64 keys [key_length].
 
     The float64 product of a float32 slope and an integer below 2^24 is exact, so one rounding to
     float32 equals the references' float32 multiply.
     """
-    if mode == "bloom":
-        slopes, keys = bloom_slopes(num_heads, alibi_bias_max), np.arange(key_length)
-    else:
-        slopes, keys = mpt_slopes(num_heads, alibi_bias_max), np.arange(key_length) - (key_length - 1)
-    product = slopes.astype(np.float64)[:, None] * keys[None, :]  # [num_heads, key_length]
+    product = slopes.astype(np.float64)[:, None] * keys[None, :]  # [heads, key_length]
     return product.astype(np.float32)

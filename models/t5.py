@@ -11,7 +11,7 @@ import numpy as np
 
 from models.dtypes import IntDType, np_dtype
 from models.errors import ParameterError
-from models.relative import check_lengths, key_minus_query, toeplitz, toeplitz_view
+from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz, toeplitz_heads_view
 
 
 def _effective_buckets(bidirectional: bool, num_buckets: int) -> int:
@@ -123,17 +123,25 @@ def t5_bias(
 ) -> np.ndarray:
     """Learned relative bias [num_heads, query_length, key_length], in the weight's dtype.
 
-    weight: the `relative_attention_bias` embedding table [num_buckets, num_heads]. Equals
+    weight: the `relative_attention_bias` embedding table [num_buckets, num_heads], any dtype. Equals
     `compute_bias(q, k, past_seen_tokens=offset)[0]` (an exact gather; no arithmetic on the weight).
+
+    Work is O(num_heads · (q · k + q + k)) whatever the split between heads and lengths: the table is
+    gathered per (head, offset) and laid out by strided copies, a block of heads at a time
+    (`head_blocks`). Peak memory is the output plus a block's gather [q + k − 1, block] and its
+    transpose: 2 · O(PER_OFFSET_BLOCK + q + k) values of the weight's dtype, whatever num_heads (the
+    [num_heads, q + k − 1] gather of all heads would be as large as the output when q = 1 or k = 1).
+    The weight itself is neither copied nor transposed.
     """
     check_t5_weight_shape(weight.shape, num_buckets)
     check_lengths(query_length, key_length)
     check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
     offsets = key_minus_query(query_length, key_length) - offset  # [q + k − 1], key − query
     per_offset = t5_relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
-    # the bias is Toeplitz too: gather per offset, then lay out rows (no [q, k] index table)
-    values = np.ascontiguousarray(weight.T)[:, per_offset]  # [num_heads, q + k − 1]
     out = np.empty((weight.shape[1], query_length, key_length), dtype=weight.dtype)
-    for head in range(weight.shape[1]):
-        out[head] = toeplitz_view(values[head], query_length, key_length)  # [q, k]
+    # the bias is Toeplitz too: gather per offset, then lay out rows (no [q, k] index table)
+    for heads in head_blocks(weight.shape[1], query_length, key_length):
+        # heads on the first axis, offsets contiguous: the layout copy then reads whole rows
+        values = np.ascontiguousarray(weight[per_offset, heads].T)  # [block, q + k − 1]
+        out[heads] = toeplitz_heads_view(values, query_length, key_length)  # [block, q, k]
     return out
