@@ -4,7 +4,6 @@ Integer tables (T5, DeBERTa, clipped) and the BLOOM/MPT biases are compared for 
 """
 
 import math
-import tracemalloc
 
 import ml_dtypes
 import numpy as np
@@ -21,6 +20,7 @@ from models.deberta import deberta_buckets, deberta_log_bucket_position
 from models.errors import ParameterError
 from models.relative import clipped_relative_indices
 from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+from tests.memory_utils import traced_peak
 
 pytestmark = pytest.mark.torch
 
@@ -318,10 +318,5 @@ def test_clipped_indices(q: int, k: int, max_relative_position: int) -> None:
     lambda: t5_bias(np.ones((32, 1), np.float32), 512, 1024),
 ])
 def test_memory_is_proportional_to_the_output(compute) -> None:  # type: ignore[no-untyped-def]
-    tracemalloc.start()
-    try:
-        out = compute()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    out, peak = traced_peak(compute)
     assert peak <= 1.3 * out.nbytes + 2**20, (peak, out.nbytes)

@@ -7,7 +7,6 @@ No timed assertions (the machine is shared): `pytest.mark.timeout` fails a regre
 """
 
 import itertools
-import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 
 import ml_dtypes
@@ -19,6 +18,7 @@ from models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
 from models.dtypes import np_dtype
 from models.relative import PER_OFFSET_BLOCK, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
 from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+from tests.memory_utils import traced_peak
 
 HEADS = (1, 3, 8, 12, 71)
 LENGTHS = ((1, 1), (1, 7), (5, 5), (7, 3), (16, 40))
@@ -254,10 +254,5 @@ def test_every_split_of_a_million_elements_is_cheap(num_heads: int, q: int, k: i
 def test_memory_stays_near_the_output_when_a_length_is_one(compute: Callable[[], np.ndarray]) -> None:
     # q = 1 or k = 1: the per-offset values of all heads are as many as the output's elements, so
     # evaluating them at once (in float64 for ALiBi) would hold 1× to 5× the output on top of it
-    tracemalloc.start()
-    try:
-        out = compute()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    out, peak = traced_peak(compute)
     assert peak <= 1.3 * out.nbytes + 2**20, (peak, out.nbytes)
