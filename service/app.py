@@ -12,7 +12,7 @@ from service.budget import MemoryBudget, limit_malloc_arenas
 from service.cache import ByteLRUCache
 from service.engine import Engine
 from service.errors import install_error_handlers
-from service.fastpath import Spellings, TableFastPath
+from service.fastpath import FastPath, Spellings
 from service.metrics import install_metrics
 from service.openapi import install_openapi
 from service.routes import health, inference
@@ -60,8 +60,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tables = table_router()
     for router in (health.router, tables, inference.router):
         app.include_router(router)
-    # Cached tables answered before routing; observability (added last: outermost) sees them too.
-    app.add_middleware(TableFastPath, cache=app.state.table_cache, spellings=Spellings(), routes=tables.routes)
+    # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
+    app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
+                       routes=[*health.router.routes, *tables.routes])
     # Observability: GET /metrics, per-route request metrics, the access log.
     install_metrics(app, access_log_enabled=settings.access_log)
     return app

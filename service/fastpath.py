@@ -1,5 +1,6 @@
-"""The cache-hit fast path of the table routes: a request seen before is answered from the cache
-without parameter validation, worker threads or recomputation.
+"""The fast path: answers that need no routing. Liveness (`GET /healthz`, polled constantly by probes
+and load balancers) is a constant; a table request seen before is answered from the cache without
+parameter validation, worker threads or recomputation.
 
 A table route that answers 200 or 304 remembers its request's *spelling* — path, query pairs in a
 canonical order, and the Accept header when no `format=` is given — next to the canonical cache key
@@ -17,10 +18,12 @@ from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi.routing import APIRoute
+from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.cache import ByteLRUCache
+from service.routes.health import LIVE, LIVENESS_PATH
 from service.tables import TABLES
 from service.tables.core import Answer, answer_headers, etag_matches, validator_headers
 from service.tables.http import CACHE_KEY_SCOPE, to_response
@@ -67,17 +70,21 @@ class Spellings:
             return self._keys.get(spelled)
 
 
-class TableFastPath:
-    """ASGI middleware in front of the routes: answers a remembered spelling whose table is still cached."""
+class FastPath:
+    """ASGI middleware in front of the routes: liveness, and remembered spellings whose table is still cached."""
 
     def __init__(self, app: ASGIApp, cache: ByteLRUCache, spellings: Spellings, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.cache = cache
         self.spellings = spellings
-        # path → the table's route, set on the scope as routing would: metrics name the route template
+        # path → its route, set on the scope as routing would: the metrics and the access log name the template
         self.routes = {route.path: route for route in routes if isinstance(route, APIRoute)}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == LIVENESS_PATH and scope["method"] == "GET":
+            scope["route"] = self.routes[LIVENESS_PATH]
+            await Response(LIVE, media_type="application/json")(scope, receive, send)
+            return
         spelled = spelling(scope)
         if spelled is None:
             await self.app(scope, receive, send)

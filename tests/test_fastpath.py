@@ -119,3 +119,13 @@ def test_fast_path_requests_are_counted_under_their_route(client: TestClient) ->
     metrics = client.get("/metrics").text
     assert 'posenc_http_requests_total{method="GET",route="/v1/alibi/slopes",status="200"} 3.0' in metrics
     assert "posenc_table_cache_hits_total 2.0" in metrics
+
+
+def test_liveness_is_answered_before_routing_and_counted(client: TestClient) -> None:
+    from service import __version__
+
+    for _ in range(2):
+        r = client.get("/healthz")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "version": __version__}
+        assert r.headers["content-type"] == "application/json"
+    assert 'posenc_http_requests_total{method="GET",route="/healthz",status="200"} 2.0' in client.get("/metrics").text

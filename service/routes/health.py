@@ -9,11 +9,13 @@ from service.errors import Unavailable, error_response
 router = APIRouter(tags=["operations"])
 
 
-# Liveness is polled constantly (probes, load balancers): its answer is encoded once.
+# Liveness is polled constantly (probes, load balancers): its answer is encoded once, and the fast path
+# (`service.fastpath`) sends it without routing; this route documents it and answers when called directly.
+LIVENESS_PATH = "/healthz"
 LIVE = b'{"status":"ok","version":"%s"}' % __version__.encode()
 
 
-@router.get("/healthz", summary="Liveness: the process answers", response_class=JSONResponse,
+@router.get(LIVENESS_PATH, summary="Liveness: the process answers", response_class=JSONResponse,
             responses={200: {"content": {"application/json": {"schema": {
                 "type": "object", "properties": {"status": {"type": "string"}, "version": {"type": "string"}}}}}}})
 async def healthz() -> Response:
