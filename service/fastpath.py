@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.cache import ByteLRUCache
+from service.metrics import scope_header
 from service.routes.health import LIVE, LIVENESS_PATH
 from service.tables import TABLES
 from service.tables.core import Answer, answer_headers, etag_matches, validator_headers
@@ -39,15 +40,8 @@ def spelling(scope: Scope) -> str | None:
     pairs = sorted(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
     key = scope["path"] + "?" + urlencode(pairs)
     if not any(name == "format" for name, _ in pairs):
-        key += "\naccept:" + (_header(scope, b"accept") or "")
+        key += "\naccept:" + (scope_header(scope, b"accept") or "")
     return key
-
-
-def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope["headers"]:
-        if key == name:
-            return bytes(value).decode("latin-1")
-    return None
 
 
 class Spellings:
@@ -98,7 +92,7 @@ class FastPath:
                 self.spellings.remember(spelled, learned)
             return
         validators = validator_headers(cache_key)
-        if etag_matches(_header(scope, b"if-none-match"), validators["ETag"]):
+        if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):
             answer = Answer(304, validators)
         else:
             self.cache.count_hit(cache_key)

@@ -113,7 +113,8 @@ def route_template(scope: Scope) -> str:
     return str(path) if path else UNMATCHED
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def scope_header(scope: Scope, name: bytes) -> str | None:
+    """The value of header `name` (lower-case bytes) of an ASGI request scope, or None."""
     for key, value in scope.get("headers", ()):
         if key.lower() == name:
             return bytes(value).decode("latin-1")
@@ -166,7 +167,7 @@ class ObservabilityMiddleware:
             "status": status,
             "duration_ms": round(seconds * 1000.0, 3),
             "bytes": nbytes,
-            "request_id": _header(scope, b"x-request-id"),
+            "request_id": scope_header(scope, b"x-request-id"),
             "client": (scope.get("client") or [None])[0],
         }
         access_log.info("%s %s %d %.1fms %dB", method, fields["path"], status, fields["duration_ms"], nbytes,
