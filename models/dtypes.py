@@ -35,6 +35,11 @@ class DType:
     npy: str | None
     onnx: str
 
+    @property
+    def triton(self) -> str:
+        """Triton's model-configuration `data_type` (`TYPE_FP32`, ...): the KServe name with a prefix."""
+        return f"TYPE_{self.kserve}"
+
 
 DTYPES: tuple[DType, ...] = (
     DType("float64", np.dtype(np.float64), "F64", "FP64", "f8", "tensor(double)"),

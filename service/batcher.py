@@ -1,16 +1,25 @@
 """Dynamic batching per model: an asyncio queue drained by one dispatcher task.
 
-Requests (dicts of batch-first arrays, already validated) wait up to `max_queue_delay_us` for
-neighbours; the dispatcher then takes the oldest request and the queued requests compatible with it
-(same shapes apart from the batch axis — and apart from the sequence axis when `seq_axes` is given,
-i.e. for causal models, which are right-padded to the longest sequence) up to `max_batch_size` rows,
-concatenates them, runs the model once in a worker thread and hands every request its own rows.
-Requests larger than `max_batch_size` are split into chunks and reassembled. One batch per model runs
-at a time (onnxruntime already uses every core for one run); the next one fills up meanwhile.
+Requests (dicts of batch-first arrays, already validated) are queued; the dispatcher takes the oldest
+request and the queued requests compatible with it (same shapes apart from the batch axis — and apart
+from the sequence axis when `seq_axes` is given, i.e. for causal models, which are right-padded to the
+longest sequence) up to `max_batch_size` rows, concatenates them once, runs the model in a worker
+thread and hands every request its own rows. Requests larger than `max_batch_size` are split into
+chunks and reassembled. One batch per model runs at a time (onnxruntime already uses every core for
+one run); the requests that arrive meanwhile form the next batch.
+
+So batching never waits by default (`max_queue_delay_us=0`): a request that finds the model idle runs
+at once, alone, and batches form only from requests that are actually waiting. A positive delay makes
+the first request of a batch wait up to that long for a full batch — only worth it where a bigger batch
+costs less per row (a GPU; `bench/ratios.py` prints onnxruntime's per-row cost by batch size).
 
 Right-padding is exact for the valid rows of a causal model: query i only attends keys 0..i, so keys
 appended after a request's last token never reach its queries; the padded output rows are dropped.
 A batch that fails is retried request by request, so one bad request cannot fail its neighbours.
+
+With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than the budget's capacity
+(requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
+runs of every model together stay under it: a run waits for its bytes before it starts.
 """
 
 from __future__ import annotations
@@ -21,18 +30,20 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
+from service.budget import MemoryBudget
 from service.errors import Unavailable
 
 log = logging.getLogger("posenc.batcher")
 
 RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
 
 
 class BatchObserver(Protocol):
@@ -64,8 +75,9 @@ class Batcher:
 
     def __init__(
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
-        batching: bool = True, seq_axes: Mapping[str, int] | None = None, name: str = "model",
-        observer: BatchObserver | None = None,
+        batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
+        observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
+        run_budget: MemoryBudget | None = None,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -73,7 +85,10 @@ class Batcher:
         self.delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
         self.batching = batching
-        self.seq_axes = dict(seq_axes) if seq_axes else None
+        self.seq_axes = dict(seq_axes) if seq_axes else None  # tensor name -> its sequence axis
+        self.pad = pad and self.seq_axes is not None  # batch different lengths, right-padded (causal models)
+        self.run_bytes = run_bytes if run_budget is not None else None
+        self.run_budget = run_budget
         self.name = name
         self.observer = observer
         self._queue: collections.deque[_Item] = collections.deque()
@@ -107,8 +122,35 @@ class Batcher:
         """`submit` for a request that already holds its place (`admission`)."""
         if not self.batching:
             loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.executor, self._run_counted, inputs)
+            results = []
+            for chunk in self._chunks(inputs, self._chunk_rows(inputs, self.max_batch_size)):
+                async with self._reserve(_rows(chunk), self._seq(chunk)):
+                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk))
+            return _joined(results)
         return await self._submit_batched(inputs)
+
+    def _chunk_rows(self, inputs: Mapping[str, np.ndarray], rows: int) -> int:
+        """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
+        if self.run_bytes is None or self.run_budget is None:
+            return rows
+        seq = self._seq(inputs)
+        fitting = self.run_budget.capacity // max(1, self.run_bytes(1, seq))
+        return max(1, min(rows, fitting))
+
+    @staticmethod
+    def _chunks(inputs: Mapping[str, np.ndarray], rows: int) -> Iterator[dict[str, np.ndarray]]:
+        """`inputs` split on the batch axis into views of at most `rows` rows."""
+        for start in range(0, _rows(inputs), rows):
+            yield {name: array[start : start + rows] for name, array in inputs.items()}
+
+    @contextlib.asynccontextmanager
+    async def _reserve(self, rows: int, seq: int) -> AsyncIterator[None]:
+        """Hold one run's bytes in the run budget while it runs (nothing without a budget)."""
+        if self.run_bytes is None or self.run_budget is None:
+            yield
+            return
+        async with self.run_budget.reserve(self.run_bytes(rows, seq), f"a run of '{self.name}'"):
+            yield
 
     def _set_waiting(self, count: int) -> None:
         self._waiting_requests = count
@@ -117,19 +159,13 @@ class Batcher:
 
     async def _submit_batched(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._ensure_dispatcher()
-        rows = _rows(inputs)
         loop = asyncio.get_running_loop()
-        items = []
-        for start in range(0, rows, self.max_batch_size):
-            chunk = {name: array[start : start + self.max_batch_size] for name, array in inputs.items()}
-            items.append(_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future()))
+        items = [_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future())
+                 for chunk in self._chunks(inputs, self._chunk_rows(inputs, self.max_batch_size))]
         self._queue.extend(items)
         assert self._wake is not None
         self._wake.set()
-        results = await asyncio.gather(*(item.future for item in items))
-        if len(results) == 1:
-            return results[0]
-        return {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]}
+        return _joined(await asyncio.gather(*(item.future for item in items)))
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
@@ -137,17 +173,18 @@ class Batcher:
             self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
 
     def _seq(self, inputs: Mapping[str, np.ndarray]) -> int:
-        if self.seq_axes is None:
-            return 0
-        name, axis = next(iter(self.seq_axes.items()))
-        return int(inputs[name].shape[axis])
+        """The inputs' sequence length (0 when the model has no sequence axis)."""
+        for name, axis in (self.seq_axes or {}).items():
+            if name in inputs:
+                return int(inputs[name].shape[axis])
+        return 0
 
     def _key(self, inputs: Mapping[str, np.ndarray]) -> tuple[object, ...]:
         """Requests with equal keys can share a batch: shapes without the batch (and padded seq) axis."""
         key = []
         for name in sorted(inputs):
             shape = list(inputs[name].shape[1:])
-            if self.seq_axes is not None and name in self.seq_axes:
+            if self.pad and self.seq_axes is not None and name in self.seq_axes:
                 shape[self.seq_axes[name] - 1] = -1
             key.append((name, inputs[name].dtype.str, tuple(shape)))
         return tuple(key)
@@ -159,7 +196,8 @@ class Batcher:
             self._wake.clear()
             if not self._queue:
                 continue
-            await self._fill_window()
+            if self.delay > 0:
+                await self._fill_window()
             while self._queue:
                 group = self._take_group()
                 try:
@@ -193,12 +231,18 @@ class Batcher:
                 continue
             new_longest = max(longest, item.seq)
             new_valid = valid + item.rows * item.seq
-            if self.seq_axes is not None and new_longest * (rows + item.rows) > MAX_PADDING_RATIO * new_valid:
+            if self.pad and new_longest * (rows + item.rows) > MAX_PADDING_RATIO * new_valid:
+                continue
+            if self._over_budget(rows + item.rows, new_longest):
                 continue
             self._queue.remove(item)
             group.append(item)
             rows, longest, valid = rows + item.rows, new_longest, new_valid
         return group
+
+    def _over_budget(self, rows: int, seq: int) -> bool:
+        return (self.run_bytes is not None and self.run_budget is not None
+                and self.run_bytes(rows, seq) > self.run_budget.capacity)
 
     async def _run_group(self, group: list[_Item]) -> None:
         loop = asyncio.get_running_loop()
@@ -206,7 +250,8 @@ class Batcher:
         if not live:
             return
         try:
-            outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
+            async with self._reserve(sum(item.rows for item in live), max(item.seq for item in live)):
+                outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
         except Exception as exc:
             if len(live) == 1:
                 _settle(live[0], exc=exc)
@@ -236,15 +281,14 @@ class Batcher:
         if len(items) == 1:
             return [self._run_counted(items[0].inputs)]
         longest = max(item.seq for item in items)
-        batched = {name: np.concatenate([self._pad(name, item, longest) for item in items], axis=0)
-                   for name in items[0].inputs}  # [sum(rows), ...]
+        batched = {name: self._concatenate(name, items, longest) for name in items[0].inputs}  # [sum(rows), ...]
         outputs = self._run_counted(batched, requests=len(items))
         results, start = [], 0
         for item in items:
             result = {}
             for name, array in outputs.items():
                 rows = array[start : start + item.rows]  # [rows, ...]
-                if self.seq_axes is not None and name in self.seq_axes and item.seq != longest:
+                if self.pad and self.seq_axes is not None and name in self.seq_axes and item.seq != longest:
                     index = [slice(None)] * rows.ndim
                     index[self.seq_axes[name]] = slice(0, item.seq)
                     rows = rows[tuple(index)]  # [rows, ..., item.seq, ...]: padded positions dropped
@@ -253,13 +297,23 @@ class Batcher:
             start += item.rows
         return results
 
-    def _pad(self, name: str, item: _Item, longest: int) -> np.ndarray:
-        array = item.inputs[name]
-        if self.seq_axes is None or item.seq == longest:
-            return array
-        widths = [(0, 0)] * array.ndim
-        widths[self.seq_axes[name]] = (0, longest - item.seq)
-        return np.pad(array, widths)  # zeros after the last token (position 0 for position_ids)
+    def _concatenate(self, name: str, items: list[_Item], longest: int) -> np.ndarray:
+        """The items' `name` inputs stacked on the batch axis, right-padded with zeros to `longest` on the sequence
+        axis (position 0 for position_ids): one allocation and one copy of every row."""
+        first = items[0].inputs[name]
+        if not self.pad or self.seq_axes is None or name not in self.seq_axes:
+            return np.concatenate([item.inputs[name] for item in items], axis=0)
+        axis = self.seq_axes[name]
+        shape = list(first.shape)
+        shape[0], shape[axis] = sum(item.rows for item in items), longest
+        batched = np.zeros(shape, dtype=first.dtype)  # [sum(rows), ..., longest, ...]
+        start = 0
+        for item in items:
+            index: list[slice] = [slice(None)] * first.ndim
+            index[0], index[axis] = slice(start, start + item.rows), slice(0, item.seq)
+            batched[tuple(index)] = item.inputs[name]
+            start += item.rows
+        return batched
 
     async def close(self) -> None:
         """Stop the dispatcher; queued requests get 503."""
@@ -268,6 +322,13 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
+
+
+def _joined(results: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Chunk results put back together on the batch axis (no copy for a single chunk)."""
+    if len(results) == 1:
+        return results[0]
+    return {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]}
 
 
 def _rows(inputs: Mapping[str, np.ndarray]) -> int:

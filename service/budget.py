@@ -32,10 +32,12 @@ M_ARENA_MAX = -8  # glibc mallopt parameter (malloc.h)
 class MemoryBudget:
     """Bytes reserved by requests in flight, at most `capacity`; waiters in a line of `max_waiters`."""
 
-    def __init__(self, capacity: int, *, max_waiters: int, wait_seconds: float) -> None:
+    def __init__(self, capacity: int, *, max_waiters: int, wait_seconds: float | None,
+                 setting: str = "POSENC_MEMORY_BUDGET_BYTES") -> None:
         self.capacity = capacity
         self.max_waiters = max_waiters
-        self.wait_seconds = wait_seconds
+        self.wait_seconds = wait_seconds  # None: wait as long as it takes (the queue in front is bounded)
+        self.setting = setting  # named in the 503s
         self.reserved = 0
         self.waiting = 0
         self._changed: asyncio.Condition | None = None
@@ -65,7 +67,7 @@ class MemoryBudget:
     async def _wait(self, changed: asyncio.Condition, amount: int, what: str) -> None:
         if self.waiting >= self.max_waiters:
             raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
-                              f"({self.reserved} of {self.capacity} bytes in use, POSENC_MEMORY_BUDGET_BYTES); "
+                              f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
                               "retry later", retry_after=RETRY_AFTER_SECONDS)
         self.waiting += 1
         try:
@@ -73,7 +75,7 @@ class MemoryBudget:
                                    timeout=self.wait_seconds)
         except TimeoutError:
             raise Unavailable(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
-                              f"use for {self.wait_seconds:g} s (POSENC_MEMORY_BUDGET_BYTES); retry later",
+                              f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
                               retry_after=RETRY_AFTER_SECONDS) from None
         finally:
             self.waiting -= 1

@@ -83,6 +83,14 @@ class ClientClosedRequest(ServiceError):
     error_type = "client_closed_request"
 
 
+class InsufficientStorage(ServiceError):
+    """The model ran out of memory on its device although the request was admitted (507); nothing is left
+    allocated and the next request runs normally."""
+
+    status_code = 507
+    error_type = "insufficient_storage"
+
+
 class Unavailable(ServiceError):
     """Overloaded or not ready (503); `retry_after` seconds go into the Retry-After header."""
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,9 @@ import numpy as np
 import onnxruntime as ort
 
 from models.dtypes import BY_KSERVE, BY_ONNX
+from service.devices import CPU, CUDA
+from service.errors import InsufficientStorage
+from service.run_bound import cuda_arena_limit
 from service.settings import Settings
 
 log = logging.getLogger("posenc.engine")
@@ -32,8 +36,8 @@ ORT_ERRORS: tuple[type[Exception], ...] = tuple(
                                            "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
                                            "InvalidGraph", "EPFail") if hasattr(_ORT_STATE, name)
 )
-CUDA = "CUDAExecutionProvider"
-CPU = "CPUExecutionProvider"
+# How onnxruntime reports a failed allocation (its BFC arena, the CUDA allocator, std::bad_alloc on CPU).
+ALLOCATION_FAILURE = re.compile(r"failed to allocate|out of memory|bad.alloc|cudaErrorMemoryAllocation", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -116,14 +120,45 @@ class LoadedModel:
     config: ModelConfig
     session: ort.InferenceSession
     providers: list[str]
+    # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
+    # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run.
+    io_binding: bool | None = None
 
     ready = True
     problem = None
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Synchronous onnxruntime run returning every output in model order (call from a worker thread)."""
+        """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
+
+        An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
         names = self.config.output_names
-        return dict(zip(names, self.session.run(names, dict(inputs)), strict=True))
+        bound = self.io_binding if self.io_binding is not None else CUDA in self.providers
+        try:
+            outputs = self._run_bound(inputs) if bound else self.session.run(names, dict(inputs))
+        except MemoryError:
+            raise self._out_of_memory("MemoryError") from None
+        except ORT_ERRORS as exc:
+            if ALLOCATION_FAILURE.search(str(exc)):
+                raise self._out_of_memory(str(exc).strip().splitlines()[-1]) from None
+            raise
+        return dict(zip(names, outputs, strict=True))
+
+    def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        device = "cuda" if CUDA in self.providers else "cpu"
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in self.config.output_names:
+            binding.bind_output(name, device)
+        self.session.run_with_iobinding(binding)
+        return list(binding.copy_outputs_to_cpu())
+
+    def _out_of_memory(self, detail: str) -> InsufficientStorage:
+        log.error("model %s: onnxruntime could not allocate memory for a run (%s)", self.name, detail)
+        return InsufficientStorage(
+            f"model '{self.name}' ran out of memory on {self.providers[0]} for this request ({detail}); "
+            "lower POSENC_MAX_RUN_BYTES so such requests get a 413 up front, or retry with fewer rows or a shorter "
+            "sequence")
 
 
 @dataclass(frozen=True)
@@ -146,6 +181,22 @@ def resolve_providers(setting: str) -> list[str]:
         raise ConfigError("POSENC_PROVIDERS=cuda but this onnxruntime has no CUDAExecutionProvider "
                           "(install onnxruntime-gpu)")
     return [CUDA, CPU] if CUDA in available else [CPU]
+
+
+def _with_options(providers: list[str], settings: Settings) -> list[str | tuple[str, dict[str, str]]]:
+    """CUDA's arena grows only by what is requested (not to the next power of two) and up to a cap, so a few large
+    requests cannot leave the process holding most of the device."""
+    result: list[str | tuple[str, dict[str, str]]] = []
+    for provider in providers:
+        if provider != CUDA:
+            result.append(provider)
+            continue
+        options = {"arena_extend_strategy": "kSameAsRequested"}
+        limit = settings.cuda_arena_bytes or cuda_arena_limit()
+        if limit:
+            options["gpu_mem_limit"] = str(limit)
+        result.append((CUDA, options))
+    return result
 
 
 def intra_op_threads(setting: int) -> int:
@@ -191,7 +242,8 @@ def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.Infer
     options.inter_op_num_threads = 1  # the graph is a chain of fused nodes: nothing to overlap
     # Idle intra-op threads would otherwise spin and steal CPU from the event loop and other models.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(model_bytes, sess_options=options, providers=resolve_providers(settings.providers))
+    providers = _with_options(resolve_providers(settings.providers), settings)
+    session = ort.InferenceSession(model_bytes, sess_options=options, providers=providers)
     if settings.providers == "cuda" and CUDA not in session.get_providers():
         raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
     _check_session(config, session)

@@ -95,8 +95,26 @@ class Settings(BaseSettings):
         description="Override of every model's config.json `max_batch_size` (rows per onnxruntime run).",
     )
     max_queue_delay_us: int = Field(
-        500, ge=0, le=10_000_000,
-        description="How long the batcher waits for more requests after the first one of a batch (microseconds).",
+        0, ge=0, le=10_000_000,
+        description="How long the first request of a batch waits for a full batch (microseconds). 0: a request that "
+        "finds its model idle runs at once; batches form from the requests queued while a run is in flight.",
+    )
+    max_run_bytes: int = Field(
+        0, ge=0,
+        description="Memory one onnxruntime run's attention scores may take (B·Hq·S² float32 scores and softmax); "
+        "a request whose single row needs more: 413 naming the longest sequence that fits; batches and concurrent "
+        "runs stay under it together. 0 = from the provider at start-up: 1/4 of the CUDA device's memory, or 1/4 "
+        "of this process's RAM (cgroup limit) on CPU.",
+    )
+    cuda_arena_bytes: int = Field(
+        0, ge=0,
+        description="Cap of onnxruntime's CUDA memory arena per session (`gpu_mem_limit`; it grows only as requested). "
+        "0 = 3/4 of the device's memory.",
+    )
+    shared_memory: bool = Field(
+        False,
+        description="Triton/KServe system shared-memory extension: clients on this host may register POSIX "
+        "shared-memory regions and pass tensors through them instead of the socket (see README \"Shared memory\").",
     )
     max_queue_size: int = Field(
         256, ge=1, le=1_000_000,

@@ -39,7 +39,7 @@ def _batcher(run: Recorder, *, causal: bool = False, max_batch_size: int = 8, de
              queue: int = 64, batching: bool = True) -> Batcher:
     return Batcher(run, ThreadPoolExecutor(2), max_batch_size=max_batch_size, max_queue_delay_us=delay_us,
                    max_queue_size=queue, batching=batching,
-                   seq_axes={"x": 1, "output": 1} if causal else None)
+                   seq_axes={"x": 1, "output": 1} if causal else None, pad=causal)
 
 
 def _request(rows: int, seq: int, value: float) -> dict[str, np.ndarray]:
@@ -115,6 +115,54 @@ def test_full_queue_is_503_with_retry_after() -> None:
 
     results = asyncio.run(scenario())
     assert [float(r["output"][0, 0, 0]) for r in results] == [1.0, 2.0]
+
+
+class Started(Recorder):
+    """A Recorder that says when its first run has begun, and holds every run until `gate` opens."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(gate)
+        self.started = threading.Event()
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.started.set()
+        return super().__call__(inputs)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_by_default_a_lone_request_runs_at_once_and_waiting_ones_batch(
+    causal: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default never waits for neighbours (no delay window at all); the requests that queue behind a run form the
+    next batch together (right-padded for a causal model)."""
+    gate = threading.Event()
+    run = Started(gate)
+
+    windows: list[Batcher] = []
+
+    async def window(self: Batcher) -> None:  # the batcher would wait here for a fuller batch
+        windows.append(self)
+
+    monkeypatch.setattr(Batcher, "_fill_window", window)
+
+    async def scenario() -> list:
+        batcher = _batcher(run, causal=causal, delay_us=Settings().max_queue_delay_us)
+        first = asyncio.ensure_future(batcher.submit(_request(1, 3, 0.0)))
+        await asyncio.to_thread(run.started.wait, 10)  # the lone request is running, with nobody else queued
+        later = [asyncio.ensure_future(batcher.submit(_request(1, 2 if i == 1 else 3, float(i)))) for i in range(1, 4)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        results = await asyncio.gather(first, *later)
+        await batcher.close()
+        return results
+
+    results = asyncio.run(scenario())
+    assert windows == []
+    # causal: padded to the longest sequence; otherwise sequences of 2 and 3 are separate groups (oldest first)
+    expected = [(1, 3, 2), (3, 3, 2)] if causal else [(1, 3, 2), (1, 2, 2), (2, 3, 2)]
+    assert run.shapes == expected
+    assert results[1]["output"].shape == (1, 2, 2)  # padded positions dropped again
+    np.testing.assert_array_equal(results[1]["output"], _request(1, 2, 1.0)["x"] + 1)
 
 
 def test_batching_off_runs_each_request_alone() -> None:
