@@ -1,0 +1,3 @@
+module posenc.local/client
+
+go 1.19

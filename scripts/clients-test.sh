@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Build and test the C++, Go, Java and Rust clients (clients/*) against one live `posenc serve`.
+#
+#   scripts/clients-test.sh                                  # uses .venv/bin/python when present
+#   PYTHON=/path/to/venv/bin/python scripts/clients-test.sh
+#
+# 1. the toolchains are installed with apt-get when missing (Debian; needs root, as in CI): a
+#    toolchain that cannot be installed fails the run, no client is skipped;
+# 2. scripts/js_client_fixtures.py writes the numbers the Python side computes (tables, and
+#    onnxruntime's output for the shipped model);  3. one server starts on a free loopback port;
+# 4. each client builds into a temporary directory and runs its tests, each step under `timeout`;
+# 5. one summary line per client; the exit status is non-zero when any client failed.
+# Nothing is downloaded at build time: Debian's cmake/g++/libcurl/nlohmann-json, golang-go (standard
+# library only, GOPROXY=off), the default JDK (javac/java, no Maven) and Debian's cargo/rustc (no
+# crates: std only, --offline).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
+fi
+STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+WORK=$(mktemp -d)
+SERVER_PID=""
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+cleanup() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { echo "clients-test: $*" >&2; }
+
+# Debian packages of every toolchain: C++ (cmake, g++, libcurl, nlohmann/json), Go, Java, Rust.
+PACKAGES=(cmake make g++ pkg-config libcurl4-openssl-dev nlohmann-json3-dev golang-go default-jdk-headless
+          cargo rustc)
+install_toolchains() {
+  local missing=()
+  if command -v dpkg-query >/dev/null; then
+    for p in "${PACKAGES[@]}"; do
+      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    done
+  else
+    say "not a Debian system: the toolchains must already be installed"
+  fi
+  if [ "${#missing[@]}" -gt 0 ]; then
+    say "installing ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+      say "FAILED: missing ${missing[*]} and apt-get cannot run here (needs root on Debian)"
+      exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    timeout 600 apt-get update -q >"$WORK/apt.log" 2>&1 &&
+      timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$WORK/apt.log" 2>&1 || {
+      say "FAILED: apt-get could not install ${missing[*]}; its log:"
+      tail -n 30 "$WORK/apt.log" >&2
+      exit 1
+    }
+  fi
+  # Debian's toolchains, not whatever else is first on PATH (e.g. a rustup install in ~/.cargo).
+  for tool in cmake g++ go javac java cargo rustc; do
+    [ -x "/usr/bin/$tool" ] || command -v "$tool" >/dev/null || { say "FAILED: $tool not found"; exit 1; }
+  done
+}
+
+# Each client's build and test, run from the repository root with POSENC_URL/POSENC_FIXTURES set.
+client_cpp() {
+  cmake -S clients/cpp -B "$WORK/cpp" -DCMAKE_BUILD_TYPE=Release >/dev/null &&
+    cmake --build "$WORK/cpp" -j 2 &&
+    ctest --test-dir "$WORK/cpp" --output-on-failure -V
+}
+client_go() {
+  (cd clients/go && GOFLAGS=-mod=mod GOPROXY=off GOTOOLCHAIN=local GO111MODULE=on GOCACHE="$GOCACHE" \
+    /usr/bin/go test -count=1 -v ./...)
+}
+client_java() {
+  javac -Xlint:all -Werror -d "$WORK/java" $(find clients/java/src clients/java/test -name '*.java') &&
+    java -cp "$WORK/java" posenc.PosencClientTest
+}
+client_rust() {
+  (cd clients/rust && PATH="/usr/bin:$PATH" CARGO_HOME="$WORK/cargo-home" CARGO_TARGET_DIR="$WORK/rust" \
+    /usr/bin/cargo test --offline --locked)
+}
+
+# "N passed, M failed" from a client's log, whatever its test runner printed.
+counts() {
+  local log=$1 passed failed
+  passed=$(grep -cE '^--- PASS|^test .* \.\.\. ok$' "$log" || true)
+  failed=$(grep -cE '^--- FAIL|^test .* \.\.\. FAILED$' "$log" || true)
+  if grep -qE '[0-9]+ passed, [0-9]+ failed' "$log"; then
+    grep -oE '[0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1
+  else
+    echo "$passed passed, $failed failed"
+  fi
+}
+
+install_toolchains
+export GOCACHE=${GOCACHE:-"$WORK/go-cache"}
+
+timeout "$STEP_TIMEOUT" "$PYTHON" "$REPO/scripts/js_client_fixtures.py" "$WORK/fixtures.json"
+
+PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+(cd "$REPO" && exec "$PYTHON" -m service.cli serve --host 127.0.0.1 --port "$PORT") >"$WORK/server.log" 2>&1 &
+SERVER_PID=$!
+if ! "$PYTHON" "$REPO/scripts/container_check.py" wait-ready "http://127.0.0.1:$PORT" --timeout 60; then
+  say "server did not become ready; its log:"
+  tail -n 40 "$WORK/server.log" >&2
+  exit 1
+fi
+export POSENC_URL="http://127.0.0.1:$PORT" POSENC_FIXTURES="$WORK/fixtures.json"
+
+cd "$REPO"
+summary=()
+failed=0
+for client in cpp go java rust; do
+  echo "=== $client client ==="
+  start=$(date +%s)
+  rc=0
+  # `timeout` needs a program: the client function runs in a child bash that sees these definitions.
+  timeout "$STEP_TIMEOUT" bash -c "$(declare -f "client_$client"); set -o pipefail; WORK='$WORK'; client_$client" \
+    2>&1 | tee "$WORK/$client.log" || rc=$?
+  seconds=$(( $(date +%s) - start ))
+  if [ "$rc" -eq 0 ]; then
+    summary+=("clients-test: $client ok: $(counts "$WORK/$client.log") (${seconds}s)")
+  else
+    failed=$((failed + 1))
+    summary+=("clients-test: $client FAILED (exit $rc): $(counts "$WORK/$client.log") (${seconds}s)")
+  fi
+done
+printf '%s\n' "${summary[@]}"
+if [ "$failed" -ne 0 ]; then
+  say "$failed client(s) failed; server log tail:"
+  tail -n 40 "$WORK/server.log" >&2
+  exit 1
+fi
