@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     from service import table_cli  # its own module: `posenc table` (tables without a server)
 
     table_cli.add_parser(commands)
+    from service import check_cli  # `posenc check`: a file of your tensors against the golden table
+
+    check_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")

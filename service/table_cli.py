@@ -27,7 +27,7 @@ from service.cache import ByteLRUCache
 from service.errors import InvalidParameter, ServiceError, describe_validation_errors
 from service.settings import Settings
 from service.tables import TABLES
-from service.tables.core import TableQuery, TableRequest, TableRoute
+from service.tables.core import TableQuery, TableRequest, TableRoute, table_routes
 
 SUFFIX_FORMAT = {suffix: fmt for fmt, suffix in FILE_SUFFIX.items()} | {".raw": "raw"}
 BODY_MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/x-safetensors",
@@ -74,7 +74,7 @@ def parse_request(endpoint: str, params: list[str]) -> tuple[TableRoute, dict[st
     split = urlsplit(endpoint)
     if not split.path.startswith("/v1/"):
         raise TableCliError(f"posenc table: {split.path!r} is not a v1 table endpoint (/v1/...)", status=2)
-    route = TABLES.get(split.path)
+    route = table_routes().get(split.path)
     if route is None:
         raise TableCliError(f"posenc table: no route {split.path}; table endpoints: {', '.join(TABLES)}", status=2)
     query = dict(parse_qsl(split.query, keep_blank_values=True))

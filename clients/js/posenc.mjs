@@ -90,6 +90,34 @@ export function parseSafetensors(buf) {
   return { tensors, metadata };
 }
 
+/** { name: { dtype, shape, data } } (as parseSafetensors returns them) -> safetensors bytes. */
+export function encodeSafetensors(tensors, metadata = {}) {
+  const header = Object.keys(metadata).length ? { __metadata__: metadata } : {};
+  const parts = [];
+  let offset = 0;
+  for (const [name, { dtype, shape, data }] of Object.entries(tensors)) {
+    const entry = DTYPES[dtype];
+    if (!entry) throw new Error(`tensor ${name}: unsupported dtype ${dtype}`);
+    if (data.length !== product(shape)) throw new Error(`tensor ${name}: ${data.length} values for shape [${shape}]`);
+    const bytes = toUint8(data);
+    header[name] = { dtype: entry[1], shape, data_offsets: [offset, offset + bytes.byteLength] };
+    parts.push(bytes);
+    offset += bytes.byteLength;
+  }
+  let headerText = JSON.stringify(header);
+  headerText += " ".repeat((8 - (headerText.length % 8)) % 8);
+  const headerBytes = new TextEncoder().encode(headerText);
+  const out = new Uint8Array(8 + headerBytes.byteLength + offset);
+  new DataView(out.buffer).setBigUint64(0, BigInt(headerBytes.byteLength), true);
+  out.set(headerBytes, 8);
+  let at = 8 + headerBytes.byteLength;
+  for (const bytes of parts) {
+    out.set(bytes, at);
+    at += bytes.byteLength;
+  }
+  return out;
+}
+
 /** A `format=raw` response: body + X-Tensor-Name/Dtype/Shape headers -> { name, dtype, shape, data }. */
 export function parseRaw(buf, headers) {
   const get = (h) => (typeof headers.get === "function" ? headers.get(h) : headers[h] ?? headers[h.toLowerCase()]);
@@ -167,6 +195,20 @@ export class PosencClient {
     if (format === "npy") return parseNpy(body);
     if (format === "raw") return parseRaw(body, response.headers);
     throw new Error(`unknown format ${format}`);
+  }
+
+  /**
+   * Check your tensors against the golden table of `path` (e.g. "/v1/rope") with the same `params`.
+   * tensors: { cos: { dtype: "float32", shape: [rows, dim], data: Float32Array }, ... }.
+   * Returns the diagnosis: { verdict: "matches" | "mismatch", likely_cause, summary, agreement,
+   * diagnosis: [{ name, residual, explains, explanation }], golden_table: { method, url } }.
+   */
+  async check(path, params, tensors) {
+    const query = new URLSearchParams(Object.entries(params).map(([k, v]) => [k, String(v)]));
+    const response = await this.request(`/v1/check/${path.replace(/^\/?v1\//, "")}?${query}`, {
+      method: "POST", body: encodeSafetensors(tensors), headers: { "Content-Type": "application/x-safetensors" },
+    });
+    return response.json();
   }
 
   /** KServe v2 model metadata (name, inputs, outputs, ...), or null when the server has no such model. */

@@ -113,6 +113,31 @@ describe("tables", () => {
   });
 });
 
+describe("check", () => {
+  const params = { max_position: 32, head_dim: 16 };
+
+  test("a golden table matches; GPT-J pairs are diagnosed as the layout mistake", async () => {
+    const golden = (await client.table("/v1/rope", params)).tensors;
+    const mine = { cos: golden.cos, sin: golden.sin };
+    const same = await client.check("/v1/rope", params, mine);
+    assert.equal(same.verdict, "matches");
+    assert.equal(same.likely_cause, null);
+    const pairs = (await client.table("/v1/rope", { ...params, layout: "interleaved" })).tensors;
+    const report = await client.check("/v1/rope", params, { cos: pairs.cos, sin: pairs.sin });
+    assert.equal(report.verdict, "mismatch");
+    assert.equal(report.likely_cause, "layout");
+    assert.equal(report.diagnosis[0].residual, 0);
+    assert.match(report.diagnosis[0].explanation, /GPT-J/);
+    assert.equal(report.golden_table.url, "/v1/rope?max_position=32&head_dim=16");
+  });
+
+  test("a tensor of the wrong shape is a 422 PosencError", async () => {
+    const data = new Float32Array(8);
+    await assert.rejects(client.check("/v1/sinusoidal", { max_position: 4, dim: 4 }, { pe: { dtype: "float32", shape: [2, 4], data } }),
+      (err) => err instanceof PosencError && err.status === 422 && /\[4, 4\]/.test(err.message));
+  });
+});
+
 describe("parsers", () => {
   test("safetensors with several dtypes and unaligned offsets", () => {
     // Hand-built file: an int8 tensor first puts the float32 one at an odd offset.

@@ -1,0 +1,1 @@
+"""Checks of a user's tensors against the golden tables and the models: agreement figures and a diagnosis."""
