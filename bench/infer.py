@@ -1,19 +1,29 @@
-"""Inference benchmark: onnxruntime in-process vs torch eager vs HTTP (binary, JSON); batching on vs off.
+"""Inference benchmark: the transport anchor, HTTP binary, HTTP shared memory, in-process onnxruntime, torch eager.
 
-    python bench/infer.py            # full run (a few minutes on 2 cores)
-    python bench/infer.py --quick    # fewer repetitions
+    python bench/infer.py                      # CPU, small cases (about a minute on 2 cores)
+    python bench/infer.py --device cuda        # every column on the GPU (fails at once without CUDA)
+    python bench/infer.py --throughput         # also requests/s of many clients, batching on and off (CPU)
 
-Latency rows: median milliseconds per call for one (B, Hq/Hkv, S, D) request, all four measured in
-this run on the shipped models. The HTTP columns go through a `posenc` server started in a
-subprocess on loopback and `tritonclient.http` (binary tensors in and out, or JSON in and out).
-Throughput rows: requests/second of many concurrent clients each sending single-row requests, with
-the server's dynamic batching on and off. Needs the test extra (torch, tritonclient).
+Latency rows: median milliseconds per call for one (B, S) request on the shipped models, every column
+measured side by side in this run, on one device:
+* echo: a bare ASGI endpoint in the same server process and uvicorn config that reads the N bytes of the
+  binary infer request and answers the M bytes of its response (bench/echo_asgi.py): the transport alone;
+* HTTP binary: the KServe v2 binary request (built once by tritonclient) posted with the same HTTP client,
+  the response's output decoded with np.frombuffer;
+* HTTP shm: the same request with inputs and output in registered system shared memory (tritonclient's
+  utilities; the inputs are written into the region once, outside the timing, as Triton's perf_analyzer does);
+* onnxruntime in-process with numpy in/out (and, with --device cuda, with I/O binding: inputs and output as
+  OrtValues on the device, bound once);
+* torch eager (the module the models were exported from).
+Ratios: overhead = (HTTP binary − onnxruntime) / echo (target ≤ 1.3), and shm = onnxruntime / HTTP shm
+(target ≥ 0.9 where B·S ≥ 4096). Needs the test extra (torch, tritonclient).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import platform
 import signal
 import socket
 import statistics
@@ -23,22 +33,29 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import torch
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
+import tritonclient.utils.shared_memory as shm
+from geventhttpclient import HTTPClient
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from models.export_onnx import default_specs  # noqa: E402
 
+MiB = 1024 * 1024
 # (model, B, S): the shipped models fix Hq/Hkv/D (rope_attention 8/8/64, llama3_1_attention 32/8/128).
-LATENCY_CASES = [("rope_attention", 1, 128), ("rope_attention", 4, 256), ("llama3_1_attention", 1, 128),
-                 ("llama3_1_attention", 1, 512)]
+CASES = {
+    "cpu": [("rope_attention", 1, 128), ("rope_attention", 4, 256), ("rope_attention", 8, 512),
+            ("llama3_1_attention", 1, 512)],
+    "cuda": [("rope_attention", 4, 512), ("rope_attention", 8, 2048), ("llama3_1_attention", 8, 2048)],
+}
 THROUGHPUT_CASES = [("rope_attention", 1, 16), ("rope_attention", 1, 256)]
+CUDA = "CUDAExecutionProvider"
 
 
 def _inputs(hq: int, hkv: int, dim: int, batch: int, seq: int) -> dict[str, np.ndarray]:
@@ -51,14 +68,18 @@ def _inputs(hq: int, hkv: int, dim: int, batch: int, seq: int) -> dict[str, np.n
     }
 
 
-def _median_ms(fn: Callable[[], object], repeat: int) -> float:
-    fn()  # warm-up
-    times = []
+def _side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
+    """Median milliseconds of each call; the columns take turns in every round (a busy moment of the machine
+    hits all of them, not one)."""
+    for call in calls.values():
+        call()  # warm-up
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - start)
+    return {name: 1000 * statistics.median(values) for name, values in times.items()}
 
 
 def _free_port() -> int:
@@ -67,20 +88,42 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def describe_machine(device: str) -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown CPU") \
+        if Path("/proc/cpuinfo").exists() else platform.processor()
+    parts = [f"{cpu}, {len(os.sched_getaffinity(0))} usable CPUs", f"Python {platform.python_version()}",
+             f"onnxruntime {ort.__version__}", f"torch {torch.__version__}", f"device {device}"]
+    if device == "cuda":
+        parts.append(f"GPU {torch.cuda.get_device_name(0)}")
+    return "# " + "; ".join(parts)
+
+
+def require_cuda() -> None:
+    """--device cuda: onnxruntime-gpu with a CUDA provider and a CUDA device for torch, or a clear exit."""
+    problems = []
+    if CUDA not in ort.get_available_providers():
+        problems.append(f"onnxruntime {ort.__version__} has no {CUDA} (install onnxruntime-gpu)")
+    if not torch.cuda.is_available():
+        problems.append("torch sees no CUDA device")
+    if problems:
+        raise SystemExit("--device cuda: " + "; ".join(problems))
+
+
 class Server:
-    """`posenc` in a subprocess on loopback (uvicorn, one worker) with the given POSENC_* settings."""
+    """posenc + the echo (bench/echo_asgi.py) in a uvicorn subprocess on loopback, with POSENC_* settings."""
 
     def __init__(self, **settings: str) -> None:
         self.port = _free_port()
         env = {**os.environ, **{f"POSENC_{k.upper()}": v for k, v in settings.items()}, "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.app:app_from_env", "--factory", "--host", "127.0.0.1",
+            [sys.executable, "-m", "uvicorn", "bench.echo_asgi:posenc_with_echo", "--factory", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
             cwd=ROOT, env=env,
         )
         self.url = f"127.0.0.1:{self.port}"
         client = httpclient.InferenceServerClient(self.url)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while True:
             try:
                 if client.is_server_ready():
@@ -97,53 +140,177 @@ class Server:
         self.proc.wait(10)
 
 
-def _triton_call(client: httpclient.InferenceServerClient, model: str, inputs: dict[str, np.ndarray],
-                 binary: bool) -> Callable[[], np.ndarray]:
+class Raw:
+    """One keep-alive connection posting prepared bodies (the HTTP client tritonclient itself uses)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.rsplit(":", 1)
+        self.client = HTTPClient(host, int(port), connection_timeout=300, network_timeout=300, concurrency=1)
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, Any]:
+        response = self.client.post(path, body=body, headers=headers)
+        data = response.read()
+        if response.status_code != 200:
+            raise RuntimeError(f"{path}: HTTP {response.status_code}: {data[:300]!r}")
+        return data, response
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _infer_inputs(inputs: dict[str, np.ndarray]) -> list[httpclient.InferInput]:
+    tensors = []
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+        tensor.set_data_from_numpy(array, binary_data=True)
+        tensors.append(tensor)
+    return tensors
+
+
+def _binary_call(raw: Raw, model: str, inputs: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int]:
+    """(call, request bytes, response bytes): post the binary request, decode the output."""
+    body, json_size = httpclient.InferenceServerClient.generate_request_body(
+        _infer_inputs(inputs), outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
+    headers = {"Inference-Header-Content-Length": str(json_size)}
+    path = f"/v2/models/{model}/infer"
+
     def call() -> np.ndarray:
-        tensors = []
+        data, response = raw.post(path, body, headers)
+        start = int(response.get("inference-header-content-length"))
+        return np.frombuffer(data, dtype=np.float32, offset=start)
+    response_bytes = len(raw.post(path, body, headers)[0])
+    return call, len(body), response_bytes
+
+
+class SharedMemoryCase:
+    """Inputs and output of one case in two registered system shared-memory regions."""
+
+    def __init__(self, client: httpclient.InferenceServerClient, inputs: dict[str, np.ndarray], tag: str) -> None:
+        self.client, self.tag = client, tag
+        self.in_size = sum(array.nbytes for array in inputs.values())
+        self.out_size = inputs["query"].nbytes
+        self.regions = [(f"in_{tag}", f"/posenc_bench_in_{os.getpid()}_{tag}", self.in_size),
+                        (f"out_{tag}", f"/posenc_bench_out_{os.getpid()}_{tag}", self.out_size)]
+        self.handles = [shm.create_shared_memory_region(name, key, size) for name, key, size in self.regions]
+        shm.set_shared_memory_region(self.handles[0], list(inputs.values()))
+        for name, key, size in self.regions:
+            client.register_system_shared_memory(name, key, size)
+        self.tensors, offset = [], 0
         for name, array in inputs.items():
             tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
-            tensor.set_data_from_numpy(array, binary_data=binary)
-            tensors.append(tensor)
-        outputs = [httpclient.InferRequestedOutput("output", binary_data=binary)]
-        return client.infer(model, tensors, outputs=outputs).as_numpy("output")
+            tensor.set_shared_memory(f"in_{tag}", array.nbytes, offset=offset)
+            self.tensors.append(tensor)
+            offset += array.nbytes
+        self.shape = list(inputs["query"].shape)
+
+    def call(self, raw: Raw, model: str) -> Callable[[], np.ndarray]:
+        output = httpclient.InferRequestedOutput("output")
+        output.set_shared_memory(f"out_{self.tag}", self.out_size)
+        body, _ = httpclient.InferenceServerClient.generate_request_body(self.tensors, outputs=[output])
+        path = f"/v2/models/{model}/infer"
+
+        def call() -> np.ndarray:
+            raw.post(path, body, {})
+            return shm.get_contents_as_numpy(self.handles[1], np.float32, self.shape)  # a view, no copy
+        return call
+
+    def close(self) -> None:
+        for name, _, _ in self.regions:
+            self.client.unregister_system_shared_memory(name)
+        for handle in self.handles:
+            shm.destroy_shared_memory_region(handle)
+
+
+def _session(model: str, device: str, threads: int) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the server's sessions
+    providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(ROOT / "onnx" / model / "model.onnx"), sess_options=options, providers=providers)
+    if device == "cuda" and session.get_providers()[0] != CUDA:
+        raise SystemExit(f"--device cuda: onnxruntime did not put {model} on {CUDA}: {session.get_providers()}")
+    return session
+
+
+def _io_binding_call(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> Callable[[], object]:
+    """onnxruntime with inputs and output as OrtValues on the GPU, bound once (no host copies per call)."""
+    binding = session.io_binding()
+    values = {name: ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0) for name, array in inputs.items()}
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    output = ort.OrtValue.ortvalue_from_shape_and_type(list(inputs["query"].shape), np.float32, "cuda", 0)
+    binding.bind_ortvalue_output("output", output)
+
+    def call() -> object:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return output
     return call
 
 
-def latency_table(repeat: int, threads: int) -> list[str]:
+def _torch_call(model: str, inputs: dict[str, np.ndarray], device: str) -> Callable[[], object]:
+    spec = {s.name: s for s in default_specs()}[model]
+    module = spec.module().to(device).eval()
+    tensors = [torch.from_numpy(inputs[k]).to(device) for k in ("query", "key", "value", "position_ids")]
+
+    def call() -> object:
+        with torch.no_grad():
+            out = module(*tensors)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+    return call
+
+
+def latency_table(device: str, repeat: int, threads: int, cases: list[tuple[str, int, int]]) -> list[str]:
     specs = {spec.name: spec for spec in default_specs()}
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    sessions = {name: ort.InferenceSession(str(ROOT / "onnx" / name / "model.onnx"), sess_options=options,
-                                           providers=["CPUExecutionProvider"]) for name in specs}
-    torch.set_num_threads(threads)
-    server = Server(intra_op_num_threads=str(threads), max_queue_delay_us="0")
+    all_inputs = {case: _inputs(specs[case[0]].num_heads, specs[case[0]].num_kv_heads, specs[case[0]].rope.head_dim,
+                                case[1], case[2]) for case in cases}
+    largest = max(sum(a.nbytes for a in inputs.values()) for inputs in all_inputs.values())
+    server = Server(intra_op_num_threads=str(threads), max_queue_delay_us="0", shared_memory="true",
+                    providers=device, access_log="false", max_request_bytes=str(largest + MiB),
+                    memory_budget_bytes=str(max(1024 * MiB, 4 * largest)))
     client = httpclient.InferenceServerClient(server.url, connection_timeout=300, network_timeout=300)
-    rows = ["| model | B | Hq/Hkv | S | D | onnxruntime in-process | torch eager | HTTP binary | HTTP JSON |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    raw = Raw(server.url)
+    torch.set_num_threads(threads)
+    binding_column = device == "cuda"
+    rows = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm | onnxruntime"
+            + (" | onnxruntime I/O binding" if binding_column else "")
+            + " | torch eager | overhead / echo (≤ 1.3) | onnxruntime / shm (≥ 0.9 at B·S ≥ 4096) |",
+            "|---" * (11 + binding_column) + "|"]
     try:
-        for model, batch, seq in LATENCY_CASES:
-            spec = specs[model]
-            inputs = _inputs(spec.num_heads, spec.num_kv_heads, spec.rope.head_dim, batch, seq)
-            module = spec.module()
-            tensors = [torch.from_numpy(inputs[k]) for k in ("query", "key", "value", "position_ids")]
-
-            def torch_call(module: torch.nn.Module = module, tensors: list = tensors) -> object:
-                with torch.no_grad():
-                    return module(*tensors)
-
-            sess = sessions[model]
-            ort_ms = _median_ms(lambda sess=sess, inputs=inputs: sess.run(["output"], inputs), repeat)
-            torch_ms = _median_ms(torch_call, repeat)
-            binary_ms = _median_ms(_triton_call(client, model, inputs, True), repeat)
+        for index, (model, batch, seq) in enumerate(cases):
+            inputs = all_inputs[(model, batch, seq)]
+            session = _session(model, device, threads)
+            expected = session.run(["output"], inputs)[0]
+            binary, request_bytes, response_bytes = _binary_call(raw, model, inputs)
+            np.testing.assert_allclose(binary().reshape(expected.shape), expected, atol=1e-4, rtol=1e-4)
+            echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
+            shared = SharedMemoryCase(client, inputs, str(index))
             try:
-                json_ms = f"{_median_ms(_triton_call(client, model, inputs, False), max(2, repeat // 5)):.2f} ms"
-            except InferenceServerException as exc:  # JSON text of big tensors can exceed the body limit
-                json_ms = f"HTTP {exc.status()}"
-            rows.append(f"| {model} | {batch} | {spec.num_heads}/{spec.num_kv_heads} | {seq} | {spec.rope.head_dim} "
-                        f"| {ort_ms:.2f} ms | {torch_ms:.2f} ms | {binary_ms:.2f} ms | {json_ms} |")
+                calls: dict[str, Callable[[], object]] = {
+                    "echo": lambda body=echo_body, headers=echo_headers: raw.post("/bench/echo", body, headers),
+                    "binary": binary,
+                    "shm": shared.call(raw, model),
+                    "ort": lambda session=session, inputs=inputs: session.run(["output"], inputs),
+                    "torch": _torch_call(model, inputs, device),
+                }
+                if binding_column:
+                    calls["binding"] = _io_binding_call(session, inputs)
+                np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)  # type: ignore[arg-type]
+                times = _side_by_side(calls, repeat)
+            finally:
+                shared.close()
+            overhead = (times["binary"] - times["ort"]) / times["echo"]
+            shm_ratio = times["ort"] / times["shm"]
+            target = "" if batch * seq >= 4096 else " (n/a)"
+            rows.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
+                        f"| {times['echo']:.2f} ms | {times['binary']:.2f} ms | {times['shm']:.2f} ms "
+                        f"| {times['ort']:.2f} ms" + (f" | {times['binding']:.2f} ms" if binding_column else "")
+                        + f" | {times['torch']:.2f} ms | {overhead:.2f} | {shm_ratio:.2f}{target} |")
             print(rows[-1], flush=True)
     finally:
+        raw.close()
         client.close()
         server.stop()
     return rows
@@ -155,20 +322,19 @@ def _throughput(case: tuple[str, int, int], batching: bool, clients: int, per_cl
     spec = {s.name: s for s in default_specs()}[model]
     inputs = _inputs(spec.num_heads, spec.num_kv_heads, spec.rope.head_dim, batch, seq)
     server = Server(batching=str(batching).lower(), intra_op_num_threads=str(threads), max_queue_delay_us="1000",
-                    max_batch_size="16", inference_threads="4")
+                    max_batch_size="16", inference_threads="4", providers="cpu", access_log="false")
     latencies: list[float] = []
     lock = threading.Lock()
 
     def worker() -> None:
-        client = httpclient.InferenceServerClient(server.url, connection_timeout=120, network_timeout=120)
-        call = _triton_call(client, model, inputs, True)
-        call()  # warm-up connection
+        raw = Raw(server.url)
+        call, _, _ = _binary_call(raw, model, inputs)  # also warms the connection up
         for _ in range(per_client):
             start = time.perf_counter()
             call()
             with lock:
                 latencies.append(time.perf_counter() - start)
-        client.close()
+        raw.close()
 
     try:
         stats_client = httpclient.InferenceServerClient(server.url)
@@ -188,7 +354,7 @@ def _throughput(case: tuple[str, int, int], batching: bool, clients: int, per_cl
 
 
 def throughput_table(clients: int, per_client: int, threads: int) -> list[str]:
-    rows = [f"| {clients} concurrent clients, single requests | batching | requests/s | median latency "
+    rows = [f"| {clients} concurrent clients, single requests (CPU) | batching | requests/s | median latency "
             "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
     for case in THROUGHPUT_CASES:
         model, batch, seq = case
@@ -200,21 +366,32 @@ def throughput_table(clients: int, per_client: int, threads: int) -> list[str]:
     return rows
 
 
+def _case(text: str) -> tuple[str, int, int]:
+    model, batch, seq = text.split(":")
+    return model, int(batch), int(seq)
+
+
 def main() -> int:
     # A terminated benchmark still stops its server subprocesses (the `finally` blocks run).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads everywhere")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where every column runs: the server (POSENC_PROVIDERS), onnxruntime and torch")
+    parser.add_argument("--case", type=_case, action="append", metavar="MODEL:B:S",
+                        help="a latency case (repeatable); default: a small set per device")
+    parser.add_argument("--repeat", type=int, default=9, help="timed calls per column (median reported)")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="intra-op threads")
+    parser.add_argument("--throughput", action="store_true", help="also the concurrent-clients table (CPU)")
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--per-client", type=int, default=20)
     args = parser.parse_args()
-    repeat = 5 if args.quick else 20
-    per_client = 20 if args.quick else 60
-    print(f"# onnxruntime {ort.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-          f"{args.threads} intra-op threads", flush=True)
-    latency = latency_table(repeat, args.threads)
-    throughput = throughput_table(args.clients, per_client, args.threads)
-    print("\n" + "\n".join(latency) + "\n\n" + "\n".join(throughput))
+    if args.device == "cuda":
+        require_cuda()
+    print(describe_machine(args.device), flush=True)
+    tables = [latency_table(args.device, args.repeat, args.threads, args.case or CASES[args.device])]
+    if args.throughput:
+        tables.append(throughput_table(args.clients, args.per_client, args.threads))
+    print("\n" + "\n\n".join("\n".join(rows) for rows in tables))
     return 0
 
 

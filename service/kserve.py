@@ -6,6 +6,12 @@ is in `Inference-Header-Content-Length`, each binary input declares `parameters.
 and the bytes follow in input order, little-endian, C order. Outputs are sent binary when the
 request says so (`parameters.binary_data_output` for all, or `outputs[i].parameters.binary_data`).
 
+System shared memory (Triton's `system_shared_memory` extension, when the server enables it): an input or a
+requested output with `parameters.shared_memory_region` (+ `shared_memory_byte_size`, optional
+`shared_memory_offset`) names bytes of a registered region instead of carrying them. The parser turns such an
+input into an array through a `TensorSource` (the registry of regions, `service.shared_memory`); outputs keep
+their `ShmRef` and are answered with metadata only, after the route has written them into the region.
+
 Everything malformed is a `BadRequest` (400) with a message naming the tensor and the mismatch;
 nothing here knows the model (checks against config.json are in `service.kserve_model`).
 """
@@ -15,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pydantic_core
@@ -26,8 +32,41 @@ from service.errors import BadRequest, echo
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
+SHARED_MEMORY_EXTENSION = "system_shared_memory"
+SHARED_MEMORY_OFF = ("the system shared-memory extension is off: start posenc with POSENC_SHARED_MEMORY=true to "
+                     "use it (clients on the same host only; see the README, \"Shared memory\")")
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _OUTPUT_KEYS = {"name", "parameters"}
 _INPUT_KEYS = {"name", "datatype", "shape", "data", "parameters"}
+
+
+def extensions(shared_memory: bool) -> list[str]:
+    """The protocol extensions `GET /v2` advertises."""
+    return [*EXTENSIONS, SHARED_MEMORY_EXTENSION] if shared_memory else list(EXTENSIONS)
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """`byte_size` bytes at `offset` of the registered shared-memory region `region`."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+    def parameters(self, byte_size: int) -> dict[str, Any]:
+        """The tensor parameters of a response entry whose `byte_size` bytes were written here."""
+        params: dict[str, Any] = {"shared_memory_region": self.region, "shared_memory_byte_size": byte_size}
+        if self.offset:
+            params["shared_memory_offset"] = self.offset
+        return params
+
+
+class TensorSource(Protocol):
+    """Where shared-memory inputs are read from (`service.shared_memory.Lease`)."""
+
+    def input_array(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+        """A read-only array of `shape` and `dtype` over the region's bytes (a view where aligned)."""
+        ...
 
 
 @dataclass
@@ -42,8 +81,11 @@ class InputTensor:
 
 @dataclass
 class RequestedOutput:
+    """`shm`: where the output goes instead of the response (then `binary` does not apply)."""
+
     name: str
     binary: bool
+    shm: ShmRef | None = None
 
 
 @dataclass
@@ -63,13 +105,15 @@ def _header_length(value: str | None, body_length: int) -> int:
     # digits only: int() would also take " 473 ", "+473" and "1_0"
     if not (value.isascii() and value.isdigit()):
         raise BadRequest(f"{HEADER_LENGTH}: not an integer of decimal digits ({echo(value)})")
+    if len(value) > 18:  # more than any body (and int() refuses 4,300 digits and more)
+        raise BadRequest(f"{HEADER_LENGTH}: {echo(value)} is outside the body (1..{body_length} bytes)")
     length = int(value)
     if not 0 < length <= body_length:
         raise BadRequest(f"{HEADER_LENGTH}: {length} is outside the body (1..{body_length} bytes)")
     return length
 
 
-def _load_json_header(raw: bytes) -> dict[str, Any]:
+def _load_json_header(raw: bytes | bytearray) -> dict[str, Any]:
     try:
         # pydantic-core's Rust parser: ~4x faster than the json module on tensors sent as JSON.
         header = pydantic_core.from_json(raw)
@@ -168,7 +212,36 @@ def _binary_size(params: Mapping[str, Any], where: str) -> int | None:
     return size
 
 
-def _parse_inputs(entries: Any, binary: memoryview) -> list[InputTensor]:
+def _non_negative(params: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = params.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequest(f"{where}: parameter '{key}' must be a non-negative integer (got {value!r})")
+    return value
+
+
+def _shm_ref(params: Mapping[str, Any], where: str, shared_memory: bool) -> ShmRef | None:
+    """The shared-memory parameters of a tensor, if it names a region (400 when the extension is off)."""
+    if not any(key in params for key in _SHM_KEYS):
+        return None
+    if not shared_memory:
+        raise BadRequest(f"{where}: shared-memory parameters given, but {SHARED_MEMORY_OFF}")
+    region = params.get("shared_memory_region")
+    if not isinstance(region, str) or not region:
+        raise BadRequest(f"{where}: 'shared_memory_region' must name a registered region (got {region!r})")
+    return ShmRef(region, _non_negative(params, "shared_memory_offset", where, 0),
+                  _non_negative(params, "shared_memory_byte_size", where))
+
+
+def _shm_array(source: TensorSource, ref: ShmRef, datatype: str, shape: tuple[int, ...], where: str) -> np.ndarray:
+    dtype = BY_KSERVE[datatype].numpy
+    expected = math.prod(shape) * dtype.itemsize
+    if ref.byte_size != expected:
+        raise BadRequest(f"{where}: shared_memory_byte_size is {ref.byte_size} bytes, shape {list(shape)} "
+                         f"{datatype} needs {expected}")
+    return source.input_array(ref, dtype, shape, where)
+
+
+def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None) -> list[InputTensor]:
     if not isinstance(entries, list) or not entries:
         raise BadRequest("'inputs' must be a non-empty list")
     parsed = [_input_entry(entry, i) for i, entry in enumerate(entries)]
@@ -182,10 +255,15 @@ def _parse_inputs(entries: Any, binary: memoryview) -> list[InputTensor]:
                          f"after the {HEADER_LENGTH} header")
     if declared < len(binary):
         raise BadRequest(f"trailing bytes: the body has {len(binary)} bytes of binary data, inputs declare {declared}")
+    refs = [_shm_ref(params, f"input '{name}'", source is not None) for name, _, _, params in parsed]
     tensors, offset = [], 0
-    for (name, datatype, shape, _), entry, size in zip(parsed, entries, sizes, strict=True):
+    for (name, datatype, shape, _), entry, size, ref in zip(parsed, entries, sizes, refs, strict=True):
         where = f"input '{name}'"
-        if size is None:
+        if ref is not None and source is not None:  # (no source: _shm_ref has refused the parameters)
+            if size is not None or "data" in entry:
+                raise BadRequest(f"{where}: shared-memory parameters and 'data' or binary_data_size; send one")
+            array = _shm_array(source, ref, datatype, shape, where)
+        elif size is None:
             if "data" not in entry:
                 raise BadRequest(f"{where}: no 'data' and no binary_data_size")
             array = _json_data(entry["data"], datatype, shape, where)
@@ -209,7 +287,7 @@ def _binary_array(chunk: memoryview, datatype: str, shape: tuple[int, ...], wher
     return array if array.flags.aligned else array.copy()
 
 
-def _parse_outputs(entries: Any, binary_default: bool) -> list[RequestedOutput] | None:
+def _parse_outputs(entries: Any, binary_default: bool, shared_memory: bool) -> list[RequestedOutput] | None:
     if entries is None:
         return None
     if not isinstance(entries, list):
@@ -225,26 +303,32 @@ def _parse_outputs(entries: Any, binary_default: bool) -> list[RequestedOutput] 
         params = _parameters(entry, where)
         if "classification" in params:
             raise BadRequest(f"{where}: the classification extension is not supported")
-        outputs.append(RequestedOutput(entry["name"], _flag(params, "binary_data", where, binary_default)))
+        binary = _flag(params, "binary_data", where, binary_default)
+        outputs.append(RequestedOutput(entry["name"], binary, _shm_ref(params, where, shared_memory)))
     names = [o.name for o in outputs]
     if len(set(names)) != len(names):
         raise BadRequest(f"duplicate output names in {names}")
     return outputs
 
 
-def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
-    """Decode a raw infer body (JSON, or JSON header + binary tensors) into arrays; 400 on anything off."""
-    if not body:
+def parse_infer_request(body: bytes | bytearray | memoryview, header_length: str | None,
+                        shared_memory: TensorSource | None = None) -> InferRequest:
+    """Decode a raw infer body (JSON, or JSON header + binary tensors) into arrays; 400 on anything off.
+
+    Binary inputs are numpy views of `body` (no copy unless unaligned); shared-memory inputs come from
+    `shared_memory` (None: the extension is off, and shared-memory parameters are a 400).
+    """
+    if not len(body):
         raise BadRequest("empty request body; expected a JSON infer request")
     length = _header_length(header_length, len(body))
-    header = _load_json_header(body[:length])
+    header = _load_json_header(bytes(body[:length]) if isinstance(body, memoryview) else body[:length])
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest(f"'id' must be a string (got {request_id!r})")
     params = _parameters(header, "request")
     binary_output = _flag(params, "binary_data_output", "request")
-    inputs = _parse_inputs(header.get("inputs"), memoryview(body)[length:])
-    outputs = _parse_outputs(header.get("outputs"), binary_output)
+    inputs = _parse_inputs(header.get("inputs"), memoryview(body)[length:], shared_memory)
+    outputs = _parse_outputs(header.get("outputs"), binary_output, shared_memory is not None)
     return InferRequest(request_id, inputs, outputs, binary_output)
 
 
@@ -253,15 +337,35 @@ def encode_infer_response(
     order: Sequence[str],
 ) -> tuple[bytes, dict[str, str]]:
     """Response body and headers. `order`: the model's output names (used when none were requested)."""
-    wanted = request.outputs if request.outputs is not None else [
-        RequestedOutput(name, request.binary_output) for name in order
-    ]
+    parts, headers = encode_infer_response_parts(model_name, model_version, request, outputs, order)
+    del headers["Content-Length"]  # a Response of one joined body sets its own
+    return b"".join(parts), headers
+
+
+def requested_outputs(request: InferRequest, order: Sequence[str]) -> list[RequestedOutput]:
+    """The outputs to answer: those requested, else every model output in `order`."""
+    if request.outputs is not None:
+        return request.outputs
+    return [RequestedOutput(name, request.binary_output) for name in order]
+
+
+def encode_infer_response_parts(
+    model_name: str, model_version: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
+    order: Sequence[str],
+) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """The response body as parts to send one after the other (the JSON header, then each binary output
+    as a view of its array: nothing is joined), and the headers, Content-Length included.
+
+    Outputs sent through shared memory (already written there) are listed with their parameters only.
+    """
     entries: list[dict[str, Any]] = []
-    chunks: list[memoryview] = []
-    for out in wanted:
+    chunks: list[bytes | memoryview] = []
+    for out in requested_outputs(request, order):
         array = np.ascontiguousarray(outputs[out.name])
         entry: dict[str, Any] = {"name": out.name, "datatype": lookup(array.dtype).kserve, "shape": list(array.shape)}
-        if out.binary:
+        if out.shm is not None:
+            entry["parameters"] = out.shm.parameters(array.nbytes)
+        elif out.binary:
             entry["parameters"] = {"binary_data_size": array.nbytes}
             chunks.append(array.reshape(-1).view(np.uint8).data)  # [nbytes], no copy
         else:
@@ -274,7 +378,8 @@ def encode_infer_response(
         head["id"] = request.id
     head["outputs"] = entries
     header = pydantic_core.to_json(head)
+    size = len(header) + sum(len(chunk) for chunk in chunks)
     if not chunks:
-        return header, {"Content-Type": "application/json"}
-    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
-    return b"".join([header, *chunks]), headers
+        return [header], {"Content-Type": "application/json", "Content-Length": str(size)}
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header)), "Content-Length": str(size)}
+    return [header, *chunks], headers

@@ -8,20 +8,29 @@ sends no Content-Type, and binary tensors follow the JSON header (`Inference-Hea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from service import __version__
 from service.budget import MemoryBudget
 from service.engine import VERSION, Engine, RepositoryEntry, ensure_ready
 from service.errors import Unavailable, error_response
-from service.kserve import EXTENSIONS, HEADER_LENGTH, encode_infer_response, parse_infer_request
+from service.kserve import (
+    HEADER_LENGTH,
+    InferRequest,
+    encode_infer_response_parts,
+    extensions,
+    parse_infer_request,
+    requested_outputs,
+)
 from service.kserve_model import check_inputs, check_outputs, model_metadata
 from service.repository import LoadedModel
-from service.uploads import declared_length, read_body
+from service.shared_memory import SharedMemoryRegistry
+from service.uploads import declared_length, read_aligned_body
 
 router = APIRouter(tags=["inference"])
 
@@ -58,8 +67,9 @@ async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
 
 
 @router.get("/v2", summary="Server metadata")
-async def server_metadata() -> dict[str, Any]:
-    return {"name": "posenc", "version": __version__, "extensions": EXTENSIONS}
+async def server_metadata(request: Request) -> dict[str, Any]:
+    return {"name": "posenc", "version": __version__,
+            "extensions": extensions(request.app.state.settings.shared_memory)}
 
 
 @router.get("/v2/health/live", summary="Server liveness")
@@ -134,14 +144,60 @@ async def _infer(request: Request, entry: RepositoryEntry) -> Response:
             return await _run_infer(request, engine, model, limit)
 
 
+class PartsResponse(Response):
+    """A response whose body is sent as its parts, one ASGI message each (the JSON header, then views of the
+    output arrays): nothing is joined into a new buffer. `headers` carry Content-Length and Content-Type."""
+
+    def __init__(self, parts: Sequence[bytes | memoryview], headers: dict[str, str]) -> None:
+        super().__init__(headers=headers, media_type=None)
+        self.parts = parts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        last = len(self.parts) - 1
+        for index, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": index < last})
+
+
+def _header_length(value: str | None) -> int:
+    """Where the binary section starts, for aligning the body buffer (the parser checks the header itself)."""
+    ok = value is not None and value.isascii() and value.isdigit() and len(value) <= 18  # int() caps digits
+    return int(value) if ok and value is not None else 0
+
+
+def _answer(model_name: str, registry: SharedMemoryRegistry | None, parsed: InferRequest,
+            outputs: dict[str, Any], order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """Write the shared-memory outputs into their regions, encode the rest: the body parts and headers."""
+    for out in requested_outputs(parsed, order):
+        if out.shm is not None and registry is not None:
+            registry.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
+    return encode_infer_response_parts(model_name, VERSION, parsed, outputs, order)
+
+
+def _answer_work(parsed: InferRequest, outputs: dict[str, Any], order: Sequence[str]) -> int:
+    """Bytes the answer copies or encodes (binary outputs are sent as views: no work)."""
+    return sum(outputs[out.name].nbytes for out in requested_outputs(parsed, order) if out.shm or not out.binary)
+
+
 async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
-    body = await read_body(request.headers.get("content-length"), request.stream(), limit)
-    parsed = await _maybe_offload(len(body), parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+    """One buffer for the body, numpy views of it (or of shared memory) into onnxruntime, and the answer
+    sent as the JSON header plus views of the outputs. Only work that grows with the size (JSON parsing
+    and encoding, copies into shared memory) goes to a worker thread."""
+    header_length = request.headers.get(HEADER_LENGTH)
+    json_length = _header_length(header_length)
+    body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
+                                   align_at=json_length)
+    registry: SharedMemoryRegistry = request.app.state.shared_memory
+    shm = registry if registry.enabled else None
+    parsed = await _maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])
     outputs = await engine.infer(model, inputs)
-    size = sum(array.nbytes for array in outputs.values())
-    content, headers = await _maybe_offload(size, encode_infer_response, model.name, VERSION, parsed, outputs,
-                                            model.config.output_names)
-    return Response(content=content, headers=headers, media_type=None)
+    # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
+    del body, inputs
+    parsed.inputs = []
+    order = model.config.output_names
+    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, order), _answer, model.name, shm, parsed,
+                                          outputs, order)
+    return PartsResponse(parts, headers)
