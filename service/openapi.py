@@ -18,7 +18,7 @@ from models.dtypes import BY_KSERVE
 from service.arrays import FORMATS, MEDIA_TYPES
 from service.engine import VERSION
 from service.kserve import HEADER_LENGTH
-from service.tables import TABLES
+from service.tables.core import table_routes
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -31,12 +31,12 @@ ERROR_MEANING = {
     400: "Malformed request or body", 404: "Unknown route or model", 406: "Unsupported format",
     412: "If-None-Match matched (POST)", 413: "Request or response over a configured limit",
     415: "Unsupported upload media type", 422: "Invalid parameter value (the message names it)",
-    503: "Not ready, or overloaded (Retry-After)",
+    503: "Not ready, or overloaded (Retry-After)", 507: "The model ran out of memory for this request",
 }
 TABLE_ERRORS = (400, 406, 413, 422, 503)
 UPLOAD_ERRORS = (*TABLE_ERRORS, 412, 415)
 V2_ERRORS = (404, 503)
-INFER_ERRORS = (400, 404, 413, 503)
+INFER_ERRORS = (400, 404, 413, 503, 507)
 READINESS_ERRORS = (503,)
 
 _BINARY = {"type": "string", "format": "binary"}
@@ -84,7 +84,7 @@ def _errors(statuses: tuple[int, ...]) -> dict[str, Any]:
 
 
 def _table_operation(operation: dict[str, Any], path: str) -> None:
-    route = TABLES[path]
+    route = table_routes()[path]
     operation["responses"] = {
         "200": {"description": operation["responses"]["200"]["description"] + " Media type by `format` / Accept.",
                 "content": {MEDIA_TYPES[f]: {"schema": _JSON_TABLE if f == "json" else _BINARY} for f in FORMATS}},
@@ -108,15 +108,31 @@ def _path_enums(operation: dict[str, Any], models: list[str]) -> None:
             parameter["schema"] = {**parameter["schema"], "enum": [VERSION]}
 
 
+def _hoist_defs(node: Any, schemas: dict[str, Any]) -> Any:
+    """Inline pydantic schemas (`model_json_schema()` in an operation) carry `$defs` and `#/$defs/X` references,
+    which OpenAPI tools cannot resolve: move every definition to components/schemas and point there."""
+    if isinstance(node, list):
+        return [_hoist_defs(item, schemas) for item in node]
+    if not isinstance(node, dict):
+        return node
+    for name, definition in node.pop("$defs", {}).items():
+        schemas.setdefault(name, _hoist_defs(definition, schemas))
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        node["$ref"] = "#/components/schemas/" + ref.removeprefix("#/$defs/")
+    return {key: _hoist_defs(value, schemas) for key, value in node.items()}
+
+
 def _describe(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
+    spec["paths"] = _hoist_defs(spec["paths"], schemas)
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
     schemas["Error"] = ERROR_SCHEMA
     for path, operations in spec["paths"].items():
         for operation in operations.values():
             operation["responses"].pop("422", None)  # FastAPI's {detail}: the service never sends it
-            if path in TABLES:
+            if path in table_routes():
                 _table_operation(operation, path)
             elif path.endswith("/infer"):
                 operation["requestBody"] = INFER_BODY

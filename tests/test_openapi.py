@@ -24,7 +24,7 @@ def test_tables_declare_their_media_types_and_errors(client: TestClient) -> None
     assert {"304", "400", "406", "413", "422", "503"} <= set(operation["responses"])
     parameters = {p["name"]: p["schema"] for p in operation["parameters"]}
     assert parameters["tensor"]["enum"] == ["cos", "sin", "inv_freq"]
-    assert parameters["format"]["enum"] == ["safetensors", "npy", "raw", "json"]
+    assert parameters["format"]["enum"] == ["safetensors", "npy", "raw", "json", "png"]
     upload = client.get("/openapi.json").json()["paths"]["/v1/t5/bias"]["post"]
     assert {"412", "415"} <= set(upload["responses"]) and "requestBody" in upload
 
@@ -35,3 +35,23 @@ def test_infer_declares_its_body_and_the_models(client: TestClient) -> None:
     name = next(p for p in operation["parameters"] if p["name"] == "name")
     assert name["schema"]["enum"] == ["llama3_1_attention", "rope_attention"]
     assert {"400", "404", "413", "503"} <= set(operation["responses"])
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for item in node for ref in _refs(item)]
+    return []
+
+
+def test_every_reference_resolves_inside_components(client: TestClient) -> None:
+    """ReDoc and generated clients stop at `#/$defs/...` (pydantic's inline form): every $ref must point into
+    components/schemas, and every one must exist."""
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    refs = _refs(spec)
+    assert refs and "$defs" not in str(spec)
+    for ref in refs:
+        assert ref.startswith("#/components/schemas/") and ref.removeprefix("#/components/schemas/") in schemas

@@ -142,3 +142,15 @@ def test_concurrent_clients_with_mixed_shapes_get_their_own_results(url: str) ->
         got = results[i]
         assert isinstance(got, np.ndarray), got
         np.testing.assert_allclose(got, _expected(inputs, model), atol=1e-5, rtol=1e-5)
+
+
+def test_model_config_and_repository_index_through_tritonclient(url: str) -> None:
+    client = httpclient.InferenceServerClient(url)
+    config = client.get_model_config(MODEL)
+    assert config["name"] == MODEL and config["max_batch_size"] == 8
+    assert [(t["name"], t["data_type"]) for t in config["input"]] == [
+        ("query", "TYPE_FP32"), ("key", "TYPE_FP32"), ("value", "TYPE_FP32"), ("position_ids", "TYPE_INT64")]
+    index = client.get_model_repository_index()
+    assert {(e["name"], e["state"]) for e in index} == {(m, "READY") for m in GEOMETRY}
+    with pytest.raises(InferenceServerException, match="unknown model"):
+        client.get_model_config("nope")

@@ -1,0 +1,67 @@
+"""Triton's model-repository views: the model configuration JSON and the repository index."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import running_client
+from tests.infer_utils import REPOSITORY
+
+EXPECTED_INPUTS = {
+    "rope_attention": [("query", "TYPE_FP32", [8, -1, 64]), ("key", "TYPE_FP32", [8, -1, 64]),
+                       ("value", "TYPE_FP32", [8, -1, 64]), ("position_ids", "TYPE_INT64", [-1])],
+    "llama3_1_attention": [("query", "TYPE_FP32", [32, -1, 128]), ("key", "TYPE_FP32", [8, -1, 128]),
+                           ("value", "TYPE_FP32", [8, -1, 128]), ("position_ids", "TYPE_INT64", [-1])],
+}
+
+
+@pytest.mark.parametrize("model", sorted(EXPECTED_INPUTS))
+@pytest.mark.parametrize("suffix", ["", "/versions/1"])
+def test_config_is_tritons_model_configuration(model: str, suffix: str) -> None:
+    with running_client(max_queue_delay_us=300, max_queue_size=7) as client:
+        config = client.get(f"/v2/models/{model}{suffix}/config").json()
+    declared = json.loads((REPOSITORY / model / "config.json").read_text())
+    assert config["name"] == model and config["platform"] == "onnxruntime_onnx"
+    assert config["max_batch_size"] == declared["max_batch_size"]
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == EXPECTED_INPUTS[model]
+    # dims drop the batch dimension of config.json's shapes
+    assert [t["dims"] for t in config["output"]] == [o["shape"][1:] for o in declared["outputs"]]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 300
+    assert config["dynamic_batching"]["default_queue_policy"] == {"max_queue_size": 7}
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+
+
+def test_config_follows_the_settings() -> None:
+    with running_client(batching=False, max_batch_size=3) as client:
+        config = client.get("/v2/models/rope_attention/config").json()
+        missing = client.get("/v2/models/nope/config")
+        version = client.get("/v2/models/rope_attention/versions/2/config")
+    assert "dynamic_batching" not in config and config["max_batch_size"] == 3
+    assert missing.status_code == 404 and version.status_code == 404
+
+
+@pytest.fixture
+def half_broken(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOSITORY / "rope_attention", repo / "rope_attention")
+    shutil.copytree(REPOSITORY / "rope_attention", repo / "broken")
+    (repo / "broken" / "config.json").write_text("{not json")
+    return repo
+
+
+def test_repository_index_lists_states_and_reasons(half_broken: Path) -> None:
+    with running_client(model_repository=half_broken) as client:
+        everything = client.post("/v2/repository/index").json()
+        ready_only = client.post("/v2/repository/index", json={"ready": True}).json()
+        broken_config = client.get("/v2/models/broken/config")
+        bad_body = client.post("/v2/repository/index", json={"ready": "maybe"})
+    assert [(e["name"], e["version"], e["state"]) for e in everything] == [
+        ("broken", "1", "UNAVAILABLE"), ("rope_attention", "1", "READY")]
+    assert "config.json is not valid JSON" in everything[0]["reason"]
+    assert ready_only == [{"name": "rope_attention", "version": "1", "state": "READY"}]
+    assert broken_config.status_code == 503 and "not valid JSON" in broken_config.json()["error"]
+    assert bad_body.status_code == 422
