@@ -24,3 +24,9 @@ DEFAULT_ROPE_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default
 DEFAULT_SINUSOIDAL_BASE = 10000.0  # "Attention Is All You Need" §3.5
 MAX_SINUSOIDAL_BASE = 1e12
 MAX_ALIBI_BIAS_MAX = 1024.0
+
+# M-RoPE sequence descriptions (the output-size check bounds the rest)
+MAX_SEGMENTS = 1 << 16  # text runs, images and videos of one sequence
+MAX_GRID = 1 << 16  # patches per grid side (t, h, w) before the merge
+MAX_MERGE = 64  # spatial_merge_size
+MAX_POSITION_ID = 1 << 40  # explicit M-RoPE position ids

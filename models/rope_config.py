@@ -7,6 +7,8 @@ docs/ENCODINGS.md §1.1.
 
 Rules reproduced:
 - the dict is `rope_scaling` (v4) if truthy, else `rope_parameters` (v5), else {};
+- `mrope` is `default` (Qwen2VLConfig's rename; `mrope_section` is validated and reported, §8), and
+  `dynamic` with a truthy `alpha` is `ntk_alpha` (HunYuan's rotary module, §14);
 - top-level `rope_theta` (default 10000.0, the mixin's `default_theta`) and `partial_rotary_factor`
   only fill keys the dict lacks; `rope_type` falls back to the legacy `type`, then "default";
 - llama3/yarn/longrope: a top-level `original_max_position_embeddings` (Phi-3) overwrites the
@@ -29,8 +31,9 @@ from typing import Any
 
 from models.bounds import DEFAULT_ROPE_THETA
 from models.errors import ParameterError
+from models.mrope import check_mrope_section
 from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import ROPE_TYPES, rope_type_spec
+from models.rope_types import ROPE_TYPES, resolve_variant, rope_type_spec
 
 
 def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
@@ -126,6 +129,10 @@ def rope_parameters_from_config(
     entry.setdefault("rope_type", entry.get("type", "default"))
     if not isinstance(entry["rope_type"], str):
         raise ParameterError("rope_type", f"must be a string, got {entry['rope_type']!r}")
+    if entry["rope_type"] == "mrope":  # Qwen2VLConfig / Qwen2_5_VLConfig rename it when they load
+        entry["rope_type"] = "default"
+    # HunYuan: `dynamic` with a fixed alpha is NTK-alpha, as its rotary module reads it
+    entry["rope_type"] = resolve_variant(entry["rope_type"], alpha=entry.get("alpha"))
     max_pos = cfg.get("max_position_embeddings")
     spec = ROPE_TYPES.get(entry["rope_type"])
     if spec is not None and spec.original_from_max:
@@ -153,14 +160,34 @@ def rope_parameters_from_config(
         high_freq_factor=entry.get("high_freq_factor"),
         short_factor=entry.get("short_factor"),
         long_factor=entry.get("long_factor"),
+        alpha=entry.get("alpha"),
     )
     info = {
         "max_position_embeddings": max_pos,
         "rope_source": source,
         "config_section": section,
         "layer_type": layer_type,
+        **_mrope_info(config, cfg, entry, params),
     }
     return params, info
+
+
+def _mrope_info(config: Mapping[str, Any], cfg: Mapping[str, Any], entry: Mapping[str, Any],
+                params: RopeParameters) -> dict[str, Any]:
+    """`mrope_section` and `mrope_interleaved` of a Qwen2-VL family config (validated), else {}.
+
+    Qwen3-VL's rotary module always interleaves (whatever `mrope_interleaved` says); Qwen2-VL and
+    Qwen2.5-VL never do.
+    """
+    section = entry.get("mrope_section")
+    if section is None:
+        return {}
+    if not isinstance(section, list):
+        raise ParameterError("mrope_section", f"must be a list of three integers, got {section!r}")
+    model_types = {str(c.get("model_type", "")) for c in (config, cfg)}
+    interleaved = any(m.startswith("qwen3") for m in model_types) or bool(entry.get("mrope_interleaved"))
+    return {"mrope_section": list(check_mrope_section(section, params.n_frequencies)),
+            "mrope_interleaved": interleaved}
 
 
 def _null_theta() -> float:

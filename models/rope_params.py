@@ -59,6 +59,7 @@ class RopeParameters:
     high_freq_factor: float | None = None
     short_factor: tuple[float, ...] | None = None
     long_factor: tuple[float, ...] | None = None
+    alpha: float | None = None
     partial_rotary_factor: float = 1.0
 
     @property
@@ -182,7 +183,7 @@ def _yarn_fields(v: dict[str, Any]) -> dict[str, Any]:
     for name in ("mscale", "mscale_all_dim"):
         if v[name] is not None:
             out[name] = _number(name, v[name])
-    truncate = v["truncate"]
+    truncate = v.get("truncate")  # deepseek_yarn always truncates
     if truncate is not None and not isinstance(truncate, bool):
         raise ParameterError("truncate", f"must be true or false, got {truncate!r}")
     out["truncate"] = True if truncate is None else truncate
@@ -254,13 +255,15 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
 
     if v.get("attention_factor") is not None:
         out["attention_factor"] = _number("attention_factor", v["attention_factor"], minimum=0.0)
-    if rope_type == "yarn":
+    if rope_type in ("yarn", "deepseek_yarn"):
         out.update(_yarn_fields(v))
+    if "alpha" in reads:
+        out["alpha"] = _number("alpha", _require(rope_type, "alpha", v["alpha"]), minimum=1.0)
     if rope_type == "longrope":
         for name in ("short_factor", "long_factor"):
             out[name] = _factors(name, _require(rope_type, name, v[name]), rot // 2)
     if rope_type == "llama3":
         out.update(_llama3_fields(v))
-    if rope_type == "dynamic" and rot <= 2:
-        raise ParameterError("rotary_dim", "dynamic RoPE needs rotary_dim > 2 (exponent d / (d - 2))")
+    if rope_type in ("dynamic", "ntk_alpha") and rot <= 2:
+        raise ParameterError("rotary_dim", f"{rope_type} RoPE needs rotary_dim > 2 (exponent d / (d - 2))")
     return RopeParameters(**out)

@@ -31,7 +31,12 @@ if TYPE_CHECKING:
     from models.rope_params import RopeParameters
 
 F32 = np.float32
-RopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+# transformers' rope_types (the API's `rope_type` values), and two inference-engine variants that configs and the
+# API spell as one of them plus a parameter (`resolve_variant`): dynamic + alpha, yarn + yarn_mscale=deepseek.
+TransformersRopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"]
+EngineRopeType = Literal["ntk_alpha", "deepseek_yarn"]
+RopeType = Literal[TransformersRopeType, EngineRopeType]
+YarnMscale = Literal["transformers", "deepseek"]
 
 # Defaults transformers substitutes when a value is missing (yarn uses `or`, so 0 also means default).
 YARN_BETA_FAST_DEFAULT = 32.0
@@ -64,6 +69,12 @@ def _rdiv32(numerator: float, x: np.ndarray) -> np.ndarray:
 def _base_inv_freq(theta: float, stop: int, denominator: int) -> np.ndarray:
     """`1.0 / (theta ** (arange(0, stop, 2) / denominator))` in float32 → [ceil(stop/2)]."""
     return _rdiv32(1.0, _pow32(theta, _exponents(stop, denominator)))
+
+
+def default_inv_freq(theta: float, dim: int) -> np.ndarray:
+    """`1.0 / (theta ** (arange(0, dim, 2) / dim))` in float32 → [ceil(dim/2)]: the default RoPE frequencies,
+    also XLNet's relative sinusoid (`XLNetModel.relative_positional_encoding`)."""
+    return _base_inv_freq(theta, dim, dim)
 
 
 def _field(p: RopeParameters, name: str) -> Any:
@@ -147,6 +158,34 @@ def _yarn(p: RopeParameters, seq_len: int | None) -> np.ndarray:
     ramp = np.clip((np.arange(p.rotary_dim // 2, dtype=F32) - F32(low)) / F32(high - low), F32(0), F32(1))
     extrapolation_factor = F32(1) - ramp
     return interpolation * (F32(1) - extrapolation_factor) + extrapolation * extrapolation_factor
+
+
+def ntk_alpha_rope_theta(p: RopeParameters) -> float:
+    """NTK-aware base stretched by a fixed alpha: theta · alpha^(d / (d − 2)) (python float64).
+
+    vLLM `DynamicNTKAlphaRotaryEmbedding` and transformers' HunYuan `compute_ntk_alpha_rope_parameters`
+    (checkpoints label it `dynamic` with an `alpha`); unlike `dynamic` it does not depend on the sequence.
+    """
+    d = p.rotary_dim
+    return float(p.rope_theta * _field(p, "alpha") ** (d / (d - 2)))
+
+
+def _ntk_alpha(p: RopeParameters, seq_len: int | None) -> np.ndarray:
+    return _base_inv_freq(ntk_alpha_rope_theta(p), p.rotary_dim, p.rotary_dim)
+
+
+def deepseek_yarn_attention_factor(p: RopeParameters) -> float:
+    """vLLM `DeepseekScalingRotaryEmbedding.mscale`: mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor.
+
+    Unlike transformers' yarn the ratio is always taken (mscale defaults to 1, mscale_all_dim to 0, so a
+    missing one does not fall back to 0.1 ln s + 1), and `attention_factor` (vLLM's attn_factor, default 1)
+    multiplies it instead of replacing it.
+    """
+    factor = _field(p, "factor")
+    mscale = 1.0 if p.mscale is None else p.mscale
+    mscale_all_dim = p.mscale_all_dim or 0.0
+    attn_factor = 1.0 if p.attention_factor is None else p.attention_factor
+    return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim) * attn_factor)
 
 
 def longrope_factor_set(p: RopeParameters, seq_len: int | None) -> Literal["short", "long"]:
@@ -260,6 +299,16 @@ ROPE_TYPES: dict[str, RopeTypeSpec] = {
         _llama3, missing_hint="; original_max_position_embeddings defaults to max_position_embeddings",
     ),
     "proportional": RopeTypeSpec(frozenset({"factor"}), (), frozenset({"rope_type", "rope_theta"}), _proportional),
+    # Inference-engine variants (not transformers rope_types): formulas from vLLM, docs/ENCODINGS.md §14
+    "ntk_alpha": RopeTypeSpec(frozenset({"alpha"}), ("alpha",), frozenset({"rope_type", "alpha"}), _ntk_alpha),
+    "deepseek_yarn": RopeTypeSpec(
+        frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                   "mscale", "mscale_all_dim"}),
+        ("factor", "original_max_position_embeddings"),
+        frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
+        _yarn, deepseek_yarn_attention_factor, missing_hint="; original_max_position_embeddings defaults to "
+                                                            "max_position_embeddings",
+    ),
 }
 
 if set(ROPE_TYPES) != set(get_args(RopeType)):  # the Literal (for type checkers and OpenAPI) is the registry's keys
@@ -268,6 +317,16 @@ if set(ROPE_TYPES) != set(get_args(RopeType)):  # the Literal (for type checkers
 RUNTIME_DEPENDENT_TYPES: tuple[str, ...] = tuple(name for name, spec in ROPE_TYPES.items() if spec.runtime_dependent)
 # Every field some rope_type reads beyond the geometry: the scaling parameters of the API and the exporter.
 SCALING_FIELDS: frozenset[str] = frozenset().union(*(spec.reads for spec in ROPE_TYPES.values()))
+
+
+def resolve_variant(rope_type: str, *, alpha: Any = None, yarn_mscale: str | None = None) -> str:
+    """The registry entry a transformers-spelled rope_type names: `dynamic` with a truthy `alpha` is NTK-alpha
+    (HunYuan checkpoints, vLLM `get_rope`); `yarn` with yarn_mscale="deepseek" is vLLM's deepseek_yarn."""
+    if rope_type == "dynamic" and alpha:
+        return "ntk_alpha"
+    if rope_type == "yarn" and yarn_mscale == "deepseek":
+        return "deepseek_yarn"
+    return rope_type
 
 
 def rope_type_spec(rope_type: str) -> RopeTypeSpec:

@@ -88,6 +88,8 @@ BASE: dict[str, dict[str, Any]] = {
     "/v1/t5/buckets": {"query_length": 4, "key_length": 40},
     "/v1/deberta/buckets": {"query_length": 4, "key_length": 40},
     "/v1/relative/clipped": {"query_length": 4, "key_length": 6, "max_relative_position": 2},
+    "/v1/rope/vision": {"head_dim": 16, "image_size": 64, "patch_size": 16},
+    "/v1/relative/sinusoidal": {"qlen": 3, "klen": 4, "d_model": 8},
 }
 
 # A second valid value per parameter name that changes the table (given the context below).
@@ -107,6 +109,19 @@ ROUTE_ALTERNATIVES: dict[tuple[str, str], Any] = {
     ("/v1/t5/buckets", "dtype"): "int32",
     ("/v1/deberta/buckets", "dtype"): "int32",
     ("/v1/relative/clipped", "dtype"): "int32",
+    ("/v1/rope", "alpha"): 1000.0,
+    ("/v1/rope", "yarn_mscale"): "deepseek",
+    ("/v1/rope/vision", "model"): "llama4",
+    ("/v1/rope/vision", "image_size"): 128,
+    ("/v1/rope/vision", "patch_size"): 32,
+    ("/v1/rope/vision", "height"): 2,
+    ("/v1/rope/vision", "width"): 3,
+    ("/v1/relative/sinusoidal", "qlen"): 5,
+    ("/v1/relative/sinusoidal", "klen"): 6,
+    ("/v1/relative/sinusoidal", "d_model"): 12,
+    ("/v1/relative/sinusoidal", "attn_type"): "uni",
+    ("/v1/relative/sinusoidal", "bi_data"): "true",
+    ("/v1/relative/sinusoidal", "clamp_len"): 2,
 }
 
 _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
@@ -130,6 +145,8 @@ CONTEXT: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/rope", "high_freq_factor"): _LLAMA3,
     ("/v1/rope", "short_factor"): {**_LONGROPE, "original_max_position_embeddings": 64},  # 6 rows: short
     ("/v1/rope", "long_factor"): {**_LONGROPE, "original_max_position_embeddings": 4},  # 6 rows > 4: long
+    ("/v1/rope", "alpha"): {"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 2},
+    ("/v1/rope", "yarn_mscale"): {**_YARN, "mscale": 0.5},
     ("/v1/sinusoidal", "padding_idx"): {"variant": "fairseq"},
     ("/v1/deberta/buckets", "position_buckets"): {"position_buckets": 8, "max_relative_positions": 64},
     ("/v1/deberta/buckets", "max_relative_positions"): {"position_buckets": 8, "max_relative_positions": 64},

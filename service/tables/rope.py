@@ -21,12 +21,11 @@ from models.rope import (
     Form,
     Layout,
     RopeParameters,
-    RopeType,
     make_rope_parameters,
     rope_cos_sin,
     rope_parameters_from_config,
 )
-from models.rope_types import ROPE_TYPES
+from models.rope_types import ROPE_TYPES, TransformersRopeType, YarnMscale, resolve_variant
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
 from service.tables.core import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
@@ -123,7 +122,9 @@ class RopeQuery(RopeTableQuery):
     rotary_dim: int | None = Field(None, ge=2, le=MAX_DIM, description=(
         "Rotated channels (even, <= head_dim), instead of partial_rotary_factor."))
     rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
-    rope_type: RopeType = Field("default", description="Scaling variant, as transformers' rope_type.")
+    rope_type: TransformersRopeType = Field("default", description=(
+        "Scaling variant, as transformers' rope_type (dynamic with alpha: NTK-alpha; yarn with yarn_mscale=deepseek: "
+        "vLLM's DeepSeek-YaRN)."))
     factor: float | None = Field(None, gt=0, le=MAX_SCALE, description=(
         "Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn and longrope derive it as "
         "max / original from max_position_embeddings; proportional: 1). " + _read_by("factor")))
@@ -134,14 +135,15 @@ class RopeQuery(RopeTableQuery):
         "The model's context length: dynamic's original length (required there), yarn/longrope's factor when "
         "factor is not given. " + _read_by("max_position_embeddings")))
     attention_factor: float | None = Field(None, ge=0, le=MAX_SCALE, description=(
-        "Scale of cos and sin; not given: derived from factor. " + _read_by("attention_factor")))
+        "Scale of cos and sin; not given: derived from factor. deepseek_yarn: vLLM's attn_factor, multiplying "
+        "the mscale ratio (default 1). " + _read_by("attention_factor")))
     beta_fast: float = Field(32.0, ge=0, le=MAX_SCALE, description=(
         "Extrapolation boundary (0 means 32, as in transformers). " + _read_by("beta_fast")))
     beta_slow: float = Field(1.0, ge=0, le=MAX_SCALE, description=(
         "Interpolation boundary (0 means 1, as in transformers). " + _read_by("beta_slow")))
-    mscale: float = Field(0.0, ge=0, le=MAX_SCALE, description=(
-        "Attention-factor numerator scale; used when mscale and mscale_all_dim are both non-zero. "
-        + _read_by("mscale")))
+    mscale: float | None = Field(None, ge=0, le=MAX_SCALE, description=(
+        "Attention-factor numerator scale. yarn: used when mscale and mscale_all_dim are both non-zero (not "
+        "given: 0); deepseek_yarn: always (not given: 1, as vLLM). " + _read_by("mscale")))
     mscale_all_dim: float = Field(0.0, ge=0, le=MAX_SCALE, description=(
         "Attention-factor denominator scale. " + _read_by("mscale_all_dim")))
     truncate: bool = Field(True, description="Floor/ceil the correction range. " + _read_by("truncate"))
@@ -154,6 +156,13 @@ class RopeQuery(RopeTableQuery):
     long_factor: str | None = Field(None, max_length=MAX_FACTOR_LIST, description=(
         "rotary_dim/2 comma-separated factors beyond original_max_position_embeddings (required). "
         + _read_by("long_factor")))
+    alpha: float | None = Field(None, ge=1, le=MAX_SCALE, description=(
+        "dynamic only: a fixed NTK alpha, base theta · alpha^(d/(d−2)) (rope_type ntk_alpha: vLLM "
+        "DynamicNTKAlphaRotaryEmbedding, HunYuan); factor and max_position_embeddings are then not read."))
+    yarn_mscale: YarnMscale = Field("transformers", description=(
+        "yarn only: transformers' attention factor, or deepseek (rope_type deepseek_yarn: vLLM "
+        "DeepseekScalingRotaryEmbedding: always mscale(s, mscale) / mscale(s, mscale_all_dim) · attention_factor, "
+        "mscale default 1)."))
 
     @property
     def rows(self) -> int:
@@ -161,7 +170,10 @@ class RopeQuery(RopeTableQuery):
 
     @cached_property
     def rope(self) -> RopeParameters:
-        values = self.model_dump(exclude={"max_position", "offset", "layout", "form", "dtype"})
+        values = self.model_dump(exclude={"max_position", "offset", "layout", "form", "dtype", "yarn_mscale"})
+        values["rope_type"] = resolve_variant(self.rope_type, alpha=self.alpha, yarn_mscale=self.yarn_mscale)
+        if values["rope_type"] == "yarn" and values["mscale"] is None:
+            values["mscale"] = 0.0  # transformers' yarn treats 0 and missing alike; one spelling keeps one cache key
         values["short_factor"] = _factor_list("short_factor", self.short_factor)
         values["long_factor"] = _factor_list("long_factor", self.long_factor)
         return make_rope_parameters(**values)
@@ -187,7 +199,9 @@ CONFIG_BODY = Body(decode=decode_config, limit=MAX_CONFIG_BYTES, openapi={
                        "`rope_parameters` (flat, or per layer type with `layer_types`), `rope_theta`, `head_dim` or "
                        "`hidden_size`/`num_attention_heads` (DeepSeek: `qk_rope_head_dim`), "
                        "`partial_rotary_factor`, `max_position_embeddings`, top-level "
-                       "`original_max_position_embeddings` (Phi-3). Multimodal configs: read from `text_config`.",
+                       "`original_max_position_embeddings` (Phi-3). Multimodal configs: read from `text_config`; "
+                       "Qwen2-VL/2.5-VL/3-VL (`mrope_section`): the table for text positions, sections in the "
+                       "metadata (POST /v1/rope/mrope for image/video positions).",
         "content": {"application/json": {"schema": {"type": "object", "additionalProperties": True}}},
     }
 })
@@ -231,8 +245,11 @@ class RopeFromConfigQuery(RopeTableQuery):
             super().check()
 
     def params(self) -> dict[str, Any]:
+        info = self.resolved[1]
+        # M-RoPE configs (Qwen2-VL family): the table is the text-position one; the sections are stated
         return {**super().params(), "layer_type": self.layer_type,
-                "config_max_position_embeddings": self.resolved[1]["max_position_embeddings"]}
+                "config_max_position_embeddings": info["max_position_embeddings"],
+                "mrope_section": info.get("mrope_section"), "mrope_interleaved": info.get("mrope_interleaved")}
 
     def metadata(self) -> dict[str, str]:
         info = self.resolved[1]
@@ -243,6 +260,4 @@ register_table("/v1/rope", RopeQuery, summary="RoPE cos/sin table (every transfo
                response_description="Tensors `cos`, `sin` [max_position, rotary_dim] (form=half: rotary_dim/2 "
                                     "columns; proportional: head_dim) in the requested dtype, and `inv_freq` "
                                     "[rotary_dim/2] float32.")
-register_table("/v1/rope/from-config", RopeFromConfigQuery,
-               summary="RoPE cos/sin table from a Hugging Face config.json",
-               response_description="Same tensors as GET /v1/rope; metadata holds every resolved value.")
+# /v1/rope/from-config is registered by service.tables.from_config (which adds the vision configs)

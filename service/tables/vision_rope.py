@@ -1,0 +1,115 @@
+"""Vision-encoder 2-D RoPE, `GET /v1/rope/vision`: Pixtral and Llama 4 vision (docs/ENCODINGS.md §13)."""
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import Field
+
+from models.bounds import DEFAULT_ROPE_THETA, MAX_DIM, MAX_GRID, MAX_THETA
+from models.dtypes import np_dtype
+from models.errors import ParameterError
+from models.vision_rope import (
+    VISION_DEFAULTS,
+    VisionForm,
+    VisionRopeModel,
+    check_vision_head_dim,
+    vision_cos_sin,
+    vision_layout,
+    vision_rows,
+)
+from service.arrays import Bundle
+from service.tables.core import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
+from service.tables.fields import FloatDTypeField
+
+
+class VisionRopeQuery(TableQuery):
+    """Per-patch cos/sin of a vision encoder's axial RoPE. Pixtral: an height × width patch grid,
+    row-major, equal to `PixtralVisionRotaryEmbedding` on the positions `PixtralVisionModel` builds.
+    Llama 4: the fixed (image_size // patch_size)² grid plus the CLS row, equal to
+    `Llama4VisionRotaryEmbedding.freqs_ci` (cos = real part, sin = imaginary part).
+    """
+
+    endpoint = "rope/vision"
+    tensors = ("cos", "sin", "inv_freq")
+
+    model: VisionRopeModel = Field("pixtral", description=(
+        "pixtral (rotate_half layout) or llama4 (complex pairs: interleaved layout, CLS row last)."))
+    head_dim: int = Field(ge=4, le=MAX_DIM, description=(
+        "Vision attention head size (hidden_size // num_attention_heads), a multiple of 4."))
+    rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
+    image_size: int | None = Field(None, ge=1, le=MAX_GRID * 1024, description=(
+        "Largest image side in pixels; not given: the config default (pixtral 1024, llama4 448)."))
+    patch_size: int | None = Field(None, ge=1, le=1024, description=(
+        "Patch side in pixels; not given: the config default (pixtral 16, llama4 14)."))
+    height: int | None = Field(None, ge=1, le=MAX_GRID, description=(
+        "pixtral: patch rows of the image (<= image_size // patch_size); not given: the maximum. "
+        "llama4: the grid is fixed, leave it out."))
+    width: int | None = Field(None, ge=1, le=MAX_GRID, description="pixtral: patch columns; as height.")
+    form: VisionForm = Field("full", description=(
+        "full: [rows, head_dim] in the model's layout; half: [rows, head_dim/2], one column per frequency."))
+    dtype: FloatDTypeField = "float32"
+
+    @property
+    def resolved_image_size(self) -> int:
+        return self.image_size or VISION_DEFAULTS[self.model]["image_size"]
+
+    @property
+    def resolved_patch_size(self) -> int:
+        return self.patch_size or VISION_DEFAULTS[self.model]["patch_size"]
+
+    @property
+    def side(self) -> int:
+        """Patches per side: image_size // patch_size."""
+        side = self.resolved_image_size // self.resolved_patch_size
+        if side < 1:
+            raise ParameterError("patch_size", "must not exceed image_size")
+        return side
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        side = self.side
+        if self.model == "llama4":
+            for name in ("height", "width"):
+                if getattr(self, name) not in (None, side):
+                    raise ParameterError(name, f"Llama 4's vision grid is fixed at image_size // patch_size = {side}")
+            return side, side
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value is not None and value > side:
+                raise ParameterError(name, f"at most image_size // patch_size = {side} patches, got {value}")
+        return self.height or side, self.width or side
+
+    def check(self) -> None:
+        check_vision_head_dim(self.head_dim)
+        self.grid  # noqa: B018 - resolving the grid is the check
+
+    def params(self) -> dict[str, Any]:
+        height, width = self.grid
+        return {**self.model_dump(exclude={"height", "width", "image_size", "patch_size"}),
+                "image_size": self.resolved_image_size, "patch_size": self.resolved_patch_size,
+                "height": height, "width": width}
+
+    def specs(self) -> dict[str, TensorSpec]:
+        rows = vision_rows(self.model, *self.grid)
+        width = self.head_dim if self.form == "full" else self.head_dim // 2
+        out = np_dtype(self.dtype)
+        return {"cos": TensorSpec((rows, width), out), "sin": TensorSpec((rows, width), out),
+                "inv_freq": TensorSpec((self.head_dim // 2,), np_dtype("float32"))}
+
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        # positions, angles, cos and sin in float64 over [rows, head_dim/2]
+        return super().working_bytes(specs) + 4 * FLOAT64_TEMPORARY * specs["cos"].shape[0] * self.head_dim // 2
+
+    def compute(self) -> Bundle:
+        cos, sin, freqs = vision_cos_sin(self.model, self.head_dim, self.rope_theta, *self.grid, self.form,
+                                         np_dtype(self.dtype))
+        rows = "patches row-major (h, w)" if self.model == "pixtral" else "patches row-major, then the CLS token"
+        return Bundle({"cos": cos, "sin": sin, "inv_freq": freqs},
+                      {"layout": vision_layout(self.model) if self.form == "full" else "per-frequency",
+                       "rows": rows, "columns": ("row (h) frequencies, then column (w)" if self.model == "pixtral"
+                                                 else "column (x) frequencies, then row (y)")})
+
+
+register_table("/v1/rope/vision", VisionRopeQuery, summary="2-D RoPE of vision encoders (Pixtral, Llama 4 vision)",
+               response_description="Tensors `cos`, `sin` [patches (+1 CLS for llama4), head_dim] (form=half: "
+                                    "head_dim/2) and `inv_freq` [head_dim/2] float32 in column order.")
