@@ -28,6 +28,7 @@ import contextlib
 import json
 import logging
 import math
+import select
 import signal
 import socket
 import threading
@@ -41,6 +42,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import HANDLED_SIGNALS, ServerState
 
 from service.logs import log_config
+from service.metrics import shared_metrics_dir
 from service.settings import Settings
 
 log = logging.getLogger("posenc.server")
@@ -52,6 +54,9 @@ EXIT_STARTUP_FAILURE = STARTUP_FAILURE  # 3: the port is taken, the app failed t
 # After the signal, before the listeners close: one more pass of the event loop reads requests that were
 # fully sent before the signal but not yet parsed, so they are answered instead of reset.
 SETTLE_SECONDS = 0.05
+# Connections the kernel completed before the signal but the loop has not accepted yet are reset when the
+# listener closes: the loop gets up to this long to accept them (a burst on a busy machine) first.
+BACKLOG_SECONDS = 1.0
 # uvicorn's own drain deadline (tasks are cancelled after it) is a backstop behind the protocol's, which
 # aborts the connections first so no cancelled task can write a 500 to a client.
 BACKSTOP_MARGIN_SECONDS = 2.0
@@ -239,8 +244,11 @@ class Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        """uvicorn's shutdown, reordered: settle, stop listening, drain within the deadline, then cut."""
+        """uvicorn's shutdown, reordered: settle (accepting what waits in the backlog), stop listening, drain
+        within the deadline, then cut."""
         await asyncio.sleep(SETTLE_SECONDS)
+        if await self._accept_backlog():
+            await asyncio.sleep(SETTLE_SECONDS)  # read the requests of the connections just accepted
         log.info("shutting down: waiting up to %g s for %d connection(s) (POSENC_GRACEFUL_SHUTDOWN_TIMEOUT)",
                  self.timeouts.graceful_shutdown, len(self.server_state.connections))
         for server in self.servers:
@@ -266,6 +274,19 @@ class Server(uvicorn.Server):
                 task.cancel(msg="graceful shutdown timeout exceeded")
         if not self.force_exit:
             await self.lifespan.shutdown()
+
+    async def _accept_backlog(self) -> bool:
+        """Wait (at most `BACKLOG_SECONDS`) until no listener has a connection waiting to be accepted;
+        whether there was one."""
+        listeners = [sock.fileno() for server in self.servers for sock in server.sockets]
+        deadline = asyncio.get_running_loop().time() + BACKLOG_SECONDS
+        waited = False
+        while listeners and select.select(listeners, [], [], 0)[0]:  # readable listener = pending connection
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            waited = True
+            await asyncio.sleep(0.005)  # the loop's reader callback accepts them
+        return waited
 
     @property
     def exit_status(self) -> int:
@@ -301,13 +322,15 @@ def serve(settings: Settings) -> int:
     timeout cut connections, `EXIT_STARTUP_FAILURE` when it could not start. Several workers: uvicorn's
     supervisor, which returns once every worker has stopped: 0 whatever the workers' status (they enforce the
     same timeouts; cut connections are in their log), `EXIT_STARTUP_FAILURE` when a worker could not start.
+    The workers share one metrics directory, so `/metrics` reports totals over all of them.
     """
     config = build_config(settings)
     if config.workers > 1:
         from uvicorn.supervisors import Multiprocess
 
         supervisor = Multiprocess(config, sockets=[config.bind_socket()])
-        supervisor.run()
+        with shared_metrics_dir():  # uvicorn spawns its workers: they import prometheus_client afresh
+            supervisor.run()
         failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
         return EXIT_STARTUP_FAILURE if failed else EXIT_OK
     server = Server(config)
