@@ -42,6 +42,10 @@ RUN groupadd --system --gid 10001 posenc \
             --shell /usr/sbin/nologin posenc
 COPY --from=build /opt/posenc /opt/posenc
 COPY --from=build /src/onnx /srv/posenc/onnx
+# matplotlib's font cache, built once here (format=png): the user has no home and the root filesystem may
+# be read-only (Kubernetes), so without it every process would rebuild it on its first picture.
+ENV MPLCONFIGDIR=/opt/matplotlib
+RUN /opt/posenc/bin/python -c "import matplotlib.font_manager" && chmod -R a+rX /opt/matplotlib
 
 # POSENC_HOST/PORT (not --host/--port in CMD) so that `-e POSENC_PORT=...` still moves the port.
 ENV PATH=/opt/posenc/bin:$PATH \

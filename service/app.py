@@ -15,8 +15,11 @@ from service.errors import install_error_handlers
 from service.fastpath import FastPath, Spellings
 from service.metrics import install_metrics
 from service.openapi import install_openapi
-from service.routes import health, inference
+from service.routes import docs, explorer, health, inference, model_repository, shared_memory
+from service.routes.check import check_router
+from service.routes.check_inference import router as check_inference_router
 from service.settings import Settings
+from service.shared_memory import SharedMemoryRegistry
 from service.tables.http import table_router
 
 log = logging.getLogger("posenc")
@@ -42,12 +45,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await engine.close()
+            app.state.shared_memory.close()  # unmap every registered region
 
     app = FastAPI(
         title="posenc",
         version=__version__,
         description="Positional-encoding tables, attention biases and ONNX RoPE-attention inference.",
         lifespan=lifespan,
+        # /docs and /redoc come from service.routes.docs: same pages, assets served locally (offline).
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.table_cache = ByteLRUCache(settings.cache_bytes)
@@ -55,11 +62,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                            wait_seconds=settings.memory_wait_seconds)
     limit_malloc_arenas(settings.malloc_arenas)
     app.state.readiness_problems = ["starting"]
+    app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory)
     install_error_handlers(app)
     install_openapi(app)
     tables = table_router()
-    for router in (health.router, tables, inference.router):
+    for router in (health.router, tables, inference.router, model_repository.router, shared_memory.router,
+                   docs.router, explorer.router):
         app.include_router(router)
+    app.include_router(check_router())
+    app.include_router(check_inference_router)
     # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
     app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
                        routes=[*health.router.routes, *tables.routes])

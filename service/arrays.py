@@ -1,4 +1,4 @@
-"""Wire formats for tensors: safetensors, npy, raw and json, and the negotiation between them.
+"""Wire formats for tensors: safetensors, npy, raw and json (and png pictures), and the negotiation between them.
 
 Binary encoders write a header and then the array's own buffer: the response body is built with one
 copy of the data (no intermediate `tobytes()`), little-endian and C order.
@@ -19,8 +19,10 @@ import pydantic_core
 from models.dtypes import dtype_name, lookup, np_dtype
 from service.errors import NotAcceptable, echo
 
-Format = Literal["safetensors", "npy", "raw", "json"]
+Format = Literal["safetensors", "npy", "raw", "json", "png"]
 FORMATS: tuple[str, ...] = get_args(Format)
+# The formats that carry the values; png is a picture of them. Error messages list these (their wording is pinned).
+DATA_FORMATS: tuple[str, ...] = tuple(f for f in FORMATS if f != "png")
 DEFAULT_FORMAT: Format = "safetensors"
 
 MEDIA_TYPES: dict[str, str] = {
@@ -28,8 +30,9 @@ MEDIA_TYPES: dict[str, str] = {
     "npy": "application/x-npy",
     "raw": "application/octet-stream",
     "json": "application/json",
+    "png": "image/png",  # a picture of the tensors (service.png), not their values
 }
-FILE_SUFFIX = {"safetensors": ".safetensors", "npy": ".npy", "raw": ".bin", "json": ".json"}
+FILE_SUFFIX = {"safetensors": ".safetensors", "npy": ".npy", "raw": ".bin", "json": ".json", "png": ".png"}
 SINGLE_TENSOR_FORMATS = ("npy", "raw")
 
 
@@ -49,7 +52,8 @@ def negotiate_format(format_param: str | None, accept: str | None) -> Format:
     """
     if format_param is not None:
         if format_param not in FORMATS:
-            raise NotAcceptable(f"format: unsupported format {echo(format_param)}; supported: {', '.join(FORMATS)}")
+            raise NotAcceptable(f"format: unsupported format {echo(format_param)}; "
+                                f"supported: {', '.join(DATA_FORMATS)}")
         return format_param  # type: ignore[return-value]
     if not accept or not accept.strip():
         return DEFAULT_FORMAT

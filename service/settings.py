@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     max_json_elements: int = Field(
         1 << 20, ge=1, description="Largest number of elements served as `format=json`; over it: 413."
     )
+    max_png_pixels: int = Field(
+        1 << 22, ge=1,
+        description="Largest number of table elements drawn as `format=png` (one cell each); over it: 413.",
+    )
     cache_bytes: int = Field(
         256 * MiB, ge=0, description="Byte budget of the in-memory LRU cache of encoded table responses (0 = off)."
     )

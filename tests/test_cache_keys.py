@@ -90,6 +90,10 @@ BASE: dict[str, dict[str, Any]] = {
     "/v1/relative/clipped": {"query_length": 4, "key_length": 6, "max_relative_position": 2},
     "/v1/rope/vision": {"head_dim": 16, "image_size": 64, "patch_size": 16},
     "/v1/relative/sinusoidal": {"qlen": 3, "klen": 4, "d_model": 8},
+    "/v1/properties/rope": {"max_position": 6, "head_dim": 16},
+    "/v1/properties/sinusoidal": {"max_position": 6, "dim": 8},
+    "/v1/properties/alibi": {"num_heads": 2, "query_length": 3, "key_length": 4},
+    "/v1/properties/t5": {"query_length": 4, "key_length": 40},
 }
 
 # A second valid value per parameter name that changes the table (given the context below).
@@ -102,7 +106,7 @@ ALTERNATIVES: dict[str, Any] = {
     "form": "half", "dtype": "float64", "variant": "marian", "base": 500.0, "padding_idx": 3, "num_heads": 6,
     "alibi_bias_max": 4.0, "query_length": 2, "key_length": 5, "mode": "symmetric", "mask": "true",
     "bidirectional": "false", "num_buckets": 16, "max_distance": 64, "position_buckets": 16,
-    "max_relative_positions": 128, "max_relative_position": 1,
+    "max_relative_positions": 128, "max_relative_position": 1, "pairs": 8, "seed": 1,
 }
 # Where the name alone does not say (integer tables take integer dtypes).
 ROUTE_ALTERNATIVES: dict[tuple[str, str], Any] = {
@@ -151,6 +155,12 @@ CONTEXT: dict[tuple[str, str], dict[str, Any]] = {
     ("/v1/deberta/buckets", "position_buckets"): {"position_buckets": 8, "max_relative_positions": 64},
     ("/v1/deberta/buckets", "max_relative_positions"): {"position_buckets": 8, "max_relative_positions": 64},
 }
+# /v1/properties/X takes the parameters of the table route X, in the same contexts
+for _table, _properties in (("/v1/rope", "/v1/properties/rope"), ("/v1/sinusoidal", "/v1/properties/sinusoidal"),
+                            ("/v1/t5/buckets", "/v1/properties/t5")):
+    CONTEXT |= {(_properties, name): value for (route, name), value in list(CONTEXT.items()) if route == _table}
+    ROUTE_ALTERNATIVES |= {(_properties, name): value for (route, name), value in list(ROUTE_ALTERNATIVES.items())
+                           if route == _table}
 NOT_TABLE_PARAMETERS = {"format", "tensor"}  # the response encoding; covered by the tests above
 
 

@@ -3,9 +3,22 @@
 Importing this package registers every family; `TABLES` maps each path to its `TableRoute`.
 """
 
-from service.tables import alibi, relative, rope, sinusoidal, t5
+from service.tables import (
+    alibi,
+    from_config,
+    mrope,
+    properties,
+    properties_learned,
+    relative,
+    rope,
+    sinusoidal,
+    t5,
+    vision_rope,
+    xlnet,
+)
 from service.tables.core import TABLES
 
-FAMILIES = (alibi, relative, rope, sinusoidal, t5)
+FAMILIES = (alibi, from_config, mrope, relative, rope, sinusoidal, t5, vision_rope, xlnet)
+PROPERTIES_FAMILIES = (properties, properties_learned)  # /v1/properties/...: `service.tables.core.PROPERTIES`
 
-__all__ = ["FAMILIES", "TABLES"]
+__all__ = ["FAMILIES", "PROPERTIES_FAMILIES", "TABLES"]

@@ -38,6 +38,7 @@ from service.arrays import (
 )
 from service.cache import ByteLRUCache, CachedBody
 from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed
+from service.png import Picture, picture_elements, render, table_picture
 from service.settings import Settings
 
 CACHE_CONTROL = "public, max-age=86400"
@@ -123,6 +124,19 @@ class TableQuery(BaseModel):
         """
         return sum(3 * spec.nbytes for spec in specs.values())
 
+    def picture_tensors(self) -> tuple[str, ...]:
+        """What `format=png` draws without `?tensor=`: a table's first tensor."""
+        return self.tensors[:1]
+
+    def picture_elements(self, specs: Mapping[str, TensorSpec], selected: list[str]) -> int:
+        """Cells `picture` draws for these tensors (checked against POSENC_MAX_PNG_PIXELS before computing)."""
+        return sum(picture_elements(specs[name].shape) for name in selected)
+
+    def picture(self, tensors: Mapping[str, np.ndarray], params: Mapping[str, str]) -> Picture:
+        """The `format=png` picture of the selected tensors: a table draws its one tensor."""
+        ((name, array),) = tensors.items()
+        return table_picture(self.endpoint, name, array, params)
+
 
 FLOAT64_TEMPORARY = 8  # bytes per output element of a table evaluated in float64 and cast once
 
@@ -142,13 +156,22 @@ class TableRoute:
 
 
 TABLES: dict[str, TableRoute] = {}
+# /v1/properties/...: measurements of a family's table, answered by the same path as the tables
+# (formats, ETag, cache, limits) but not tables themselves (no fast path, no /v1/check route)
+PROPERTIES: dict[str, TableRoute] = {}
 
 
-def register_table(path: str, query: type[TableQuery], *, summary: str, response_description: str) -> None:
+def register_table(path: str, query: type[TableQuery], *, summary: str, response_description: str,
+                   properties: bool = False) -> None:
     """Declare a table endpoint: the route, its OpenAPI entry and `posenc table` follow from it."""
-    if path in TABLES:
+    if path in TABLES or path in PROPERTIES:
         raise ValueError(f"table route {path} registered twice")
-    TABLES[path] = TableRoute(path, query, summary, response_description)
+    (PROPERTIES if properties else TABLES)[path] = TableRoute(path, query, summary, response_description)
+
+
+def table_routes() -> dict[str, TableRoute]:
+    """Every route answered by `TableRequest`: the tables, then the properties."""
+    return {**TABLES, **PROPERTIES}
 
 
 def metadata_value(value: Any) -> str:
@@ -219,13 +242,15 @@ class TableRequest:
     if_none_match: str | None = None
     method: str = "GET"
 
-    def _select(self, specs: Mapping[str, TensorSpec]) -> list[str]:
+    def _select(self, specs: Mapping[str, TensorSpec], picture_tensors: tuple[str, ...]) -> list[str]:
         names = list(specs)
         if self.tensor is not None:
             if self.tensor not in specs:
                 raise InvalidParameter(f"tensor: unknown tensor {self.tensor!r}; this endpoint returns "
                                        + ", ".join(names))
             return [self.tensor]
+        if self.format == "png":  # one picture: of ?tensor=, else of what the endpoint draws by default
+            return list(picture_tensors)
         if self.format in SINGLE_TENSOR_FORMATS and len(names) > 1:
             raise BadRequest(f"format={self.format} carries one tensor: choose it with ?tensor= "
                              f"(one of {', '.join(names)}), or use format=safetensors for all of them")
@@ -256,11 +281,17 @@ class TableRequest:
         specs = query.specs()
         if tuple(specs) != query.tensors:
             raise RuntimeError(f"{type(query).__name__}: specs {list(specs)} differ from tensors {query.tensors}")
-        selected = self._select(specs)
+        selected = self._select(specs, query.picture_tensors())
         if self.format == "npy" and any(dtype_name(specs[n].dtype) == "bfloat16" for n in selected):
             raise BadRequest("format=npy cannot represent bfloat16; use format=safetensors (BF16) or raw, "
                              "or another dtype")
         self._check_size(specs, selected)
+        if self.format == "png":
+            pixels = query.picture_elements(specs, selected)
+            if pixels > self.settings.max_png_pixels:
+                raise PayloadTooLarge(f"format=png draws one cell per element: {pixels} requested, the limit is "
+                                      f"{self.settings.max_png_pixels} (POSENC_MAX_PNG_PIXELS); ask for fewer "
+                                      "rows or columns, or a binary format")
 
         canonical = {name: metadata_value(v) for name, v in sorted(query.params().items()) if v is not None}
         key_doc = {"endpoint": query.endpoint, "params": canonical, "format": self.format,
@@ -285,7 +316,13 @@ class TableRequest:
         bundle = query.compute()
         _check_bundle(bundle, pending.specs)
         metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **pending.canonical, **bundle.metadata}
-        cached = _encode(self.format, {n: bundle.tensors[n] for n in pending.selected}, metadata, query.endpoint)
+        selected = {n: bundle.tensors[n] for n in pending.selected}
+        if self.format == "png":
+            cached = _encode_png(render(query.picture(selected, {**pending.canonical, **bundle.metadata})),
+                                 query.endpoint, pending.selected)
+        else:
+            cached = _encode(self.format, selected, metadata, query.endpoint)
+        del selected
         del bundle  # the arrays go before the answer is sent: only the encoded body stays
         self.cache.put(pending.digest, cached)
         return _answer(pending.digest, cached, "miss")
@@ -302,6 +339,14 @@ def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:
         if array is None or array.shape != spec.shape or array.dtype != spec.dtype:
             got = None if array is None else (array.shape, array.dtype)
             raise RuntimeError(f"tensor {name!r}: declared {spec}, computed {got}")
+
+
+def _encode_png(body: bytes, endpoint: str, selected: list[str]) -> CachedBody:
+    stem = endpoint.strip("/").replace("/", "-") or "table"
+    if len(selected) == 1:
+        stem = f"{stem}-{selected[0]}"
+    disposition = f'inline; filename="{stem}{FILE_SUFFIX["png"]}"'  # a picture is shown, not saved
+    return CachedBody(body=body, media_type=MEDIA_TYPES["png"], headers=(("Content-Disposition", disposition),))
 
 
 def _encode(fmt: Format, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str],

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from service.arrays import FORMATS, negotiate_format
 from service.budget import MemoryBudget, release_free_memory
 from service.tables import TABLES
-from service.tables.core import Answer, Pending, TableQuery, TableRequest, TableRoute
+from service.tables.core import Answer, Pending, TableQuery, TableRequest, TableRoute, table_routes
 from service.uploads import declared_length, read_body
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).
@@ -112,13 +112,14 @@ def _endpoint(route: TableRoute) -> Any:
 
 
 def table_router() -> APIRouter:
-    """Every registered table route."""
+    """Every registered table route, then the properties routes."""
     router = APIRouter(tags=["tables"])
-    for route in TABLES.values():
+    for route in table_routes().values():
         body = route.query.body
         router.add_api_route(
             route.path, _endpoint(route), methods=[route.method], summary=route.summary,
             description=(route.query.__doc__ or "").strip(), response_description=route.response_description,
             openapi_extra=dict(body.openapi) if body else None, response_class=Response,
+            tags=["properties"] if route.path not in TABLES else None,
         )
     return router

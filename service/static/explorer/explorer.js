@@ -1,0 +1,168 @@
+// posenc explorer: builds the query of a family from the form, shows the service's PNG pictures of the
+// table and of its properties, the properties summary (format=json metadata) and the exact URL and curl
+// command of each. Same-origin requests only; no libraries.
+"use strict";
+
+const DTYPES = ["float32", "float16", "bfloat16", "float64"];
+const FAMILIES = {
+  rope: {
+    table: "/v1/rope", properties: "/v1/properties/rope", tensor: "decay_bound",
+    parameters: [
+      ["max_position", 512], ["head_dim", 64], ["rope_theta", 10000],
+      ["rope_type", "default", ["default", "linear", "dynamic", "yarn", "llama3"]],
+      ["factor", ""], ["original_max_position_embeddings", ""], ["max_position_embeddings", ""],
+      ["low_freq_factor", ""], ["high_freq_factor", ""], ["dtype", "float32", DTYPES],
+    ],
+  },
+  sinusoidal: {
+    table: "/v1/sinusoidal", properties: "/v1/properties/sinusoidal", tensor: "dot_product",
+    parameters: [
+      ["max_position", 256], ["dim", 64], ["variant", "paper", ["paper", "tensor2tensor", "fairseq", "marian"]],
+      ["base", 10000], ["dtype", "float32", DTYPES],
+    ],
+  },
+  alibi: {
+    table: "/v1/alibi/bias", properties: "/v1/properties/alibi", tensor: "slopes",
+    parameters: [
+      ["num_heads", 8], ["query_length", 64], ["key_length", 64],
+      ["mode", "causal", ["causal", "symmetric", "bloom", "mpt"]], ["dtype", "float32", DTYPES],
+    ],
+  },
+  t5: {
+    table: "/v1/t5/buckets", properties: "/v1/properties/t5", tensor: "boundaries",
+    parameters: [
+      ["query_length", 64], ["key_length", 64], ["bidirectional", "true", ["true", "false"]],
+      ["num_buckets", 32], ["max_distance", 128],
+    ],
+  },
+};
+
+const $ = (id) => document.getElementById(id);
+let timer = null;
+let generation = 0;
+
+function buildForm(name) {
+  const box = $("parameters");
+  box.replaceChildren();
+  for (const [param, value, choices] of FAMILIES[name].parameters) {
+    const label = document.createElement("label");
+    label.textContent = param;
+    let input;
+    if (choices) {
+      input = document.createElement("select");
+      for (const choice of choices) input.add(new Option(choice, choice, false, choice === value));
+    } else {
+      input = document.createElement("input");
+      input.type = "text";
+      input.inputMode = "decimal";
+      input.value = String(value);
+      input.placeholder = "not given";
+    }
+    input.name = param;
+    input.id = "param-" + param;
+    label.append(input);
+    box.append(label);
+  }
+}
+
+function query() {
+  const params = new URLSearchParams();
+  for (const element of $("parameters").querySelectorAll("input, select")) {
+    if (element.value.trim() !== "") params.set(element.name, element.value.trim());
+  }
+  return params;
+}
+
+function absolute(path) {
+  return new URL(path, window.location.href).href;
+}
+
+function showCommand(which, url, output) {
+  const link = $(which + "-url");
+  link.textContent = url;
+  link.href = url;
+  $(which + "-curl").textContent = `curl -sS -o ${output} '${url}'`;
+}
+
+function showError(message) {
+  const box = $("error");
+  box.textContent = message;
+  box.hidden = !message;
+}
+
+async function errorOf(url) {
+  try {
+    const response = await fetch(url);
+    if (response.ok) return null;
+    const body = await response.json();
+    return `${response.status}: ${body.error}`;
+  } catch (exc) {
+    return String(exc);
+  }
+}
+
+function loadPicture(img, url) {
+  return new Promise((resolve) => {
+    img.onload = () => resolve(null);
+    img.onerror = () => errorOf(url).then((message) => resolve(message || "the picture did not load"));
+    img.src = url;
+  });
+}
+
+async function showSummary(url, mine) {
+  const response = await fetch(url);
+  const body = await response.json();
+  if (mine !== generation) return null;
+  if (!response.ok) return `${response.status}: ${body.error}`;
+  const rows = $("summary").tBodies[0];
+  rows.replaceChildren();
+  const given = query();
+  for (const [key, value] of Object.entries(body.metadata)) {
+    if (given.has(key) || key === "posenc_version" || key === "endpoint") continue;
+    const row = rows.insertRow();
+    row.insertCell().textContent = key;
+    row.insertCell().textContent = value;
+  }
+  return null;
+}
+
+async function redraw() {
+  const mine = ++generation;
+  document.body.dataset.state = "loading";
+  const family = FAMILIES[$("family").value];
+  const params = query().toString();
+  const tableUrl = absolute(`${family.table}?${params}&format=png`);
+  const propertiesUrl = absolute(`${family.properties}?${params}&format=png`);
+  showCommand("table", tableUrl, "table.png");
+  showCommand("properties", propertiesUrl, "properties.png");
+  const summaryUrl = absolute(`${family.properties}?${params}&format=json&tensor=${family.tensor}`);
+  const problems = await Promise.all([
+    loadPicture($("table-picture"), tableUrl),
+    loadPicture($("properties-picture"), propertiesUrl),
+    showSummary(summaryUrl, mine),
+  ]);
+  if (mine !== generation) return;
+  const message = problems.filter(Boolean).join("\n");
+  showError(message);
+  document.body.dataset.state = message ? "error" : "ready";
+}
+
+function schedule() {
+  clearTimeout(timer);
+  timer = setTimeout(redraw, 300);
+}
+
+function start() {
+  const select = $("family");
+  for (const name of Object.keys(FAMILIES)) select.add(new Option(name, name));
+  const wanted = new URLSearchParams(window.location.search).get("family");
+  if (wanted && FAMILIES[wanted]) select.value = wanted;
+  buildForm(select.value);
+  select.addEventListener("change", () => { buildForm(select.value); schedule(); });
+  $("parameters").addEventListener("input", schedule);
+  $("parameters").addEventListener("change", schedule);
+  $("controls").addEventListener("submit", (event) => { event.preventDefault(); redraw(); });
+  redraw();
+}
+
+start();
