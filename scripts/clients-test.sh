@@ -13,56 +13,18 @@
 # Nothing is downloaded at build time: Debian's cmake/g++/libcurl/nlohmann-json, golang-go (standard
 # library only, GOPROXY=off), the default JDK (javac/java, no Maven) and Debian's cargo/rustc (no
 # crates: std only, --offline).
-set -euo pipefail
-
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if [ -z "${PYTHON:-}" ]; then
-  PYTHON=python3
-  [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
-fi
+NAME=clients-test
+source "$(dirname "${BASH_SOURCE[0]}")/live-server.sh"
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
-WORK=$(mktemp -d)
-SERVER_PID=""
-export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
-
-cleanup() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$SERVER_PID" 2>/dev/null || true
-  fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-say() { echo "clients-test: $*" >&2; }
 
 # Debian packages of every toolchain: C++ (cmake, g++, libcurl, nlohmann/json), Go, Java, Rust.
 PACKAGES=(cmake make g++ pkg-config libcurl4-openssl-dev nlohmann-json3-dev golang-go default-jdk-headless
           cargo rustc)
 install_toolchains() {
-  local missing=()
   if command -v dpkg-query >/dev/null; then
-    for p in "${PACKAGES[@]}"; do
-      dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-    done
+    apt_install "${PACKAGES[@]}"
   else
     say "not a Debian system: the toolchains must already be installed"
-  fi
-  if [ "${#missing[@]}" -gt 0 ]; then
-    say "installing ${missing[*]}"
-    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
-      say "FAILED: missing ${missing[*]} and apt-get cannot run here (needs root on Debian)"
-      exit 1
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    timeout 600 apt-get update -q >"$WORK/apt.log" 2>&1 &&
-      timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$WORK/apt.log" 2>&1 || {
-      say "FAILED: apt-get could not install ${missing[*]}; its log:"
-      tail -n 30 "$WORK/apt.log" >&2
-      exit 1
-    }
   fi
   # Debian's toolchains, not whatever else is first on PATH (e.g. a rustup install in ~/.cargo).
   for tool in cmake g++ go javac java cargo rustc; do
@@ -106,14 +68,7 @@ export GOCACHE=${GOCACHE:-"$WORK/go-cache"}
 
 timeout "$STEP_TIMEOUT" "$PYTHON" "$REPO/scripts/js_client_fixtures.py" "$WORK/fixtures.json"
 
-PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-(cd "$REPO" && exec "$PYTHON" -m service.cli serve --host 127.0.0.1 --port "$PORT") >"$WORK/server.log" 2>&1 &
-SERVER_PID=$!
-if ! "$PYTHON" "$REPO/scripts/container_check.py" wait-ready "http://127.0.0.1:$PORT" --timeout 60; then
-  say "server did not become ready; its log:"
-  tail -n 40 "$WORK/server.log" >&2
-  exit 1
-fi
+start_server
 export POSENC_URL="http://127.0.0.1:$PORT" POSENC_FIXTURES="$WORK/fixtures.json"
 
 cd "$REPO"
@@ -137,6 +92,6 @@ done
 printf '%s\n' "${summary[@]}"
 if [ "$failed" -ne 0 ]; then
   say "$failed client(s) failed; server log tail:"
-  tail -n 40 "$WORK/server.log" >&2
+  server_log_tail
   exit 1
 fi

@@ -9,7 +9,7 @@ needs a CDN, a web font or the Swagger validator shows a failed request. For eac
 the operations are listed (several paths visible in the rendered text), every request the page
 made went to the server itself (Chrome DevTools Network events from the performance log), none
 failed, none answered >= 400, and the console logged no error. Exit status 0 only if all hold.
-scripts/docs-browser-test.sh starts the server and runs this.
+scripts/browser-test.sh starts the server and runs this.
 """
 
 from __future__ import annotations

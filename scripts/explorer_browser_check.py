@@ -6,7 +6,7 @@ Needs selenium (>= 4.20) plus Debian's chromium and chromium-driver (no download
 given, Selenium Manager stays offline). Checks: the page loads and draws the table and properties
 pictures and the summary; the console logs no error; changing a parameter (head_dim) and then the
 family redraws (new picture URLs, loaded, the curl command follows); a screenshot is not blank.
-Exit status 0 only if all hold. scripts/explorer-browser-test.sh starts the server and runs this.
+Exit status 0 only if all hold. scripts/browser-test.sh starts the server and runs this.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """/docs and /redoc load nothing from outside the service (no CDN, fonts or validator badge).
 
-The browser-level check (a headless chromium with the network blocked) is scripts/docs-browser-test.sh.
+The browser-level check (a headless chromium with the network blocked) is scripts/browser-test.sh.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The explorer page: served at / and /explorer, same-origin only (the browser test drives it:
-scripts/explorer-browser-test.sh), and `posenc table` writes the same pictures as the routes."""
+scripts/browser-test.sh), and `posenc table` writes the same pictures as the routes."""
 
 import re
 from pathlib import Path

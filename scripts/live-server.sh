@@ -1,0 +1,70 @@
+# Sourced by the scripts that test something against a live `posenc serve` (clients, browsers):
+#
+#   NAME=my-test; source "$(dirname "${BASH_SOURCE[0]}")/live-server.sh"
+#   apt_install chromium chromium-driver      # Debian packages, when missing (root; failure exits 1)
+#   start_server                              # sets PORT and SERVER_PID; exits 1 with the log if not ready
+#
+# Sets REPO, PYTHON ($PYTHON, else the repository's .venv, else python3), WORK (a temporary folder) and
+# a trap that stops the server and removes WORK on exit; `say` prefixes messages with $NAME.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -z "${PYTHON:-}" ]; then
+  PYTHON=python3
+  [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
+fi
+WORK=$(mktemp -d)
+SERVER_PID=""
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+
+say() { echo "$NAME: $*" >&2; }
+
+cleanup() {
+  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
+    kill "$SERVER_PID" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$SERVER_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Install the Debian packages among "$@" that are not installed yet; no apt-get (not root, not Debian)
+# or a failed install fails the run: nothing is skipped.
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  [ "${#missing[@]}" -gt 0 ] || return 0
+  if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
+    say "FAILED: ${missing[*]} missing and apt-get cannot run here (needs root on Debian)"
+    exit 1
+  fi
+  say "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  timeout 600 apt-get update -q >"$WORK/apt.log" 2>&1 &&
+    timeout 900 apt-get install -y -q --no-install-recommends "${missing[@]}" >>"$WORK/apt.log" 2>&1 || {
+    say "FAILED: apt-get could not install ${missing[*]}; its log:"
+    tail -n 30 "$WORK/apt.log" >&2
+    exit 1
+  }
+}
+
+# `posenc serve` on a free loopback port, its output in $WORK/server.log; waits until /readyz answers.
+start_server() {
+  PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  (cd "$REPO" && exec "$PYTHON" -m service.cli serve --host 127.0.0.1 --port "$PORT" "$@") >"$WORK/server.log" 2>&1 &
+  SERVER_PID=$!
+  if ! "$PYTHON" "$REPO/scripts/container_check.py" wait-ready "http://127.0.0.1:$PORT" --timeout 60; then
+    say "server did not become ready; its log:"
+    tail -n 40 "$WORK/server.log" >&2
+    exit 1
+  fi
+}
+
+# The server log's tail after a failure.
+server_log_tail() {
+  tail -n 40 "$WORK/server.log" >&2
+}
