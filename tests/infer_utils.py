@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
+import tritonclient.http as httpclient
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "onnx"
@@ -32,3 +33,13 @@ def session(path: Path) -> ort.InferenceSession:
 
 def run(sess: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return sess.run(["output"], inputs)[0]
+
+
+def triton_inputs(inputs: dict[str, np.ndarray], binary: bool) -> list[httpclient.InferInput]:
+    """tritonclient InferInputs for these arrays, sent as binary tensors or as JSON."""
+    out = []
+    for name, array in inputs.items():
+        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+        tensor.set_data_from_numpy(array, binary_data=binary)
+        out.append(tensor)
+    return out

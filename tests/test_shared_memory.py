@@ -4,8 +4,6 @@ Triton's own example flow, and the bad inputs (missing key, regions too small, u
 from __future__ import annotations
 
 import os
-import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,13 +11,11 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
-import uvicorn
 from tritonclient.utils import InferenceServerException
 
-from service.app import create_app
 from service.settings import Settings
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
-from tests.test_tritonclient import _free_port, _infer_inputs
+from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
+from tests.live_server import live_server
 
 pytestmark = pytest.mark.server
 
@@ -29,19 +25,8 @@ DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    port = _free_port()
-    app = create_app(Settings(shared_memory=True, max_queue_delay_us=0))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with live_server(Settings(shared_memory=True, max_queue_delay_us=0)) as address:
+        yield address
 
 
 @pytest.fixture
@@ -114,7 +99,7 @@ def test_triton_example_flow(client: httpclient.InferenceServerClient) -> None:
                                        "shared_memory_offset": 64}
         assert entry["shape"] == [2, 8, 7, 64] and entry["datatype"] == "FP32" and "data" not in entry
         got = shm.get_contents_as_numpy(out_handle, np.float32, entry["shape"], offset=64)
-        binary = client.infer(MODEL, _infer_inputs(inputs, True)).as_numpy("output")
+        binary = client.infer(MODEL, triton_inputs(inputs, True)).as_numpy("output")
         np.testing.assert_array_equal(got, binary)
         np.testing.assert_allclose(got, _expected(inputs), atol=1e-5, rtol=1e-5)
 
@@ -182,7 +167,7 @@ def test_declared_size_must_match_the_tensor(client: httpclient.InferenceServerC
     client.register_system_shared_memory("r", key, 4096)
     tensor = httpclient.InferInput("query", [1, 8, 1, 64], "FP32")
     tensor.set_shared_memory("r", 1024)
-    others = _infer_inputs({k: v for k, v in random_inputs(8, 8, 64, 1, 1).items() if k != "query"}, True)
+    others = triton_inputs({k: v for k, v in random_inputs(8, 8, 64, 1, 1).items() if k != "query"}, True)
     status, message = _status_and_message(client.infer, MODEL, [tensor, *others])
     assert status == "400" and "shared_memory_byte_size is 1024 bytes" in message and "needs 2048" in message
 
@@ -191,10 +176,10 @@ def test_output_region_too_small(client: httpclient.InferenceServerClient, raw_o
     key, _ = raw_object
     client.register_system_shared_memory("out", key, 4096)
     inputs = random_inputs(8, 8, 64, 1, 3)  # output: 6144 bytes
-    status, message = _status_and_message(client.infer, MODEL, _infer_inputs(inputs, True),
+    status, message = _status_and_message(client.infer, MODEL, triton_inputs(inputs, True),
                                           outputs=[_shm_output("out", 4096)])
     assert status == "400" and "output 'output'" in message and "needs 6144" in message
-    status, message = _status_and_message(client.infer, MODEL, _infer_inputs(inputs, True),
+    status, message = _status_and_message(client.infer, MODEL, triton_inputs(inputs, True),
                                           outputs=[_shm_output("out", 6144, offset=8)])
     assert status == "400" and "past the end of region 'out'" in message
 
@@ -221,14 +206,14 @@ def test_truncated_region_is_400_not_a_crash(client: httpclient.InferenceServerC
     inputs = random_inputs(8, 8, 64, 1, 1)
     client.register_system_shared_memory("shrinking", key, 4096)
     os.ftruncate(fd, 1024)  # the client shrinks its object after registering it
-    status, message = _status_and_message(client.infer, MODEL, _infer_inputs(inputs, True),
+    status, message = _status_and_message(client.infer, MODEL, triton_inputs(inputs, True),
                                           outputs=[_shm_output("shrinking", 2048)])
     assert status == "400" and "now has 1024 bytes, the region needs 4096" in message
     query = httpclient.InferInput("query", [1, 8, 1, 64], "FP32")
     query.set_shared_memory("shrinking", 2048)
-    others = _infer_inputs({k: v for k, v in inputs.items() if k != "query"}, True)
+    others = triton_inputs({k: v for k, v in inputs.items() if k != "query"}, True)
     status, message = _status_and_message(client.infer, MODEL, [query, *others])
     assert status == "400" and "input 'query'" in message and "now has 1024 bytes" in message
     assert client.is_server_live()
     os.ftruncate(fd, 4096)  # grown back: usable again
-    client.infer(MODEL, _infer_inputs(inputs, True), outputs=[_shm_output("shrinking", 2048)])
+    client.infer(MODEL, triton_inputs(inputs, True), outputs=[_shm_output("shrinking", 2048)])

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-import uvicorn
 from tritonclient.utils import InferenceServerException
 
-from service.app import create_app
 from service.settings import Settings
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
+from tests.live_server import live_server
 
 pytestmark = pytest.mark.server
 
@@ -23,36 +20,10 @@ MODEL = "rope_attention"
 GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    port = _free_port()
-    app = create_app(Settings(max_queue_delay_us=2000))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    yield f"127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-
-
-def _infer_inputs(inputs: dict[str, np.ndarray], binary: bool) -> list[httpclient.InferInput]:
-    out = []
-    for name, array in inputs.items():
-        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
-        tensor.set_data_from_numpy(array, binary_data=binary)
-        out.append(tensor)
-    return out
+    with live_server(Settings(max_queue_delay_us=2000)) as address:
+        yield address
 
 
 def _expected(inputs: dict[str, np.ndarray], model: str = MODEL) -> np.ndarray:
@@ -75,7 +46,7 @@ def test_infer_binary_and_json(url: str, binary_in: bool, binary_out: bool | Non
     client = httpclient.InferenceServerClient(url)
     inputs = random_inputs(8, 8, 64, 2, 6, start=123)
     outputs = None if binary_out is None else [httpclient.InferRequestedOutput("output", binary_data=binary_out)]
-    result = client.infer(MODEL, _infer_inputs(inputs, binary_in), outputs=outputs, request_id="abc-42")
+    result = client.infer(MODEL, triton_inputs(inputs, binary_in), outputs=outputs, request_id="abc-42")
     response = result.get_response()
     assert response["id"] == "abc-42" and response["model_name"] == MODEL
     got = result.as_numpy("output")
@@ -87,7 +58,7 @@ def test_infer_binary_and_json(url: str, binary_in: bool, binary_out: bool | Non
 def test_llama31_gqa_model(url: str) -> None:
     client = httpclient.InferenceServerClient(url)
     inputs = random_inputs(32, 8, 128, 1, 5, start=100000)
-    got = client.infer("llama3_1_attention", _infer_inputs(inputs, True)).as_numpy("output")
+    got = client.infer("llama3_1_attention", triton_inputs(inputs, True)).as_numpy("output")
     np.testing.assert_allclose(got, _expected(inputs, "llama3_1_attention"), atol=1e-5, rtol=1e-5)
     client.close()
 
@@ -95,7 +66,7 @@ def test_llama31_gqa_model(url: str) -> None:
 def test_unknown_model_is_404(url: str) -> None:
     client = httpclient.InferenceServerClient(url)
     with pytest.raises(InferenceServerException) as info:
-        client.infer("no_such_model", _infer_inputs(random_inputs(8, 8, 64, 1, 2), True))
+        client.infer("no_such_model", triton_inputs(random_inputs(8, 8, 64, 1, 2), True))
     assert info.value.status() == "404" and "unknown model 'no_such_model'" in info.value.message()
     client.close()
 
@@ -105,7 +76,7 @@ def test_bad_shape_is_400(url: str) -> None:
     inputs = random_inputs(8, 8, 64, 1, 2)
     inputs["query"] = np.zeros((1, 8, 2, 32), np.float32)
     with pytest.raises(InferenceServerException) as info:
-        client.infer(MODEL, _infer_inputs(inputs, True))
+        client.infer(MODEL, triton_inputs(inputs, True))
     assert info.value.status() == "400" and "(dim 3 must be 64)" in info.value.message()
     client.close()
 
@@ -123,7 +94,7 @@ def test_concurrent_clients_with_mixed_shapes_get_their_own_results(url: str) ->
         for i in indices:
             model, inputs = jobs[i]
             try:
-                results[i] = client.infer(model, _infer_inputs(inputs, i % 2 == 0)).as_numpy("output")
+                results[i] = client.infer(model, triton_inputs(inputs, i % 2 == 0)).as_numpy("output")
             except Exception as exc:
                 results[i] = exc
         client.close()
