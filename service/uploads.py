@@ -23,8 +23,15 @@ from typing import Any, Literal
 import numpy as np
 from starlette.requests import ClientDisconnect
 
-from models.dtypes import BY_NPY, BY_SAFETENSORS
-from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, UnsupportedMediaType, echo
+from models.dtypes import BY_NPY, BY_SAFETENSORS, FLOAT_DTYPES, dtype_name
+from service.errors import (
+    BadRequest,
+    ClientClosedRequest,
+    InvalidParameter,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    echo,
+)
 
 UploadFormat = Literal["npy", "safetensors"]
 UPLOAD_MEDIA_TYPES: dict[str, UploadFormat] = {
@@ -57,6 +64,23 @@ def upload_format(content_type: str | None, body_start: bytes) -> UploadFormat:
         return "safetensors"
     raise BadRequest(f"the body is neither .npy (magic \\x93NUMPY) nor safetensors (length + JSON header); "
                      f"send it with one of {allowed}")
+
+
+def upload_request_body(description: str) -> dict[str, Any]:
+    """The OpenAPI `requestBody` of an upload route: binary in every accepted media type."""
+    return {"required": True,
+            "description": description + " application/octet-stream is sniffed from the magic bytes.",
+            "content": {media: {"schema": {"type": "string", "format": "binary"}}
+                        for media in [*UPLOAD_MEDIA_TYPES, "application/octet-stream"]}}
+
+
+def decode_float_tensor(body: bytes, content_type: str | None, field: str) -> np.ndarray:
+    """`decode_tensor` of the tensor `weight` (or the only one), which must hold floats (422 naming `field`)."""
+    array = decode_tensor(body, content_type, "weight")
+    if dtype_name(array.dtype) not in FLOAT_DTYPES:
+        raise InvalidParameter(f"{field}: must be a float tensor ({', '.join(FLOAT_DTYPES)}), "
+                               f"got {dtype_name(array.dtype)}")
+    return array
 
 
 def decode_tensor(body: bytes, content_type: str | None, name: str = "weight") -> np.ndarray:

@@ -26,20 +26,13 @@ from service.tables import TABLES
 from service.tables.core import TableQuery, TableRoute
 from service.tables.rope import CONFIG_BODY
 from service.tables.t5 import WEIGHT_BODY
-from service.uploads import UPLOAD_MEDIA_TYPES, declared_length, read_body
+from service.uploads import declared_length, read_body, upload_request_body
 
 CHECK_FORMATS = ("json", "safetensors")
 
-BODY_DOC = {
-    "requestBody": {
-        "required": True,
-        "description": "Your tensors: safetensors (each under the endpoint's tensor name, e.g. `cos` and `sin`; "
-                       "for t5/bias also the learned table `weight`) or one .npy (named by `?tensor=`). "
-                       "application/octet-stream is sniffed from the magic bytes.",
-        "content": {media: {"schema": {"type": "string", "format": "binary"}}
-                    for media in [*UPLOAD_MEDIA_TYPES, "application/octet-stream"]},
-    }
-}
+BODY_DOC = {"requestBody": upload_request_body(
+    "Your tensors: safetensors (each under the endpoint's tensor name, e.g. `cos` and `sin`; for t5/bias also the "
+    "learned table `weight`) or one .npy (named by `?tensor=`).")}
 
 
 def check_path(route: TableRoute) -> str:

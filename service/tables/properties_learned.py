@@ -9,18 +9,17 @@ from typing import Any
 
 import numpy as np
 
-from models.dtypes import FLOAT_DTYPES, dtype_name
+from models.dtypes import dtype_name
 from models.errors import ParameterError
 from models.properties.bias import t5_bias_by_offset
 from models.properties.learned import check_learned_shape, learned_properties
 from models.t5 import check_t5_weight_shape
 from service.arrays import Bundle, byte_view
-from service.errors import InvalidParameter
 from service.png import Curve, Heatmap, Panel
 from service.tables.core import Body, TensorSpec, register_table
 from service.tables.properties import PropertiesQuery, T5PropertiesQuery, head_curves, summary
 from service.tables.t5 import WEIGHT_BODY
-from service.uploads import UPLOAD_MEDIA_TYPES, decode_tensor
+from service.uploads import decode_float_tensor, upload_request_body
 
 F64, I64 = np.dtype(np.float64), np.dtype(np.int64)
 
@@ -33,23 +32,12 @@ def upload_digest(array: np.ndarray) -> dict[str, Any]:
 
 def decode_table(body: bytes, content_type: str | None) -> np.ndarray:
     """A float position table [P, d]: safetensors (tensor `weight`, or the only tensor) or .npy."""
-    table = decode_tensor(body, content_type, "weight")
-    if dtype_name(table.dtype) not in FLOAT_DTYPES:
-        raise InvalidParameter(f"table: must be a float tensor ({', '.join(FLOAT_DTYPES)}), "
-                               f"got {dtype_name(table.dtype)}")
-    return table
+    return decode_float_tensor(body, content_type, "table")
 
 
-TABLE_BODY = Body(decode=decode_table, openapi={
-    "requestBody": {
-        "required": True,
-        "description": "A learned absolute position table [positions, dim] (F64/F32/F16/BF16), e.g. BERT's or "
-                       "GPT-2's position_embeddings, as safetensors (tensor `weight`, or the only tensor) or .npy "
-                       "(no pickle). application/octet-stream is sniffed from the magic bytes.",
-        "content": {media: {"schema": {"type": "string", "format": "binary"}}
-                    for media in [*UPLOAD_MEDIA_TYPES, "application/octet-stream"]},
-    }
-})
+TABLE_BODY = Body(decode=decode_table, openapi={"requestBody": upload_request_body(
+    "A learned absolute position table [positions, dim] (F64/F32/F16/BF16), e.g. BERT's or GPT-2's "
+    "position_embeddings, as safetensors (tensor `weight`, or the only tensor) or .npy (no pickle).")})
 
 
 class LearnedPropertiesQuery(PropertiesQuery):

@@ -8,13 +8,12 @@ import numpy as np
 from pydantic import Field
 
 from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
-from models.dtypes import FLOAT_DTYPES, dtype_name, np_dtype
+from models.dtypes import dtype_name, np_dtype
 from models.t5 import check_t5_parameters, check_t5_weight_shape, t5_bias, t5_buckets
 from service.arrays import Bundle, byte_view
-from service.errors import InvalidParameter
 from service.tables.core import Body, TableQuery, TensorSpec, register_table
 from service.tables.fields import IntDTypeField
-from service.uploads import UPLOAD_MEDIA_TYPES, decode_tensor
+from service.uploads import decode_float_tensor, upload_request_body
 
 BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 
@@ -64,23 +63,12 @@ class T5BucketsQuery(T5Query):
 
 def decode_weight(body: bytes, content_type: str | None) -> np.ndarray:
     """The uploaded learned table: a float tensor (safetensors `weight` or its only tensor, or .npy)."""
-    weight = decode_tensor(body, content_type, "weight")
-    weight_dtype = dtype_name(weight.dtype)
-    if weight_dtype not in FLOAT_DTYPES:
-        raise InvalidParameter(f"weight: must be a float tensor ({', '.join(FLOAT_DTYPES)}), got {weight_dtype}")
-    return weight
+    return decode_float_tensor(body, content_type, "weight")
 
 
-WEIGHT_BODY = Body(decode=decode_weight, openapi={
-    "requestBody": {
-        "required": True,
-        "description": "The learned table `weight` [num_buckets, num_heads] (F64/F32/F16/BF16) as "
-                       "safetensors (tensor `weight`, or the only tensor) or .npy (no pickle). "
-                       "application/octet-stream is sniffed from the magic bytes.",
-        "content": {media: {"schema": {"type": "string", "format": "binary"}}
-                    for media in [*UPLOAD_MEDIA_TYPES, "application/octet-stream"]},
-    }
-})
+WEIGHT_BODY = Body(decode=decode_weight, openapi={"requestBody": upload_request_body(
+    "The learned table `weight` [num_buckets, num_heads] (F64/F32/F16/BF16) as safetensors (tensor `weight`, or "
+    "the only tensor) or .npy (no pickle).")})
 
 
 class T5BiasQuery(T5Query):
