@@ -184,16 +184,21 @@ export class PosencClient {
     return (await this.request(path)).json();
   }
 
-  /** GET a v1 table. format: safetensors (default, all tensors), npy, raw (one tensor), json. */
-  async table(path, params = {}, { format = "safetensors", tensor } = {}) {
+  /**
+   * A v1 table. format: safetensors (default, all tensors), npy, raw (one tensor), json.
+   * `body` (an object) POSTs it as JSON, for the tables described by a body (e.g. /v1/rope/mrope segments).
+   */
+  async table(path, params = {}, { format = "safetensors", tensor, body } = {}) {
     const query = new URLSearchParams({ ...Object.fromEntries(Object.entries(params).map(([k, v]) => [k, String(v)])), format });
     if (tensor) query.set("tensor", tensor);
-    const response = await this.request(`${path}?${query}`);
+    const init = body === undefined ? {} :
+      { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } };
+    const response = await this.request(`${path}?${query}`, init);
     if (format === "json") return response.json();
-    const body = new Uint8Array(await response.arrayBuffer());
-    if (format === "safetensors") return parseSafetensors(body);
-    if (format === "npy") return parseNpy(body);
-    if (format === "raw") return parseRaw(body, response.headers);
+    const bytes = new Uint8Array(await response.arrayBuffer());
+    if (format === "safetensors") return parseSafetensors(bytes);
+    if (format === "npy") return parseNpy(bytes);
+    if (format === "raw") return parseRaw(bytes, response.headers);
     throw new Error(`unknown format ${format}`);
   }
 
