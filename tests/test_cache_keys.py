@@ -94,6 +94,10 @@ BASE: dict[str, dict[str, Any]] = {
     "/v1/properties/sinusoidal": {"max_position": 6, "dim": 8},
     "/v1/properties/alibi": {"num_heads": 2, "query_length": 3, "key_length": 4},
     "/v1/properties/t5": {"query_length": 4, "key_length": 40},
+    "/v1/properties/deberta": {"query_length": 4, "key_length": 40},
+    "/v1/properties/relative": {"query_length": 4, "key_length": 6, "max_relative_position": 2},
+    "/v1/properties/xlnet": {"qlen": 3, "klen": 4, "d_model": 8},
+    "/v1/properties/rope/vision": {"head_dim": 16, "image_size": 64, "patch_size": 16},
 }
 
 # A second valid value per parameter name that changes the table (given the context below).
@@ -157,7 +161,10 @@ CONTEXT: dict[tuple[str, str], dict[str, Any]] = {
 }
 # /v1/properties/X takes the parameters of the table route X, in the same contexts
 for _table, _properties in (("/v1/rope", "/v1/properties/rope"), ("/v1/sinusoidal", "/v1/properties/sinusoidal"),
-                            ("/v1/t5/buckets", "/v1/properties/t5")):
+                            ("/v1/t5/buckets", "/v1/properties/t5"), ("/v1/deberta/buckets", "/v1/properties/deberta"),
+                            ("/v1/relative/clipped", "/v1/properties/relative"),
+                            ("/v1/relative/sinusoidal", "/v1/properties/xlnet"),
+                            ("/v1/rope/vision", "/v1/properties/rope/vision")):
     CONTEXT |= {(_properties, name): value for (route, name), value in list(CONTEXT.items()) if route == _table}
     ROUTE_ALTERNATIVES |= {(_properties, name): value for (route, name), value in list(ROUTE_ALTERNATIVES.items())
                            if route == _table}

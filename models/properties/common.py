@@ -15,9 +15,9 @@ def check_rows(name: str, rows: int) -> None:
         raise ParameterError(name, f"properties are measured on at most {MAX_PROPERTY_ROWS} positions, got {rows}")
 
 
-def check_work(rows: int, pairs: int, width: int, width_name: str) -> None:
+def check_work(rows: int, pairs: int, width: int, width_name: str, rows_name: str = "max_position") -> None:
     """Curves over rows × width and residuals over pairs × width values: bounded before any work."""
-    for name, count in (("max_position", rows), ("pairs", pairs)):
+    for name, count in ((rows_name, rows), ("pairs", pairs)):
         if count * width > MAX_PROPERTY_ELEMENTS:
             raise ParameterError(name, f"{name} × {width_name} must be at most {MAX_PROPERTY_ELEMENTS} for the "
                                        f"properties, got {count} × {width}")

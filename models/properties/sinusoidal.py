@@ -41,6 +41,16 @@ def shift(rows: np.ndarray, pairs: SinCosPairs, k: np.ndarray) -> np.ndarray:
     return np.concatenate([s * np.cos(angle) + c * np.sin(angle), c * np.cos(angle) - s * np.sin(angle)], axis=1)
 
 
+def shift_residual(source: np.ndarray, target: np.ndarray, pairs: SinCosPairs, k: np.ndarray) -> np.ndarray:
+    """‖target − M_k·source‖ / ‖target‖ per row, on the (sin, cos) pairs only (float64).
+
+    source, target: [N, dim] rows (any dtype) k positions apart; k: [N] → float64 [N].
+    """
+    wanted = np.concatenate([target[:, pairs.sin_columns], target[:, pairs.cos_columns]], axis=1).astype(np.float64)
+    norm = np.linalg.norm(wanted, axis=1)
+    return np.linalg.norm(shift(source, pairs, k) - wanted, axis=1) / np.where(norm > 0, norm, 1.0)
+
+
 @dataclass(frozen=True)
 class SinusoidalProperties:
     curves: dict[str, np.ndarray]
@@ -68,11 +78,7 @@ def sinusoidal_properties(rows: int, dim: int, variant: SinusoidalVariant, base:
     rng = np.random.default_rng(seed)
     p = rng.integers(0, rows, size=pairs)
     k = rng.integers(0, rows - p)  # p + k stays inside the table
-    target = served[p + k]
-    target_pairs = np.concatenate([target[:, columns.sin_columns], target[:, columns.cos_columns]], axis=1)
-    moved = shift(served[p], columns, k)
-    norm = np.linalg.norm(target_pairs.astype(np.float64), axis=1)
-    residual = np.linalg.norm(moved - target_pairs.astype(np.float64), axis=1) / np.where(norm > 0, norm, 1.0)
+    residual = shift_residual(served[p], served[p + k], columns, k)
     if variant == "fairseq":  # the zeroed padding row is no sinusoid: pairs touching it measure nothing (NaN)
         residual[(offset + p == padding_idx) | (offset + p + k == padding_idx)] = np.nan
 

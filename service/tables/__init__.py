@@ -8,7 +8,9 @@ from service.tables import (
     from_config,
     mrope,
     properties,
+    properties_axes,
     properties_learned,
+    properties_relative,
     relative,
     rope,
     sinusoidal,
@@ -19,6 +21,7 @@ from service.tables import (
 from service.tables.core import TABLES
 
 FAMILIES = (alibi, from_config, mrope, relative, rope, sinusoidal, t5, vision_rope, xlnet)
-PROPERTIES_FAMILIES = (properties, properties_learned)  # /v1/properties/...: `service.tables.core.PROPERTIES`
+# /v1/properties/...: `service.tables.core.PROPERTIES`
+PROPERTIES_FAMILIES = (properties, properties_learned, properties_relative, properties_axes)
 
 __all__ = ["FAMILIES", "PROPERTIES_FAMILIES", "TABLES"]

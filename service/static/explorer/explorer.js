@@ -1,6 +1,7 @@
 // posenc explorer: builds the query of a family from the form, shows the service's PNG pictures of the
 // table and of its properties, the properties summary (format=json metadata) and the exact URL and curl
-// command of each. Same-origin requests only; no libraries.
+// command of each (the GET families; M-RoPE's routes take a JSON body: /docs). Same-origin requests only;
+// no libraries.
 "use strict";
 
 const DTYPES = ["float32", "float16", "bfloat16", "float64"];
@@ -33,6 +34,30 @@ const FAMILIES = {
     parameters: [
       ["query_length", 64], ["key_length", 64], ["bidirectional", "true", ["true", "false"]],
       ["num_buckets", 32], ["max_distance", 128],
+    ],
+  },
+  deberta: {
+    table: "/v1/deberta/buckets", properties: "/v1/properties/deberta", tensor: "boundaries",
+    parameters: [
+      ["query_length", 64], ["key_length", 512], ["position_buckets", 256], ["max_relative_positions", 512],
+    ],
+  },
+  relative: {
+    table: "/v1/relative/clipped", properties: "/v1/properties/relative", tensor: "boundaries",
+    parameters: [["query_length", 64], ["key_length", 64], ["max_relative_position", 16]],
+  },
+  xlnet: {
+    table: "/v1/relative/sinusoidal", properties: "/v1/properties/xlnet", tensor: "omega",
+    parameters: [
+      ["qlen", 64], ["klen", 128], ["d_model", 64], ["attn_type", "bi", ["bi", "uni"]],
+      ["bi_data", "false", ["false", "true"]], ["clamp_len", -1], ["dtype", "float32", DTYPES],
+    ],
+  },
+  vision: {
+    table: "/v1/rope/vision", properties: "/v1/properties/rope/vision", tensor: "inv_freq",
+    parameters: [
+      ["model", "pixtral", ["pixtral", "llama4"]], ["head_dim", 64], ["rope_theta", 10000],
+      ["image_size", 512], ["patch_size", 16], ["dtype", "float32", DTYPES],
     ],
   },
 };
