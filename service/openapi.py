@@ -18,6 +18,7 @@ from models.dtypes import BY_KSERVE
 from service.arrays import FORMATS, MEDIA_TYPES
 from service.engine import VERSION
 from service.kserve import HEADER_LENGTH
+from service.routes.check import CHECK_FORMATS, accepted_tensors
 from service.tables.core import table_routes
 
 ERROR_SCHEMA = {
@@ -38,6 +39,10 @@ UPLOAD_ERRORS = (*TABLE_ERRORS, 412, 415)
 V2_ERRORS = (404, 503)
 INFER_ERRORS = (400, 404, 413, 503, 507)
 READINESS_ERRORS = (503,)
+CHECK_ERRORS = UPLOAD_ERRORS  # /v1/check/...: the table's own parameters and an upload
+MODEL_CHECK_ERRORS = (*INFER_ERRORS, 422)
+SHARED_MEMORY_ERRORS = (400, 404)  # off, bad key or range; unknown region
+INDEX_ERRORS = (400, 422)  # a body that is not JSON; `ready` not a boolean
 
 _BINARY = {"type": "string", "format": "binary"}
 _JSON_TABLE = {
@@ -98,6 +103,17 @@ def _table_operation(operation: dict[str, Any], path: str) -> None:
             parameter["schema"] = {"type": "string", "enum": list(route.query.tensors)}
 
 
+def _check_operation(operation: dict[str, Any], path: str) -> None:
+    """A check route: its errors, and the formats and upload tensor names it accepts."""
+    operation["responses"].update(_errors(CHECK_ERRORS))
+    route = table_routes()["/v1/" + path.removeprefix("/v1/check/")]
+    for parameter in operation.get("parameters", []):
+        if parameter["name"] == "format":
+            parameter["schema"] = {"type": "string", "enum": list(CHECK_FORMATS)}
+        elif parameter["name"] == "tensor":
+            parameter["schema"] = {"type": "string", "enum": list(accepted_tensors(route))}
+
+
 def _path_enums(operation: dict[str, Any], models: list[str]) -> None:
     """{name} lists the repository's models (when it has any) and {version} the one version: an unknown
     one is then outside the document as it is outside the service (404)."""
@@ -134,6 +150,14 @@ def _describe(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
             operation["responses"].pop("422", None)  # FastAPI's {detail}: the service never sends it
             if path in table_routes():
                 _table_operation(operation, path)
+            elif path.startswith("/v1/check/"):
+                _check_operation(operation, path)
+            elif path.startswith("/v2/models/") and path.endswith("/check"):
+                operation["responses"].update(_errors(MODEL_CHECK_ERRORS))
+            elif path.startswith("/v2/systemsharedmemory"):
+                operation["responses"].update(_errors(SHARED_MEMORY_ERRORS))
+            elif path == "/v2/repository/index":
+                operation["responses"].update(_errors(INDEX_ERRORS))
             elif path.endswith("/infer"):
                 operation["requestBody"] = INFER_BODY
                 operation["responses"]["200"]["content"] = {"application/json": {"schema": {"type": "object"}},

@@ -65,3 +65,12 @@ def test_repository_index_lists_states_and_reasons(half_broken: Path) -> None:
     assert ready_only == [{"name": "rope_attention", "version": "1", "state": "READY"}]
     assert broken_config.status_code == 503 and "not valid JSON" in broken_config.json()["error"]
     assert bad_body.status_code == 422
+
+
+@pytest.mark.parametrize("body", [{"ready": 0}, {"ready": "true"}, {"ready": None}])
+def test_repository_index_takes_only_a_json_boolean(body: dict) -> None:
+    with running_client() as client:
+        r = client.post("/v2/repository/index", json=body)
+        not_json = client.post("/v2/repository/index", content=b"\xff", headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and "ready" in r.json()["error"]
+    assert not_json.status_code == 400 and set(not_json.json()) == {"error", "type"}

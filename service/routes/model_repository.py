@@ -8,9 +8,10 @@ model with its state (`READY`, or `UNAVAILABLE` and the reason).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Request
+from pydantic import StrictBool
 
 from models.dtypes import BY_KSERVE
 from service.devices import CUDA
@@ -65,7 +66,7 @@ def model_version_config(request: Request, model: VersionedModelDep) -> dict[str
 @router.post("/v2/repository/index", summary="Every model of the repository and its state (Triton's index)")
 def repository_index(
     request: Request,
-    ready: bool = Body(False, embed=True, description="Only the models that are ready to serve."),
+    ready: Annotated[StrictBool, Body(embed=True, description="Only the models that are ready to serve.")] = False,
 ) -> list[dict[str, str]]:
     entries = []
     for name, model in sorted(engine_of(request).models.items()):
