@@ -66,7 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_openapi(app)
     tables = table_router()
-    for router in (health.router, tables, inference.router, model_repository.router, shared_memory.router,
+    # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
+    for router in (health.router, inference.router, model_repository.router, shared_memory.router, tables,
                    docs.router, explorer.router):
         app.include_router(router)
     app.include_router(check_router())

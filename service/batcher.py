@@ -42,7 +42,8 @@ from service.errors import Unavailable
 
 log = logging.getLogger("posenc.batcher")
 
-RunFn = Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+Arrays = Mapping[str, np.ndarray]
+RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `LoadedModel.run`
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
 
 
@@ -63,11 +64,12 @@ MAX_PADDING_RATIO = 2.0
 class _Item:
     """One chunk (<= max_batch_size rows) of one request, waiting for its rows of a batch."""
 
-    inputs: Mapping[str, np.ndarray]
+    inputs: Arrays
     rows: int
     seq: int
     key: tuple[object, ...]
     future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
+    out: Arrays | None = field(default=None, repr=False)  # the chunk's rows of the request's output arrays
 
 
 class Batcher:
@@ -113,23 +115,27 @@ class Batcher:
         finally:
             self._set_waiting(self._waiting_requests - 1)
 
-    async def submit(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full."""
-        with self.admission():
-            return await self.run_admitted(inputs)
+    async def submit(self, inputs: Arrays, out: Arrays | None = None) -> dict[str, np.ndarray]:
+        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full.
 
-    async def run_admitted(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        `out`: arrays (batch-first, each output's exact shape and dtype) that those outputs are written into and
+        returned as; a request that runs alone has onnxruntime write there directly (`LoadedModel.run`)."""
+        with self.admission():
+            return await self.run_admitted(inputs, out)
+
+    async def run_admitted(self, inputs: Arrays, out: Arrays | None = None) -> dict[str, np.ndarray]:
         """`submit` for a request that already holds its place (`admission`)."""
+        chunks = self._chunks(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
             loop = asyncio.get_running_loop()
             results = []
-            for chunk in self._chunks(inputs, self._chunk_rows(inputs, self.max_batch_size)):
+            for chunk, chunk_out in chunks:
                 async with self._reserve(_rows(chunk), self._seq(chunk)):
-                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk))
-            return _joined(results)
-        return await self._submit_batched(inputs)
+                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk, 1, chunk_out))
+            return _joined(results, out)
+        return await self._submit_batched(chunks, out)
 
-    def _chunk_rows(self, inputs: Mapping[str, np.ndarray], rows: int) -> int:
+    def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
         """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
         if self.run_bytes is None or self.run_budget is None:
             return rows
@@ -138,10 +144,13 @@ class Batcher:
         return max(1, min(rows, fitting))
 
     @staticmethod
-    def _chunks(inputs: Mapping[str, np.ndarray], rows: int) -> Iterator[dict[str, np.ndarray]]:
-        """`inputs` split on the batch axis into views of at most `rows` rows."""
-        for start in range(0, _rows(inputs), rows):
-            yield {name: array[start : start + rows] for name, array in inputs.items()}
+    def _chunks(inputs: Arrays, out: Arrays | None, rows: int) -> list[tuple[Arrays, Arrays | None]]:
+        """`inputs` (and `out`) split on the batch axis into views of at most `rows` rows (themselves if they fit)."""
+        if _rows(inputs) <= rows:
+            return [(inputs, out)]
+        return [({name: array[start : start + rows] for name, array in inputs.items()},
+                 {name: array[start : start + rows] for name, array in out.items()} if out else None)
+                for start in range(0, _rows(inputs), rows)]
 
     @contextlib.asynccontextmanager
     async def _reserve(self, rows: int, seq: int) -> AsyncIterator[None]:
@@ -157,29 +166,32 @@ class Batcher:
         if self.observer is not None:
             self.observer.set_queue_depth(self.name, count)
 
-    async def _submit_batched(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def _submit_batched(self, chunks: list[tuple[Arrays, Arrays | None]],
+                              out: Arrays | None) -> dict[str, np.ndarray]:
         self._ensure_dispatcher()
         loop = asyncio.get_running_loop()
-        items = [_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future())
-                 for chunk in self._chunks(inputs, self._chunk_rows(inputs, self.max_batch_size))]
+        items = [_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future(), chunk_out)
+                 for chunk, chunk_out in chunks]
         self._queue.extend(items)
         assert self._wake is not None
         self._wake.set()
-        return _joined(await asyncio.gather(*(item.future for item in items)))
+        if len(items) == 1:
+            return await items[0].future
+        return _joined(await asyncio.gather(*(item.future for item in items)), out)
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
 
-    def _seq(self, inputs: Mapping[str, np.ndarray]) -> int:
+    def _seq(self, inputs: Arrays) -> int:
         """The inputs' sequence length (0 when the model has no sequence axis)."""
         for name, axis in (self.seq_axes or {}).items():
             if name in inputs:
                 return int(inputs[name].shape[axis])
         return 0
 
-    def _key(self, inputs: Mapping[str, np.ndarray]) -> tuple[object, ...]:
+    def _key(self, inputs: Arrays) -> tuple[object, ...]:
         """Requests with equal keys can share a batch: shapes without the batch (and padded seq) axis."""
         key = []
         for name in sorted(inputs):
@@ -263,10 +275,10 @@ class Batcher:
         for item, result in zip(live, outputs, strict=True):
             _settle(item, result=result)
 
-    def _run_counted(self, inputs: Mapping[str, np.ndarray], requests: int = 1) -> dict[str, np.ndarray]:
-        """One model run over `requests` requests' rows (worker thread)."""
+    def _run_counted(self, inputs: Arrays, requests: int = 1, out: Arrays | None = None) -> dict[str, np.ndarray]:
+        """One model run over `requests` requests' rows (worker thread), into `out` where given."""
         started = time.perf_counter()
-        outputs = self.run(inputs)
+        outputs = self.run(inputs, out) if out else self.run(inputs)
         seconds = time.perf_counter() - started
         with self._stats_lock:
             self.inference_count += _rows(inputs)
@@ -279,7 +291,7 @@ class Batcher:
     def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
         """Worker thread: concatenate (right-padding sequences), run once, split per item."""
         if len(items) == 1:
-            return [self._run_counted(items[0].inputs)]
+            return [self._run_counted(items[0].inputs, out=items[0].out)]
         longest = max(item.seq for item in items)
         batched = {name: self._concatenate(name, items, longest) for name in items[0].inputs}  # [sum(rows), ...]
         outputs = self._run_counted(batched, requests=len(items))
@@ -292,6 +304,9 @@ class Batcher:
                     index = [slice(None)] * rows.ndim
                     index[self.seq_axes[name]] = slice(0, item.seq)
                     rows = rows[tuple(index)]  # [rows, ..., item.seq, ...]: padded positions dropped
+                if item.out is not None and name in item.out and item.out[name].shape == rows.shape:
+                    np.copyto(item.out[name], rows)
+                    rows = item.out[name]
                 result[name] = rows
             results.append(result)
             start += item.rows
@@ -324,14 +339,17 @@ class Batcher:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
 
 
-def _joined(results: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Chunk results put back together on the batch axis (no copy for a single chunk)."""
+def _joined(results: list[dict[str, np.ndarray]], out: Arrays | None = None) -> dict[str, np.ndarray]:
+    """Chunk results put back together on the batch axis (no copy for a single chunk, nor for the outputs whose
+    chunks were written into their rows of `out`)."""
     if len(results) == 1:
         return results[0]
-    return {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]}
+    joined = {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]
+              if not (out and name in out and all(np.may_share_memory(r[name], out[name]) for r in results))}
+    return {name: joined[name] if name in joined else (out or {})[name] for name in results[0]}
 
 
-def _rows(inputs: Mapping[str, np.ndarray]) -> int:
+def _rows(inputs: Arrays) -> int:
     return int(next(iter(inputs.values())).shape[0])
 
 

@@ -95,11 +95,12 @@ class Engine:
         """A place in the model's queue for one request, from before its body is read (503 when full)."""
         return self.batchers[model.name].admission()
 
-    async def infer(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def infer(self, model: LoadedModel, inputs: Mapping[str, np.ndarray],
+                    out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Run validated inputs of an admitted request through the model's batcher (413 when one row is over the
-        run bound: checked before anything runs)."""
+        run bound: checked before anything runs); the outputs named in `out` are written into those arrays."""
         self.check_run(model, inputs)
-        return await self.batchers[model.name].run_admitted(inputs)
+        return await self.batchers[model.name].run_admitted(inputs, out)
 
     def check_run(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> None:
         """413 when a single row of these inputs needs more memory in one run than POSENC_MAX_RUN_BYTES allows."""

@@ -71,12 +71,14 @@ class TensorSource(Protocol):
 
 @dataclass
 class InputTensor:
-    """One decoded request input: `array` has `shape` and the numpy dtype of `datatype`."""
+    """One decoded request input: `array` has `shape` and the numpy dtype of `datatype` (a view of the region
+    `shm` when it was sent in shared memory)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     array: np.ndarray
+    shm: ShmRef | None = None
 
 
 @dataclass
@@ -272,7 +274,7 @@ def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None)
                 raise BadRequest(f"{where}: both 'data' and binary_data_size are given; send one")
             array = _binary_array(binary[offset : offset + size], datatype, shape, where)
             offset += size
-        tensors.append(InputTensor(name, datatype, shape, array))
+        tensors.append(InputTensor(name, datatype, shape, array, ref))
     return tensors
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -123,25 +123,46 @@ class LoadedModel:
     # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
     # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run.
     io_binding: bool | None = None
+    # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
+    # model.onnx); outputs with a dim no input names are left out.
+    output_dims: Mapping[str, tuple[int | tuple[str, int], ...]] = field(default_factory=dict)
 
     ready = True
     problem = None
 
-    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def output_shape(self, name: str, inputs: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+        """The shape output `name` will have for `inputs`, where the model's symbolic dims say so (else None)."""
+        dims = self.output_dims.get(name)
+        if dims is None or any(isinstance(d, tuple) and d[0] not in inputs for d in dims):
+            return None
+        return tuple(d if isinstance(d, int) else int(inputs[d[0]].shape[d[1]]) for d in dims)
+
+    def run(self, inputs: Mapping[str, np.ndarray],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
 
+        `out`: arrays some outputs are written into (each of the output's shape and dtype, C-contiguous, not
+        overlapping the inputs), returned as themselves (an output of another shape is returned as it is). On CPU
+        onnxruntime writes into them directly (bound as its output buffers); elsewhere they are copied in.
         An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
         names = self.config.output_names
         bound = self.io_binding if self.io_binding is not None else CUDA in self.providers
         try:
-            outputs = self._run_bound(inputs) if bound else self.session.run(names, dict(inputs))
+            result = self._run_into(inputs, out) if out and CUDA not in self.providers else None
+            if result is None:
+                outputs = self._run_bound(inputs) if bound else self.session.run(names, dict(inputs))
+                result = dict(zip(names, outputs, strict=True))
         except MemoryError:
             raise self._out_of_memory("MemoryError") from None
         except ORT_ERRORS as exc:
             if ALLOCATION_FAILURE.search(str(exc)):
                 raise self._out_of_memory(str(exc).strip().splitlines()[-1]) from None
             raise
-        return dict(zip(names, outputs, strict=True))
+        for name, target in (out or {}).items():
+            if result[name] is not target and result[name].shape == target.shape:
+                np.copyto(target, result[name])
+                result[name] = target
+        return result
 
     def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
         device = "cuda" if CUDA in self.providers else "cpu"
@@ -152,6 +173,30 @@ class LoadedModel:
             binding.bind_output(name, device)
         self.session.run_with_iobinding(binding)
         return list(binding.copy_outputs_to_cpu())
+
+    def _run_into(self, inputs: Mapping[str, np.ndarray],
+                  out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
+        when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        names = self.config.output_names
+        for name in names:
+            if name in out:
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(out[name]))
+            else:
+                binding.bind_output(name, "cpu")
+        try:
+            self.session.run_with_iobinding(binding)
+        except ORT_ERRORS as exc:
+            if ALLOCATION_FAILURE.search(str(exc)):
+                raise
+            log.warning("model %s: onnxruntime refused the bound output buffers (%s); running unbound",
+                        self.name, str(exc).strip().splitlines()[-1])
+            return None
+        values = binding.get_outputs()  # in the order bound: the model's
+        return {name: out[name] if name in out else value.numpy() for name, value in zip(names, values, strict=True)}
 
     def _out_of_memory(self, detail: str) -> InsufficientStorage:
         log.error("model %s: onnxruntime could not allocate memory for a run (%s)", self.name, detail)
@@ -226,6 +271,22 @@ def _check_session(config: ModelConfig, session: ort.InferenceSession) -> None:
                                   f"model.onnx has {arg.type} {dims}")
 
 
+def output_dims(session: ort.InferenceSession) -> dict[str, tuple[int | tuple[str, int], ...]]:
+    """`LoadedModel.output_dims` from the session's metadata: an output dim is a fixed size, or the first input
+    axis with the same symbolic name (`batch`, `sequence`, ...)."""
+    axes: dict[str, tuple[str, int]] = {}
+    for arg in session.get_inputs():
+        for axis, dim in enumerate(arg.shape):
+            if isinstance(dim, str) and dim:
+                axes.setdefault(dim, (arg.name, axis))
+    result = {}
+    for arg in session.get_outputs():
+        dims = [dim if isinstance(dim, int) else axes.get(dim) if isinstance(dim, str) else None for dim in arg.shape]
+        if all(dim is not None for dim in dims):
+            result[arg.name] = tuple(dim for dim in dims if dim is not None)
+    return result
+
+
 def _read_config(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
@@ -263,7 +324,7 @@ def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | Fai
         failed = FailedModel(name, f"model '{name}': failed to load (the service log has the details)")
         log.exception("%s", failed.problem)
         return failed
-    model = LoadedModel(name, config, session, session.get_providers())
+    model = LoadedModel(name, config, session, session.get_providers(), output_dims=output_dims(session))
     log.info("model %s loaded: providers %s, %d intra-op threads", name, model.providers,
              session.get_session_options().intra_op_num_threads)
     return model

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import mmap
 import os
 import re
 import stat
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +97,7 @@ class Region:
     fd: int
     mapping: mmap.mmap
     start: int
+    file_id: tuple[int, int]  # (st_dev, st_ino) of the object: regions of one object can alias each other
     closed: bool = field(default=False)
 
     def status(self) -> dict[str, Any]:
@@ -115,6 +118,12 @@ class Region:
                              f"{size} bytes, the region needs {self.offset + self.byte_size}; register it again")
         return np.frombuffer(self.mapping, dtype=np.uint8, count=ref.byte_size, offset=self.start + ref.offset)
 
+    def overlaps(self, offset: int, size: int, other: Region, other_offset: int, other_size: int) -> bool:
+        """Whether bytes [offset, offset + size) of this region and [other_offset, ...) of `other` share memory."""
+        start, other_start = self.offset + offset, other.offset + other_offset  # offsets in the objects
+        return (self.file_id == other.file_id and start < other_start + other_size
+                and other_start < start + size)
+
     def close(self) -> bool:
         """Unmap and close; False while arrays still view the mapping (a request in flight): try again later."""
         if not self.closed:
@@ -125,6 +134,13 @@ class Region:
             os.close(self.fd)
             self.closed = True
         return True
+
+
+def _check_room(ref: ShmRef, shape: tuple[int, ...], dtype: np.dtype, where: str) -> None:
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > ref.byte_size:
+        raise BadRequest(f"{where}: shared_memory_byte_size is {ref.byte_size} bytes, the output "
+                         f"{list(shape)} {dtype} needs {nbytes}")
 
 
 def _open(key: str, path: str) -> tuple[int, int]:
@@ -148,6 +164,7 @@ def map_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     """Open `key` and map [offset, offset + byte_size) of it; 400 when the object is missing or too small."""
     fd, size = _open(key, shm_file(key))
     try:
+        info = os.fstat(fd)
         if offset + byte_size > size:
             raise BadRequest(f"region '{name}': offset {offset} + byte_size {byte_size} = {offset + byte_size} "
                              f"bytes, but shared-memory object {echo(key)} has {size}")
@@ -157,7 +174,7 @@ def map_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     except BaseException:
         os.close(fd)
         raise
-    return Region(name, key, offset, byte_size, fd, mapping, start)
+    return Region(name, key, offset, byte_size, fd, mapping, start, (info.st_dev, info.st_ino))
 
 
 class SharedMemoryRegistry:
@@ -224,11 +241,24 @@ class SharedMemoryRegistry:
         array.flags.writeable = False
         return array
 
+    def output_array(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...], where: str,
+                     inputs: Sequence[ShmRef]) -> np.ndarray | None:
+        """Writeable [shape] `dtype` view of the region at `ref.offset` for a model to write its output into, or
+        None where the output must be copied in after the run instead (bytes not aligned for `dtype`, or
+        overlapping the shared-memory `inputs`, which the run reads while it writes). 400 when it does not fit."""
+        _check_room(ref, shape, dtype, where)
+        nbytes = math.prod(shape) * dtype.itemsize
+        with self._lock:
+            region = self._region(ref, where)
+            raw = region.bytes_at(ShmRef(ref.region, ref.offset, nbytes), where)
+            if any(region.overlaps(ref.offset, nbytes, self._region(other, where), other.offset, other.byte_size)
+                   for other in inputs):
+                return None
+        return raw.view(dtype).reshape(shape) if raw.ctypes.data % dtype.alignment == 0 else None
+
     def write_output(self, ref: ShmRef, array: np.ndarray, where: str) -> None:
         """Copy `array` (C order, native byte order) to the region at `ref.offset`."""
-        if array.nbytes > ref.byte_size:
-            raise BadRequest(f"{where}: shared_memory_byte_size is {ref.byte_size} bytes, the output "
-                             f"{list(array.shape)} {array.dtype} needs {array.nbytes}")
+        _check_room(ref, array.shape, array.dtype, where)
         with self._lock:
             target = self._region(ref, where).bytes_at(ShmRef(ref.region, ref.offset, array.nbytes), where)
         np.copyto(target, np.ascontiguousarray(array).reshape(-1).view(np.uint8))

@@ -195,3 +195,51 @@ def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
         alone = entry.run(request)["output"]
         assert result["output"].shape == alone.shape
         np.testing.assert_allclose(result["output"], alone, atol=1e-5, rtol=1e-5)
+
+
+class InPlace(Recorder):
+    """The fake model, writing its output into `out` when given (as `LoadedModel.run` does on CPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given_out: list[bool] = []
+
+    def __call__(self, inputs: Mapping[str, np.ndarray],
+                 out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        result = super().__call__(inputs)
+        self.given_out.append(out is not None)
+        if out is not None:
+            np.copyto(out["output"], result["output"])
+            result["output"] = out["output"]
+        return result
+
+
+@pytest.mark.parametrize(("case", "shapes", "in_place"), [
+    ("alone", [(3, 4)], [True]),
+    ("split into chunks", [(5, 4)], [True, True]),  # max_batch_size 3: rows 0-2 and 3-4, each into its own rows
+    ("batched with others", [(1, 4), (1, 4), (1, 3)], None),
+    ("batching off", [(5, 4)], [True, True]),
+])
+def test_outputs_land_in_the_callers_arrays(case: str, shapes: list[tuple[int, int]],
+                                            in_place: list[bool] | None) -> None:
+    """`out` arrays are filled and returned as the outputs, whether the request ran alone (the model writes
+    into them), in chunks (each into its rows) or inside a batch with others (copied in)."""
+    run = InPlace()
+    requests = [_request(rows, seq, float(10 * i)) for i, (rows, seq) in enumerate(shapes)]
+    outs = [{"output": np.full(r["x"].shape, np.nan, np.float32)} for r in requests]
+
+    async def main() -> list[dict[str, np.ndarray]]:
+        batcher = _batcher(run, causal=True, max_batch_size=3, delay_us=20_000 if case.startswith("batched") else 0,
+                           batching=case != "batching off")
+        results = await asyncio.gather(*(batcher.submit(r, o) for r, o in zip(requests, outs, strict=True)))
+        await batcher.close()
+        return results
+
+    results = asyncio.run(main())
+    for request, out, result in zip(requests, outs, results, strict=True):
+        assert result["output"] is out["output"]
+        np.testing.assert_array_equal(out["output"], request["x"] + 1)
+    if in_place is not None:
+        assert run.given_out == in_place
+    else:
+        assert len(run.shapes) == 1 and run.given_out == [False]  # one padded batch, then copied into each `out`

@@ -149,3 +149,25 @@ def test_request_over_the_byte_limit_is_413() -> None:
         body, headers = _binary_body(GOOD)
         r = small.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
     assert r.status_code == 413 and "POSENC_MAX_REQUEST_BYTES" in r.json()["error"]
+
+
+def test_small_kserve_requests_take_no_detour_through_the_threadpool(client: TestClient,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Metadata, readiness, statistics, config and small binary infers run on the event loop (the model itself
+    on the inference threads): a worker-thread hop per request costs more than these routes' own work."""
+    import starlette.concurrency
+
+    hops: list[object] = []
+    original = starlette.concurrency.run_in_threadpool
+
+    async def counted(func: object, *args: object, **kwargs: object) -> object:
+        hops.append(func)
+        return await original(func, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("fastapi.dependencies.utils.run_in_threadpool", counted)
+    monkeypatch.setattr("fastapi.routing.run_in_threadpool", counted)
+    for path in ("", "/ready", "/stats", "/config", "/versions/1", "/versions/1/ready"):
+        assert client.get(f"/v2/models/{MODEL}{path}").status_code == 200, path
+    body, headers = _binary_body(random_inputs(8, 8, 64, 1, 4))
+    assert client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers).status_code == 200
+    assert hops == []

@@ -17,10 +17,11 @@ from starlette.requests import ClientDisconnect
 from service.engine import Engine
 from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
 from service.kserve import ShmRef, parse_infer_request
+from service.repository import LoadedModel
 from service.shared_memory import SharedMemoryRegistry
 from service.uploads import ALIGNMENT, read_aligned_body
 from tests.conftest import running_client
-from tests.infer_utils import random_inputs
+from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 URL = "/v2/models/rope_attention/infer"
 
@@ -143,9 +144,10 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> dict[str, np.ndarray]:
     seen: dict[str, np.ndarray] = {}
     original = Engine.infer
 
-    async def spy(self: Engine, model: Any, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    async def spy(self: Engine, model: Any, inputs: Mapping[str, np.ndarray],
+                  out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         seen.update(inputs)
-        return await original(self, model, inputs)
+        return await original(self, model, inputs, out)
 
     monkeypatch.setattr(Engine, "infer", spy)
     return seen
@@ -266,3 +268,98 @@ def test_regions_are_unmapped_at_shutdown(shm_object: tuple[str, int]) -> None:
         region = client.app.state.shared_memory._regions["r"]  # type: ignore[attr-defined]
         assert client.get("/v2/systemsharedmemory/region/r/status").json() == [{"name": "r", **register}]
     assert region.closed and region.mapping.closed
+
+
+# --- outputs written in place ----------------------------------------------------------------------------------
+
+
+def test_output_views_only_where_the_model_can_write_directly(shm_object: tuple[str, int]) -> None:
+    key, _ = shm_object
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("a", key, 0, 4096)
+    registry.register("b", key, 4096, 4096)
+    registry.register("c", key, 2048, 4096)  # the same object: its bytes 2048..6143 alias "a" and "b"
+    f32 = np.dtype(np.float32)
+    view = registry.output_array(ShmRef("b", 0, 4096), f32, (2, 512), "output 'y'", [ShmRef("a", 0, 4096)])
+    assert view is not None and view.flags.writeable and view.shape == (2, 512)
+    view[:] = 3
+    assert registry.input_array(ShmRef("b", 0, 16), f32, (4,), "x").tolist() == [3.0] * 4
+    del view
+    overlapping = [ShmRef("b", 1024, 1024), ShmRef("c", 2048, 64)]  # c at 2048 = object byte 4096 = b's first
+    for other in overlapping:
+        assert registry.output_array(ShmRef("b", 0, 4096), f32, (1024,), "output 'y'", [other]) is None
+    assert registry.output_array(ShmRef("b", 2, 4094), f32, (8,), "output 'y'", []) is None  # misaligned
+    with pytest.raises(BadRequest, match="shared_memory_byte_size is 64 bytes, the output \\[32\\] float32 needs 128"):
+        registry.output_array(ShmRef("b", 0, 64), f32, (32,), "output 'y'", [])
+    registry.close()
+
+
+@pytest.fixture
+def big_object() -> Iterator[tuple[str, int]]:
+    """A 32 KiB POSIX shared-memory object: (key, fd); unlinked afterwards."""
+    key = f"posenc_unit_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    fd = os.open(f"/dev/shm/{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 32768)
+    yield key, fd
+    os.close(fd)
+    os.unlink(f"/dev/shm/{key}")
+
+
+def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_offset: int) -> Any:
+    """Register the whole object as region 'r', with `inputs` back to back from its start and the output at
+    `out_offset`."""
+    register = {"key": f"/{key}", "offset": 0, "byte_size": 32768}
+    assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
+    entries, offset = [], 0
+    for name, array in inputs.items():
+        entries.append({"name": name, "datatype": "FP32" if array.dtype == np.float32 else "INT64",
+                        "shape": list(array.shape), "parameters": {"shared_memory_region": "r",
+                        "shared_memory_offset": offset, "shared_memory_byte_size": array.nbytes}})
+        offset += array.nbytes
+    output = {"name": "output", "parameters": {"shared_memory_region": "r", "shared_memory_offset": out_offset,
+                                               "shared_memory_byte_size": inputs["query"].nbytes}}
+    return client.post(URL, content=json.dumps({"inputs": entries, "outputs": [output]}))
+
+
+@pytest.fixture
+def runs(monkeypatch: pytest.MonkeyPatch) -> list[Mapping[str, np.ndarray] | None]:
+    """The `out` arrays of every LoadedModel.run (None: the run allocated its outputs)."""
+    seen: list[Mapping[str, np.ndarray] | None] = []
+    original = LoadedModel.run
+
+    def spy(self: LoadedModel, inputs: Mapping[str, np.ndarray],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        seen.append(out)
+        return original(self, inputs, out)
+
+    monkeypatch.setattr(LoadedModel, "run", spy)
+    return seen
+
+
+@pytest.mark.parametrize(("out_offset", "in_place"), [(16384, True), (0, False), (16386, False)])
+def test_shared_memory_outputs_are_written_in_place_unless_they_overlap_an_input(
+        big_object: tuple[str, int], runs: list[Any], out_offset: int, in_place: bool) -> None:
+    """At 16384 the model writes into the mapping itself; over the inputs (0: over the query the run reads)
+    or misaligned (16386) the output is copied in after the run; the answer is right every time."""
+    key, fd = big_object
+    inputs = random_inputs(8, 8, 64, 1, 2)  # 12,304 bytes; the output 4096
+    os.pwrite(fd, b"".join(a.tobytes() for a in inputs.values()), 0)
+    expected = run(session(REPOSITORY / "rope_attention" / "model.onnx"), inputs)
+    with running_client(shared_memory=True) as client:
+        answer = _shm_request(client, key, inputs, out_offset)
+        mapping = client.app.state.shared_memory._regions["r"].mapping  # type: ignore[attr-defined]
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["parameters"].get("shared_memory_offset", 0) == out_offset
+        assert (runs[-1] is not None and _root(runs[-1]["output"]) is mapping) == in_place
+    got = np.frombuffer(os.pread(fd, 4096, out_offset), np.float32).reshape(expected.shape)
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_an_output_region_too_small_is_a_400_before_anything_runs(big_object: tuple[str, int],
+                                                                  runs: list[Any]) -> None:
+    key, _ = big_object
+    inputs = random_inputs(8, 8, 64, 1, 2)
+    with running_client(shared_memory=True) as client:
+        answer = _shm_request(client, key, inputs, 32768 - 2048)  # 2048 bytes left in the region
+    assert answer.status_code == 400 and "past the end of region 'r'" in answer.json()["error"]
+    assert runs == []

@@ -111,7 +111,7 @@ class CheckOptions:
     config: str | None
 
 
-def check_options(
+async def check_options(
     format: Annotated[str | None, Query(description="json (default): agreement and diagnosis; safetensors: "
                                                     "per-row and per-column maximum errors.")] = None,
     tensor: Annotated[str | None, Query(description="Which tensor a .npy upload is (default: the first "

@@ -8,13 +8,15 @@ sends no Content-Type, and binary tensors follow the JSON header (`Inference-Hea
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
 
+import numpy as np
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from models.dtypes import BY_KSERVE
 from service import __version__
 from service.budget import MemoryBudget
 from service.engine import VERSION, Engine, RepositoryEntry, ensure_ready
@@ -22,6 +24,7 @@ from service.errors import Unavailable, error_response
 from service.kserve import (
     HEADER_LENGTH,
     InferRequest,
+    RequestedOutput,
     encode_infer_response_parts,
     extensions,
     parse_infer_request,
@@ -48,11 +51,11 @@ def engine_of(request: Request) -> Engine:
     return engine
 
 
-def _model(request: Request, name: NameParam) -> RepositoryEntry:
+async def _model(request: Request, name: NameParam) -> RepositoryEntry:
     return engine_of(request).get(name)
 
 
-def _versioned_model(request: Request, name: NameParam, version: VersionParam) -> RepositoryEntry:
+async def _versioned_model(request: Request, name: NameParam, version: VersionParam) -> RepositoryEntry:
     return engine_of(request).get(name, version)
 
 
@@ -86,12 +89,12 @@ async def server_ready(request: Request) -> JSONResponse:
 
 
 @router.get("/v2/models/{name}", summary="Model metadata")
-def model_metadata_route(model: ModelDep) -> dict[str, Any]:
+async def model_metadata_route(model: ModelDep) -> dict[str, Any]:
     return model_metadata(model)
 
 
 @router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
-def model_version_metadata(model: VersionedModelDep) -> dict[str, Any]:
+async def model_version_metadata(model: VersionedModelDep) -> dict[str, Any]:
     return model_metadata(model)
 
 
@@ -102,22 +105,22 @@ def _ready_response(model: RepositoryEntry) -> JSONResponse:
 
 
 @router.get("/v2/models/{name}/ready", summary="Model readiness")
-def model_ready(model: ModelDep) -> JSONResponse:
+async def model_ready(model: ModelDep) -> JSONResponse:
     return _ready_response(model)
 
 
 @router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
-def model_version_ready(model: VersionedModelDep) -> JSONResponse:
+async def model_version_ready(model: VersionedModelDep) -> JSONResponse:
     return _ready_response(model)
 
 
 @router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
-def model_stats(request: Request, model: ModelDep) -> dict[str, Any]:
+async def model_stats(request: Request, model: ModelDep) -> dict[str, Any]:
     return {"model_stats": [engine_of(request).statistics(model)]}
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
-def model_version_stats(request: Request, model: VersionedModelDep) -> dict[str, Any]:
+async def model_version_stats(request: Request, model: VersionedModelDep) -> dict[str, Any]:
     return {"model_stats": [engine_of(request).statistics(model)]}
 
 
@@ -165,18 +168,49 @@ def _header_length(value: str | None) -> int:
     return int(value) if ok and value is not None else 0
 
 
+def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
+                      registry: SharedMemoryRegistry | None) -> dict[str, np.ndarray]:
+    """Views of the regions that requested outputs go to, for the model to write into directly (400 up front
+    when one is too small). Outputs whose shape is known only after the run, or that cannot be written in
+    place (see `SharedMemoryRegistry.output_array`), are copied there afterwards."""
+    if registry is None:
+        return {}
+    input_refs = [tensor.shm for tensor in parsed.inputs if tensor.shm is not None]
+    datatypes = {tensor.name: tensor.datatype for tensor in model.config.outputs}
+    views = {}
+    for out in requested_outputs(parsed, model.config.output_names):
+        shape = model.output_shape(out.name, inputs)
+        if out.shm is None or shape is None:
+            continue
+        view = registry.output_array(out.shm, BY_KSERVE[datatypes[out.name]].numpy, shape, f"output '{out.name}'",
+                                     input_refs)
+        if view is not None:
+            views[out.name] = view
+    return views
+
+
 def _answer(model_name: str, registry: SharedMemoryRegistry | None, parsed: InferRequest,
-            outputs: dict[str, Any], order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
-    """Write the shared-memory outputs into their regions, encode the rest: the body parts and headers."""
-    for out in requested_outputs(parsed, order):
+            outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+            order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """Write the shared-memory outputs into their regions (those not `written` there by the run), encode the
+    rest: the body parts and headers."""
+    for out in _copied_to_shm(parsed, outputs, written, order):
         if out.shm is not None and registry is not None:
             registry.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
     return encode_infer_response_parts(model_name, VERSION, parsed, outputs, order)
 
 
-def _answer_work(parsed: InferRequest, outputs: dict[str, Any], order: Sequence[str]) -> int:
+def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+                   order: Sequence[str]) -> list[RequestedOutput]:
+    return [out for out in requested_outputs(parsed, order)
+            if out.shm is not None and outputs[out.name] is not written.get(out.name)]
+
+
+def _answer_work(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+                 order: Sequence[str]) -> int:
     """Bytes the answer copies or encodes (binary outputs are sent as views: no work)."""
-    return sum(outputs[out.name].nbytes for out in requested_outputs(parsed, order) if out.shm or not out.binary)
+    encoded = [out for out in requested_outputs(parsed, order) if out.shm is None and not out.binary]
+    return sum(outputs[out.name].nbytes for out in encoded + _copied_to_shm(parsed, outputs, written, order))
 
 
 async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
@@ -193,11 +227,12 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])
-    outputs = await engine.infer(model, inputs)
+    written = _shm_destinations(model, parsed, inputs, shm)
+    outputs = await engine.infer(model, inputs, written)
     # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
     del body, inputs
     parsed.inputs = []
     order = model.config.output_names
-    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, order), _answer, model.name, shm, parsed,
-                                          outputs, order)
+    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, written, order), _answer, model.name, shm,
+                                          parsed, outputs, written, order)
     return PartsResponse(parts, headers)

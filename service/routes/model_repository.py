@@ -54,12 +54,12 @@ def _config(request: Request, entry: RepositoryEntry) -> dict[str, Any]:
 
 
 @router.get("/v2/models/{name}/config", summary="Model configuration (Triton's model_config as JSON)")
-def model_config(request: Request, model: ModelDep) -> dict[str, Any]:
+async def model_config(request: Request, model: ModelDep) -> dict[str, Any]:
     return _config(request, model)
 
 
 @router.get("/v2/models/{name}/versions/{version}/config", summary="Model configuration (version)")
-def model_version_config(request: Request, model: VersionedModelDep) -> dict[str, Any]:
+async def model_version_config(request: Request, model: VersionedModelDep) -> dict[str, Any]:
     return _config(request, model)
 
 

@@ -23,7 +23,7 @@ from service.uploads import declared_length, read_body
 RELEASE_AFTER_BYTES = 16 << 20
 
 
-def table_request(
+async def table_request(
     request: Request,
     format: Annotated[
         str | None,
