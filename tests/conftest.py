@@ -10,10 +10,11 @@ silently skipping the parity suites.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -43,6 +44,24 @@ def running_client(**overrides: object) -> Iterator[TestClient]:
     """A TestClient on `create_app(Settings(**overrides))` with its lifespan run (models loaded)."""
     with TestClient(create_app(Settings(**overrides))) as client:  # type: ignore[arg-type]
         yield client
+
+
+Request = tuple[str, str, Mapping[str, str] | None, bytes | None, Mapping[str, str] | None]  # method, path,
+# query, body, headers
+
+
+def send_all(client: TestClient, requests: Sequence[Request]) -> list[httpx.Response]:
+    """`requests` sent one after the other to the app of a running `client`, on the app's own event loop:
+    no thread hop per request, so thousands of small requests take a third of TestClient's time. An
+    exception in the app comes back as a 500 response."""
+    async def send() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=client.app, raise_app_exceptions=False)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as asgi:
+            return [await asgi.request(method, path, params=query, content=body, headers=headers)
+                    for method, path, query, body, headers in requests]
+
+    assert client.portal is not None, "send_all needs a running client (inside `with running_client()`)"
+    return client.portal.call(send)
 
 
 @pytest.fixture

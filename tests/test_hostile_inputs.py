@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import running_client
+from tests.conftest import Request, running_client, send_all
 
 HOSTILE = ["", "0", "-1", "1", "2", "3", "nan", "inf", "-inf", "1e308", "99999999999999999999", "abc", "1.5",
            "true", "%00", "\u00e9", "8,8", "-0", " 4", "0x10"]
@@ -31,24 +31,24 @@ def operations(client: TestClient) -> list[tuple[str, str, list[dict]]]:
 
 
 def test_one_hostile_parameter_at_a_time(client: TestClient) -> None:
-    checked = 0
+    requests: list[Request] = []
     for path, method, params in operations(client):
         required = {p["name"]: "4" for p in params if p.get("required")}
         for param in params:
             for value in HOSTILE:
-                query = {**required, param["name"]: value}
-                body = BODIES[checked % len(BODIES)] if method == "post" else None
-                r = client.request(method.upper(), path, params=query, content=body)
-                assert r.status_code < 500, (method, path, query, r.text)
-                if r.status_code >= 400:
-                    assert set(r.json()) == {"error", "type"}, r.text
-                checked += 1
-    assert checked > 1000
+                body = BODIES[len(requests) % len(BODIES)] if method == "post" else None
+                requests.append((method.upper(), path, {**required, param["name"]: value}, body, None))
+    assert len(requests) > 1000
+    for request, r in zip(requests, send_all(client, requests), strict=True):
+        assert r.status_code < 500, (request, r.text)
+        if r.status_code >= 400:
+            assert set(r.json()) == {"error", "type"}, r.text
 
 
 def test_random_parameter_combinations(client: TestClient) -> None:
     rng = random.Random(0)
     values = ["2", "4", "8", "12", "32", "64", "129", "0", "1", "3", "5", "-1", "0.5", "1.5", "nan", "", "true"]
+    requests: list[Request] = []
     for path, method, params in operations(client):
         for _ in range(150):
             query = {}
@@ -58,9 +58,9 @@ def test_random_parameter_combinations(client: TestClient) -> None:
                 if p.get("required") or rng.random() < 0.5:
                     enum = p["schema"].get("enum")
                     query[p["name"]] = rng.choice(enum) if enum and rng.random() < 0.8 else rng.choice(values)
-            body = rng.choice(BODIES) if method == "post" else None
-            r = client.request(method.upper(), path, params=query, content=body)
-            assert r.status_code < 500, (method, path, query, r.text)
+            requests.append((method.upper(), path, query, rng.choice(BODIES) if method == "post" else None, None))
+    for request, r in zip(requests, send_all(client, requests), strict=True):
+        assert r.status_code < 500, (request, r.text)
 
 
 def _binary_infer_body() -> tuple[bytes, int]:
@@ -105,10 +105,12 @@ def test_corrupted_infer_requests_are_4xx(client: TestClient) -> None:
     url = "/v2/models/rope_attention/infer"
     assert client.post(url, content=body, headers={"Inference-Header-Content-Length": str(header_length)}).is_success
     rng = random.Random(1)
+    requests: list[Request] = []
     for _ in range(1000):
         mutated, length = _mutate(rng, body, header_length)
-        r = client.post(url, content=mutated, headers={"Inference-Header-Content-Length": str(length)})
-        assert r.status_code < 500, (mutated[:length], r.text)
+        requests.append(("POST", url, None, mutated, {"Inference-Header-Content-Length": str(length)}))
+    for request, r in zip(requests, send_all(client, requests), strict=True):
+        assert r.status_code < 500, (request[3], r.text)
 
 
 CONFIG = {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": 128, "max_position_embeddings": 8192,
@@ -125,6 +127,7 @@ CONFIG_VALUES = [None, "x", "", 0, -1, 1, 3, 0.5, 1e308, 2**70, True, [], {}, [1
 def test_hostile_config_json_values_are_4xx(client: TestClient) -> None:
     rng = random.Random(2)
     scaling_keys = [*CONFIG["rope_scaling"], "type", "rope_theta", "partial_rotary_factor"]  # type: ignore[misc]
+    requests: list[Request] = []
     for _ in range(600):
         config = json.loads(json.dumps(CONFIG))
         for _ in range(rng.randrange(1, 5)):
@@ -134,9 +137,10 @@ def test_hostile_config_json_values_are_4xx(client: TestClient) -> None:
                 config["rope_scaling"][rng.choice(scaling_keys)] = rng.choice(CONFIG_VALUES)
         if rng.random() < 0.2:
             config["rope_parameters"] = config.pop("rope_scaling", None)
-        r = client.post("/v1/rope/from-config?max_position=16", content=json.dumps(config).encode(),
-                        headers={"Content-Type": "application/json"})
-        assert r.status_code < 500, (config, r.text)
+        requests.append(("POST", "/v1/rope/from-config", {"max_position": "16"}, json.dumps(config).encode(),
+                         {"Content-Type": "application/json"}))
+    for request, r in zip(requests, send_all(client, requests), strict=True):
+        assert r.status_code < 500, (request[3], r.text)
 
 
 PATH_VALUES = ["rope_attention", "nope", "..", "%2e%2e", "1", "2", "\u00e9", "a" * 300]
@@ -150,19 +154,18 @@ def test_every_route_answers_errors_in_the_envelope(tmp_path: Path, repository: 
     overrides = {"model_repository": tmp_path} if repository == "empty" else {}
     with running_client(**overrides) as client:
         client.raise_server_exceptions = False
-        checked = 0
-        for path, ops in client.get("/openapi.json").json()["paths"].items():
-            for method in ops:
-                for value in PATH_VALUES:
-                    url = path.replace("{name}", value).replace("{version}", value)
-                    r = client.request(method.upper(), url, content=b"{}" if method == "post" else None)
-                    allowed = (503,) if repository == "empty" else ()
-                    assert r.status_code < 500 or r.status_code in allowed, (method, url, r.text)
-                    if r.status_code >= 400:
-                        assert {"error", "type"} <= set(r.json()), (method, url, r.text)
-                    checked += 1
+        requests: list[Request] = [
+            (method.upper(), path.replace("{name}", value).replace("{version}", value), None,
+             b"{}" if method == "post" else None, None)
+            for path, ops in client.get("/openapi.json").json()["paths"].items() for method in ops
+            for value in PATH_VALUES]
+        allowed = (503,) if repository == "empty" else ()
+        for request, r in zip(requests, send_all(client, requests), strict=True):
+            assert r.status_code < 500 or r.status_code in allowed, (request[:2], r.text)
+            if r.status_code >= 400:
+                assert {"error", "type"} <= set(r.json()), (request[:2], r.text)
         for url in ("/readyz", "/v2/health/ready"):
             r = client.get(url)
             if repository == "empty":
                 assert r.status_code == 503 and {"error", "type"} <= set(r.json()), r.text
-    assert checked > 100
+    assert len(requests) > 100

@@ -26,15 +26,24 @@ from tests.infer_utils import REPOSITORY, random_inputs, run, session
 URL = "/v2/models/rope_attention/infer"
 
 
-@pytest.fixture
-def shm_object() -> Iterator[tuple[str, int]]:
-    """A 8192-byte POSIX shared-memory object: (key, fd); unlinked afterwards."""
+def _shm_object(size: int) -> Iterator[tuple[str, int]]:
+    """A POSIX shared-memory object of `size` bytes: (key, fd); unlinked afterwards."""
     key = f"posenc_unit_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     fd = os.open(f"/dev/shm/{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    os.ftruncate(fd, 8192)
+    os.ftruncate(fd, size)
     yield key, fd
     os.close(fd)
     os.unlink(f"/dev/shm/{key}")
+
+
+@pytest.fixture
+def shm_object() -> Iterator[tuple[str, int]]:
+    yield from _shm_object(8192)
+
+
+@pytest.fixture
+def big_object() -> Iterator[tuple[str, int]]:
+    yield from _shm_object(32768)
 
 
 def _binary_body(inputs: Mapping[str, np.ndarray], extra: Mapping[str, Any] | None = None) -> tuple[bytes, str]:
@@ -292,17 +301,6 @@ def test_output_views_only_where_the_model_can_write_directly(shm_object: tuple[
     with pytest.raises(BadRequest, match="shared_memory_byte_size is 64 bytes, the output \\[32\\] float32 needs 128"):
         registry.output_array(ShmRef("b", 0, 64), f32, (32,), "output 'y'", [])
     registry.close()
-
-
-@pytest.fixture
-def big_object() -> Iterator[tuple[str, int]]:
-    """A 32 KiB POSIX shared-memory object: (key, fd); unlinked afterwards."""
-    key = f"posenc_unit_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    fd = os.open(f"/dev/shm/{key}", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    os.ftruncate(fd, 32768)
-    yield key, fd
-    os.close(fd)
-    os.unlink(f"/dev/shm/{key}")
 
 
 def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_offset: int) -> Any:
