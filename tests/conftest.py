@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
+import httpx2
 import pytest
 from fastapi.testclient import TestClient
 
@@ -50,13 +50,13 @@ Request = tuple[str, str, Mapping[str, str] | None, bytes | None, Mapping[str, s
 # query, body, headers
 
 
-def send_all(client: TestClient, requests: Sequence[Request]) -> list[httpx.Response]:
+def send_all(client: TestClient, requests: Sequence[Request]) -> list[httpx2.Response]:
     """`requests` sent one after the other to the app of a running `client`, on the app's own event loop:
     no thread hop per request, so thousands of small requests take a third of TestClient's time. An
     exception in the app comes back as a 500 response."""
-    async def send() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=client.app, raise_app_exceptions=False)  # type: ignore[arg-type]
-        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as asgi:
+    async def send() -> list[httpx2.Response]:
+        transport = httpx2.ASGITransport(app=client.app, raise_app_exceptions=False)  # type: ignore[arg-type]
+        async with httpx2.AsyncClient(transport=transport, base_url="http://testserver") as asgi:
             return [await asgi.request(method, path, params=query, content=body, headers=headers)
                     for method, path, query, body, headers in requests]
 
