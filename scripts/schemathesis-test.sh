@@ -32,10 +32,10 @@ for _ in $(seq 100); do
 done
 
 status=0
-timeout 240 "$ST" --config-file "$REPO/scripts/schemathesis.toml" run "http://127.0.0.1:$PORT/openapi.json" \
+timeout 300 "$ST" --config-file "$REPO/scripts/schemathesis.toml" run "http://127.0.0.1:$PORT/openapi.json" \
   --checks all --phases examples,coverage,fuzzing,stateful || status=$?
 if grep -q "Traceback" "$LOG"; then
   echo "the server logged a traceback:" >&2; cat "$LOG" >&2; status=1
 fi
-[ "$status" -eq 124 ] && echo "schemathesis did not finish in 240 s" >&2
+[ "$status" -eq 124 ] && echo "schemathesis did not finish in 300 s" >&2
 exit "$status"
