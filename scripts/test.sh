@@ -8,14 +8,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # No byte-compiling at install (a third of the install time with torch): modules compile when imported.
-export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_COMPILE=1
+export PIP_DISABLE_PIP_VERSION_CHECK=1
 
-python3 -m venv .venv-core && .venv-core/bin/pip install -q -e '.[test-core]'
+python3 -m venv .venv-core && .venv-core/bin/pip install -q --no-compile -e '.[test-core]'
 if .venv-core/bin/python -c "import torch" 2>/dev/null; then
   echo "torch is importable in .venv-core: its run would not prove that the tests need no torch" >&2
   exit 1
 fi
-python3 -m venv .venv && .venv/bin/pip install -q -e '.[test]'
+python3 -m venv .venv && .venv/bin/pip install -q --no-compile -e '.[test]'
 
 # pytest exits 5 when a filter leaves one of the two runs without tests: not a failure here.
 run() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
