@@ -2,7 +2,8 @@
 
 A client on this host creates a POSIX shared-memory object (`shm_open`: a file under /dev/shm), registers a
 region of it under a name (`key`, `offset`, `byte_size`), and names that region in infer requests: inputs are
-numpy views of the mapping (their bytes never cross the socket), requested outputs are copied into it.
+numpy views of the mapping (their bytes never cross the socket); requested outputs are written into it, by
+the model itself where it can (`output_array`), else copied in after the run (`write_output`).
 
 The server maps memory that another process controls, so:
 * a key is a shared-memory object name (`name` or `/name`: letters, digits, `_`, `-`, `.`, no leading dot),
