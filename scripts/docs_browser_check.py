@@ -31,18 +31,20 @@ EXPECTED_PATHS = ("/v1/rope", "/v1/alibi/slopes", "/v1/t5/buckets", "/v2/models/
 RENDER_TIMEOUT_S = 30.0
 
 
-def browser(host: str) -> webdriver.Chrome:
+def browser(host: str, window_size: str = "1400,1000",
+            logs: tuple[str, ...] = ("performance", "browser")) -> webdriver.Chrome:
+    """Headless chromium that can reach `host` only, logging `logs` (also used by explorer_browser_check.py)."""
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--disable-default-apps", "--window-size=1400,1000",
+                "--disable-sync", "--disable-default-apps", f"--window-size={window_size}",
                 # The network is unreachable for the page: every name but the server's resolves to nothing,
                 # and a proxy that does not exist catches anything addressed by IP.
                 f"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {host}",
                 "--proxy-server=http://127.0.0.1:9", f"--proxy-bypass-list={host}"):
         options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
+    options.set_capability("goog:loggingPrefs", {log: "ALL" for log in logs})
     return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
 
 

@@ -12,7 +12,6 @@ Exit status 0 only if all hold. scripts/browser-test.sh starts the server and ru
 from __future__ import annotations
 
 import argparse
-import os
 import struct
 import sys
 import time
@@ -20,27 +19,12 @@ import zlib
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from docs_browser_check import browser  # scripts/ is on the path when this runs as a script
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
 TIMEOUT_S = 90.0  # the first pictures import matplotlib on the server
-
-
-def browser(host: str) -> webdriver.Chrome:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
-                "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                "--disable-sync", "--disable-default-apps", "--window-size=1300,1800",
-                f"--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE {host}",
-                "--proxy-server=http://127.0.0.1:9", f"--proxy-bypass-list={host}"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
 
 
 def wait_for(what: str, condition: Callable[[], object]) -> None:
@@ -90,7 +74,7 @@ def console_errors(driver: webdriver.Chrome) -> list[str]:
 
 def check(base: str, screenshot: str | None) -> list[str]:
     problems: list[str] = []
-    driver = browser(urlsplit(base).hostname or "127.0.0.1")
+    driver = browser(urlsplit(base).hostname or "127.0.0.1", window_size="1300,1800", logs=("browser",))
     try:
         driver.get(base + "/")
         wait_ready(driver, "/v1/")
