@@ -47,7 +47,9 @@ from geventhttpclient import HTTPClient
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from models.dtypes import lookup  # noqa: E402
 from models.export_onnx import default_specs  # noqa: E402
+from tests.infer_utils import triton_inputs  # noqa: E402
 
 MiB = 1024 * 1024
 # (model, B, S): the shipped models fix Hq/Hkv/D (rope_attention 8/8/64, llama3_1_attention 32/8/128).
@@ -160,19 +162,10 @@ class Raw:
         self.client.close()
 
 
-def _infer_inputs(inputs: dict[str, np.ndarray]) -> list[httpclient.InferInput]:
-    tensors = []
-    for name, array in inputs.items():
-        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
-        tensor.set_data_from_numpy(array, binary_data=True)
-        tensors.append(tensor)
-    return tensors
-
-
 def _binary_call(raw: Raw, model: str, inputs: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int]:
     """(call, request bytes, response bytes): post the binary request, decode the output."""
     body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        _infer_inputs(inputs), outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
+        triton_inputs(inputs, binary=True), outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
     headers = {"Inference-Header-Content-Length": str(json_size)}
     path = f"/v2/models/{model}/infer"
 
@@ -199,7 +192,7 @@ class SharedMemoryCase:
             client.register_system_shared_memory(name, key, size)
         self.tensors, offset = [], 0
         for name, array in inputs.items():
-            tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+            tensor = httpclient.InferInput(name, list(array.shape), lookup(array.dtype).kserve)
             tensor.set_shared_memory(f"in_{tag}", array.nbytes, offset=offset)
             self.tensors.append(tensor)
             offset += array.nbytes

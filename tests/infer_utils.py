@@ -8,6 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
 
+from models.dtypes import lookup
+
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "onnx"
 
@@ -39,7 +41,7 @@ def triton_inputs(inputs: dict[str, np.ndarray], binary: bool) -> list[httpclien
     """tritonclient InferInputs for these arrays, sent as binary tensors or as JSON."""
     out = []
     for name, array in inputs.items():
-        tensor = httpclient.InferInput(name, list(array.shape), "FP32" if array.dtype == np.float32 else "INT64")
+        tensor = httpclient.InferInput(name, list(array.shape), lookup(array.dtype).kserve)
         tensor.set_data_from_numpy(array, binary_data=binary)
         out.append(tensor)
     return out

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from models.dtypes import lookup
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 MODEL = "rope_attention"
-DATATYPE = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +23,12 @@ def client() -> Iterator[TestClient]:
 
 
 def _json_body(inputs: dict[str, np.ndarray], **extra: object) -> dict:
-    return {"inputs": [{"name": n, "datatype": DATATYPE[a.dtype], "shape": list(a.shape), "data": a.ravel().tolist()}
-                       for n, a in inputs.items()], **extra}
+    return {"inputs": [{"name": n, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
+                        "data": a.ravel().tolist()} for n, a in inputs.items()], **extra}
 
 
 def _binary_body(inputs: dict[str, np.ndarray], **extra: object) -> tuple[bytes, dict[str, str]]:
-    header = {"inputs": [{"name": n, "datatype": DATATYPE[a.dtype], "shape": list(a.shape),
+    header = {"inputs": [{"name": n, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
                           "parameters": {"binary_data_size": a.nbytes}} for n, a in inputs.items()], **extra}
     head = json.dumps(header).encode()
     body = head + b"".join(a.tobytes() for a in inputs.values())

@@ -13,6 +13,7 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from models.dtypes import lookup
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
 from tests.live_server import live_server
@@ -20,7 +21,6 @@ from tests.live_server import live_server
 pytestmark = pytest.mark.server
 
 MODEL = "rope_attention"
-DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def _shm_inputs(inputs: dict[str, np.ndarray], region: str) -> list[httpclient.I
     """Inputs that point into `region`, laid out back to back in dict order."""
     tensors, offset = [], 0
     for name, array in inputs.items():
-        tensor = httpclient.InferInput(name, list(array.shape), DATATYPES[array.dtype])
+        tensor = httpclient.InferInput(name, list(array.shape), lookup(array.dtype).kserve)
         tensor.set_shared_memory(region, array.nbytes, offset=offset)
         tensors.append(tensor)
         offset += array.nbytes

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from starlette.requests import ClientDisconnect
 
+from models.dtypes import lookup
 from service.engine import Engine
 from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
 from service.kserve import ShmRef, parse_infer_request
@@ -47,7 +48,7 @@ def big_object() -> Iterator[tuple[str, int]]:
 
 
 def _binary_body(inputs: Mapping[str, np.ndarray], extra: Mapping[str, Any] | None = None) -> tuple[bytes, str]:
-    entries = [{"name": name, "datatype": "FP32" if a.dtype == np.float32 else "INT64", "shape": list(a.shape),
+    entries = [{"name": name, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
                 "parameters": {"binary_data_size": a.nbytes}} for name, a in inputs.items()]
     head = json.dumps({"inputs": entries, **(extra or {})}).encode()
     return head + b"".join(a.tobytes() for a in inputs.values()), str(len(head))
@@ -310,7 +311,7 @@ def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_of
     assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
     entries, offset = [], 0
     for name, array in inputs.items():
-        entries.append({"name": name, "datatype": "FP32" if array.dtype == np.float32 else "INT64",
+        entries.append({"name": name, "datatype": lookup(array.dtype).kserve,
                         "shape": list(array.shape), "parameters": {"shared_memory_region": "r",
                         "shared_memory_offset": offset, "shared_memory_byte_size": array.nbytes}})
         offset += array.nbytes
