@@ -169,6 +169,15 @@ def register_table(path: str, query: type[TableQuery], *, summary: str, response
     (PROPERTIES if properties else TABLES)[path] = TableRoute(path, query, summary, response_description)
 
 
+CURVES_AND_SCALARS = "Curves as tensors; scalars in the metadata."
+
+
+def register_properties(path: str, query: type[TableQuery], *, summary: str,
+                        response_description: str = CURVES_AND_SCALARS) -> None:
+    """Declare a properties endpoint (`register_table` with properties=True)."""
+    register_table(path, query, summary=summary, response_description=response_description, properties=True)
+
+
 def table_routes() -> dict[str, TableRoute]:
     """Every route answered by `TableRequest`: the tables, then the properties."""
     return {**TABLES, **PROPERTIES}

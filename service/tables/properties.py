@@ -25,7 +25,7 @@ from service.arrays import Bundle
 from service.errors import InvalidParameter
 from service.png import Curve, Heatmap, Panel, Picture, titled
 from service.tables.alibi import AlibiBiasQuery
-from service.tables.core import TableQuery, TensorSpec, register_table
+from service.tables.core import TableQuery, TensorSpec, register_properties
 from service.tables.rope import RopeQuery
 from service.tables.sinusoidal import SinusoidalQuery
 from service.tables.t5 import T5BucketsQuery
@@ -270,18 +270,16 @@ class T5PropertiesQuery(PropertiesQuery, T5BucketsQuery):
                       marks=tuple(float(b) for b in t["boundaries"]), mark_label="bucket boundaries"),)
 
 
-register_table("/v1/properties/rope", RopePropertiesQuery, properties=True,
-               summary="Properties of a RoPE table: relativity, norm, decay, uniqueness, extrapolation",
-               response_description="Curves as tensors (distance, decay_bound, wavelength, relativity_residual, "
-                                    "...); scalars (min_pair_distance, relativity_max_residual, ...) in the metadata.")
-register_table("/v1/properties/sinusoidal", SinusoidalPropertiesQuery, properties=True,
-               summary="Properties of a sinusoidal table: relativity, dot product against distance, uniqueness",
-               response_description="Curves as tensors; scalars in the metadata.")
-register_table("/v1/properties/alibi", AlibiPropertiesQuery, properties=True,
-               summary="ALiBi: the bias each head adds against distance",
-               response_description="Curves as tensors; scalars in the metadata.")
-register_table("/v1/properties/t5", T5PropertiesQuery, properties=True,
-               summary="T5: bucket against key − query, with the bucket boundaries",
-               response_description="Curves as tensors; scalars in the metadata.")
+register_properties("/v1/properties/rope", RopePropertiesQuery,
+                    summary="Properties of a RoPE table: relativity, norm, decay, uniqueness, extrapolation",
+                    response_description="Curves as tensors (distance, decay_bound, wavelength, "
+                                         "relativity_residual, ...); scalars (min_pair_distance, "
+                                         "relativity_max_residual, ...) in the metadata.")
+register_properties("/v1/properties/sinusoidal", SinusoidalPropertiesQuery,
+                    summary="Properties of a sinusoidal table: relativity, dot product against distance, uniqueness")
+register_properties("/v1/properties/alibi", AlibiPropertiesQuery,
+                    summary="ALiBi: the bias each head adds against distance")
+register_properties("/v1/properties/t5", T5PropertiesQuery,
+                    summary="T5: bucket against key − query, with the bucket boundaries")
 
 __all__ = ["PropertiesQuery", "summary"]

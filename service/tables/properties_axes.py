@@ -19,7 +19,7 @@ from models.properties.common import check_rows, check_work
 from models.vision_rope import vision_rows
 from service.arrays import Bundle
 from service.png import Curve, Heatmap, Panel
-from service.tables.core import TableQuery, TensorSpec, register_table
+from service.tables.core import TableQuery, TensorSpec, register_properties
 from service.tables.mrope import MropeQuery
 from service.tables.properties import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields
 from service.tables.vision_rope import VisionRopeQuery
@@ -133,9 +133,7 @@ class MropePropertiesQuery(PropertiesQuery, MropeQuery):
                       (Curve(tokens, t["adjacent_distance"], None, "points"),)))
 
 
-register_table("/v1/properties/rope/vision", VisionPropertiesQuery, properties=True,
-               summary="Vision 2-D RoPE: per-axis wavelengths and relativity, patch uniqueness, norm",
-               response_description="Curves as tensors; scalars in the metadata.")
-register_table("/v1/properties/rope/mrope", MropePropertiesQuery, properties=True,
-               summary="M-RoPE: per-section wavelengths and relativity, row uniqueness, norm, for a sequence",
-               response_description="Curves as tensors; scalars in the metadata.")
+register_properties("/v1/properties/rope/vision", VisionPropertiesQuery,
+                    summary="Vision 2-D RoPE: per-axis wavelengths and relativity, patch uniqueness, norm")
+register_properties("/v1/properties/rope/mrope", MropePropertiesQuery,
+                    summary="M-RoPE: per-section wavelengths and relativity, row uniqueness, norm, for a sequence")

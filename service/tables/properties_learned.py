@@ -16,7 +16,7 @@ from models.properties.learned import check_learned_shape, learned_properties
 from models.t5 import check_t5_weight_shape
 from service.arrays import Bundle, byte_view
 from service.png import Curve, Heatmap, Panel
-from service.tables.core import Body, TensorSpec, register_table
+from service.tables.core import Body, TensorSpec, register_properties
 from service.tables.properties import PropertiesQuery, T5PropertiesQuery, head_curves, summary
 from service.tables.t5 import WEIGHT_BODY
 from service.uploads import decode_float_tensor, upload_request_body
@@ -139,9 +139,8 @@ class T5BiasPropertiesQuery(T5PropertiesQuery):
                       mark_label="bucket boundaries"))
 
 
-register_table("/v1/properties/learned", LearnedPropertiesQuery, properties=True,
-               summary="Properties of an uploaded learned position table, against sinusoidal",
-               response_description="Curves and matrices as tensors; scalars in the metadata.")
-register_table("/v1/properties/t5/bias", T5BiasPropertiesQuery, properties=True,
-               summary="T5: the bias each head of an uploaded learned table adds against key − query",
-               response_description="Curves as tensors; scalars in the metadata.")
+register_properties("/v1/properties/learned", LearnedPropertiesQuery,
+                    summary="Properties of an uploaded learned position table, against sinusoidal",
+                    response_description="Curves and matrices as tensors; scalars in the metadata.")
+register_properties("/v1/properties/t5/bias", T5BiasPropertiesQuery,
+                    summary="T5: the bias each head of an uploaded learned table adds against key − query")

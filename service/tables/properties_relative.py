@@ -22,7 +22,7 @@ from models.xlnet import xlnet_rows
 from service.arrays import Bundle
 from service.errors import InvalidParameter
 from service.png import Curve, Heatmap, Panel
-from service.tables.core import TableQuery, TensorSpec, register_table
+from service.tables.core import TableQuery, TensorSpec, register_properties
 from service.tables.properties import F64, I64, Pairs, PropertiesQuery, Seed, summary
 from service.tables.relative import ClippedQuery, DebertaBucketsQuery, RelativeQuery
 from service.tables.xlnet import XLNetRelativeQuery
@@ -161,12 +161,9 @@ class XLNetPropertiesQuery(PropertiesQuery, XLNetRelativeQuery):
         )
 
 
-register_table("/v1/properties/deberta", DebertaPropertiesQuery, properties=True,
-               summary="DeBERTa: bucket against key − query, shared buckets, symmetry, Toeplitz check",
-               response_description="Curves as tensors; scalars in the metadata.")
-register_table("/v1/properties/relative", ClippedPropertiesQuery, properties=True,
-               summary="Shaw clipped indices: index against key − query, clip points, symmetry, Toeplitz check",
-               response_description="Curves as tensors; scalars in the metadata.")
-register_table("/v1/properties/xlnet", XLNetPropertiesQuery, properties=True,
-               summary="XLNet relative sinusoid: relativity, R_d·R_0 against d, uniqueness",
-               response_description="Curves as tensors; scalars in the metadata.")
+register_properties("/v1/properties/deberta", DebertaPropertiesQuery,
+                    summary="DeBERTa: bucket against key − query, shared buckets, symmetry, Toeplitz check")
+register_properties("/v1/properties/relative", ClippedPropertiesQuery,
+                    summary="Shaw clipped indices: index against key − query, clip points, symmetry, Toeplitz check")
+register_properties("/v1/properties/xlnet", XLNetPropertiesQuery,
+                    summary="XLNet relative sinusoid: relativity, R_d·R_0 against d, uniqueness")
