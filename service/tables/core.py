@@ -12,6 +12,7 @@ Nothing here knows HTTP: `TableRequest.answer` returns an `Answer` that the rout
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -40,6 +41,7 @@ from service.cache import ByteLRUCache, CachedBody
 from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed
 from service.png import Picture, picture_elements, render, table_picture
 from service.settings import Settings
+from service.uploads import decode_float_tensor, upload_request_body
 
 CACHE_CONTROL = "public, max-age=86400"
 
@@ -72,6 +74,13 @@ class Body:
     decode: Callable[[bytes, str | None], Any]
     openapi: Mapping[str, Any]
     limit: int | None = None
+
+
+def float_upload(field: str, description: str) -> Body:
+    """The body of a route that takes one uploaded float tensor (safetensors `weight` or the only tensor, or
+    .npy), named `field` in its errors; `description` documents it."""
+    return Body(decode=functools.partial(decode_float_tensor, field=field),
+                openapi={"requestBody": upload_request_body(description)})
 
 
 class TableQuery(BaseModel):

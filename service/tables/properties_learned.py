@@ -16,10 +16,9 @@ from models.properties.learned import check_learned_shape, learned_properties
 from models.t5 import check_t5_weight_shape
 from service.arrays import Bundle, byte_view
 from service.png import Curve, Heatmap, Panel
-from service.tables.core import Body, TensorSpec, register_properties
+from service.tables.core import TensorSpec, float_upload, register_properties
 from service.tables.properties import PropertiesQuery, T5PropertiesQuery, head_curves, summary
 from service.tables.t5 import WEIGHT_BODY
-from service.uploads import decode_float_tensor, upload_request_body
 
 F64, I64 = np.dtype(np.float64), np.dtype(np.int64)
 
@@ -30,14 +29,9 @@ def upload_digest(array: np.ndarray) -> dict[str, Any]:
             "upload_sha256": hashlib.sha256(byte_view(array)).hexdigest()}
 
 
-def decode_table(body: bytes, content_type: str | None) -> np.ndarray:
-    """A float position table [P, d]: safetensors (tensor `weight`, or the only tensor) or .npy."""
-    return decode_float_tensor(body, content_type, "table")
-
-
-TABLE_BODY = Body(decode=decode_table, openapi={"requestBody": upload_request_body(
-    "A learned absolute position table [positions, dim] (F64/F32/F16/BF16), e.g. BERT's or GPT-2's "
-    "position_embeddings, as safetensors (tensor `weight`, or the only tensor) or .npy (no pickle).")})
+TABLE_BODY = float_upload("table", "A learned absolute position table [positions, dim] (F64/F32/F16/BF16), e.g. "
+                          "BERT's or GPT-2's position_embeddings, as safetensors (tensor `weight`, or the only "
+                          "tensor) or .npy (no pickle).")
 
 
 class LearnedPropertiesQuery(PropertiesQuery):

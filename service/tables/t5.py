@@ -11,9 +11,8 @@ from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
 from models.dtypes import dtype_name, np_dtype
 from models.t5 import check_t5_parameters, check_t5_weight_shape, t5_bias, t5_buckets
 from service.arrays import Bundle, byte_view
-from service.tables.core import Body, TableQuery, TensorSpec, register_table
+from service.tables.core import TableQuery, TensorSpec, float_upload, register_table
 from service.tables.fields import IntDTypeField
-from service.uploads import decode_float_tensor, upload_request_body
 
 BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 
@@ -61,14 +60,8 @@ class T5BucketsQuery(T5Query):
         return Bundle({"buckets": t5_buckets(**self.geometry(), dtype=self.dtype)})
 
 
-def decode_weight(body: bytes, content_type: str | None) -> np.ndarray:
-    """The uploaded learned table: a float tensor (safetensors `weight` or its only tensor, or .npy)."""
-    return decode_float_tensor(body, content_type, "weight")
-
-
-WEIGHT_BODY = Body(decode=decode_weight, openapi={"requestBody": upload_request_body(
-    "The learned table `weight` [num_buckets, num_heads] (F64/F32/F16/BF16) as safetensors (tensor `weight`, or "
-    "the only tensor) or .npy (no pickle).")})
+WEIGHT_BODY = float_upload("weight", "The learned table `weight` [num_buckets, num_heads] (F64/F32/F16/BF16) as "
+                           "safetensors (tensor `weight`, or the only tensor) or .npy (no pickle).")
 
 
 class T5BiasQuery(T5Query):
