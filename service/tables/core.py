@@ -359,17 +359,21 @@ def _check_bundle(bundle: Bundle, specs: Mapping[str, TensorSpec]) -> None:
             raise RuntimeError(f"tensor {name!r}: declared {spec}, computed {got}")
 
 
-def _encode_png(body: bytes, endpoint: str, selected: list[str]) -> CachedBody:
+def _file_stem(endpoint: str, tensor: str | None = None) -> str:
+    """The download's file name without suffix: the endpoint, and the tensor when the body holds only it."""
     stem = endpoint.strip("/").replace("/", "-") or "table"
-    if len(selected) == 1:
-        stem = f"{stem}-{selected[0]}"
+    return f"{stem}-{tensor}" if tensor is not None else stem
+
+
+def _encode_png(body: bytes, endpoint: str, selected: list[str]) -> CachedBody:
+    stem = _file_stem(endpoint, selected[0] if len(selected) == 1 else None)
     disposition = f'inline; filename="{stem}{FILE_SUFFIX["png"]}"'  # a picture is shown, not saved
     return CachedBody(body=body, media_type=MEDIA_TYPES["png"], headers=(("Content-Disposition", disposition),))
 
 
 def _encode(fmt: Format, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str],
             endpoint: str) -> CachedBody:
-    stem = endpoint.strip("/").replace("/", "-") or "table"
+    stem = _file_stem(endpoint)
     headers: dict[str, str] = {}
     if fmt == "safetensors":
         body = encode_safetensors(tensors, metadata)
@@ -377,7 +381,7 @@ def _encode(fmt: Format, tensors: Mapping[str, np.ndarray], metadata: Mapping[st
         body = encode_json(tensors, metadata)
     else:
         ((name, array),) = tensors.items()
-        stem = f"{stem}-{name}"
+        stem = _file_stem(endpoint, name)
         body = encode_npy(array) if fmt == "npy" else encode_raw(array)
         if fmt == "raw":
             headers.update(raw_headers(name, array))
