@@ -164,11 +164,16 @@ class LoadedModel:
                 result[name] = target
         return result
 
-    def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        device = "cuda" if CUDA in self.providers else "cpu"
+    def _binding(self, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
+        """An I/O binding with `inputs` bound from host memory (onnxruntime copies them to the device if needed)."""
         binding = self.session.io_binding()
         for name, array in inputs.items():
             binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        return binding
+
+    def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        device = "cuda" if CUDA in self.providers else "cpu"
+        binding = self._binding(inputs)
         for name in self.config.output_names:
             binding.bind_output(name, device)
         self.session.run_with_iobinding(binding)
@@ -178,9 +183,7 @@ class LoadedModel:
                   out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
         """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
         when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
-        binding = self.session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        binding = self._binding(inputs)
         names = self.config.output_names
         for name in names:
             if name in out:

@@ -189,28 +189,28 @@ def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[
     return views
 
 
+def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+                   order: Sequence[str]) -> list[RequestedOutput]:
+    """The shared-memory outputs the run did not write into their regions itself: copied there by `_answer`."""
+    return [out for out in requested_outputs(parsed, order)
+            if out.shm is not None and outputs[out.name] is not written.get(out.name)]
+
+
 def _answer(model_name: str, registry: SharedMemoryRegistry | None, parsed: InferRequest,
-            outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+            outputs: dict[str, Any], copies: Sequence[RequestedOutput],
             order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
-    """Write the shared-memory outputs into their regions (those not `written` there by the run), encode the
-    rest: the body parts and headers."""
-    for out in _copied_to_shm(parsed, outputs, written, order):
+    """Copy the `copies` into their regions, encode the rest: the body parts and headers."""
+    for out in copies:
         if out.shm is not None and registry is not None:
             registry.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
     return encode_infer_response_parts(model_name, VERSION, parsed, outputs, order)
 
 
-def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
-                   order: Sequence[str]) -> list[RequestedOutput]:
-    return [out for out in requested_outputs(parsed, order)
-            if out.shm is not None and outputs[out.name] is not written.get(out.name)]
-
-
-def _answer_work(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence[RequestedOutput],
                  order: Sequence[str]) -> int:
     """Bytes the answer copies or encodes (binary outputs are sent as views: no work)."""
     encoded = [out for out in requested_outputs(parsed, order) if out.shm is None and not out.binary]
-    return sum(outputs[out.name].nbytes for out in encoded + _copied_to_shm(parsed, outputs, written, order))
+    return sum(outputs[out.name].nbytes for out in [*encoded, *copies])
 
 
 async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
@@ -233,6 +233,7 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     del body, inputs
     parsed.inputs = []
     order = model.config.output_names
-    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, written, order), _answer, model.name, shm,
-                                          parsed, outputs, written, order)
+    copies = _copied_to_shm(parsed, outputs, written, order)
+    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
+                                          parsed, outputs, copies, order)
     return PartsResponse(parts, headers)
