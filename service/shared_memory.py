@@ -137,15 +137,17 @@ class Region:
         return True
 
 
-def _check_room(ref: ShmRef, shape: tuple[int, ...], dtype: np.dtype, where: str) -> None:
+def _check_room(ref: ShmRef, shape: tuple[int, ...], dtype: np.dtype, where: str) -> int:
+    """The bytes of a [shape] `dtype` output; 400 when `ref` is smaller."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > ref.byte_size:
         raise BadRequest(f"{where}: shared_memory_byte_size is {ref.byte_size} bytes, the output "
                          f"{list(shape)} {dtype} needs {nbytes}")
+    return nbytes
 
 
-def _open(key: str, path: str) -> tuple[int, int]:
-    """(fd, size) of the shared-memory object, opened read-write without following a symbolic link."""
+def _open(key: str, path: str) -> tuple[int, os.stat_result]:
+    """(fd, stat) of the shared-memory object, opened read-write without following a symbolic link."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -158,17 +160,16 @@ def _open(key: str, path: str) -> tuple[int, int]:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise BadRequest(f"shared-memory object {echo(key)} is not a regular shared-memory file")
-    return fd, info.st_size
+    return fd, info
 
 
 def map_region(name: str, key: str, offset: int, byte_size: int) -> Region:
     """Open `key` and map [offset, offset + byte_size) of it; 400 when the object is missing or too small."""
-    fd, size = _open(key, shm_file(key))
+    fd, info = _open(key, shm_file(key))
     try:
-        info = os.fstat(fd)
-        if offset + byte_size > size:
+        if offset + byte_size > info.st_size:
             raise BadRequest(f"region '{name}': offset {offset} + byte_size {byte_size} = {offset + byte_size} "
-                             f"bytes, but shared-memory object {echo(key)} has {size}")
+                             f"bytes, but shared-memory object {echo(key)} has {info.st_size}")
         start = offset % mmap.ALLOCATIONGRANULARITY
         mapping = mmap.mmap(fd, start + byte_size, flags=mmap.MAP_SHARED,
                             prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=offset - start)
@@ -247,8 +248,7 @@ class SharedMemoryRegistry:
         """Writeable [shape] `dtype` view of the region at `ref.offset` for a model to write its output into, or
         None where the output must be copied in after the run instead (bytes not aligned for `dtype`, or
         overlapping the shared-memory `inputs`, which the run reads while it writes). 400 when it does not fit."""
-        _check_room(ref, shape, dtype, where)
-        nbytes = math.prod(shape) * dtype.itemsize
+        nbytes = _check_room(ref, shape, dtype, where)
         with self._lock:
             region = self._region(ref, where)
             raw = region.bytes_at(ShmRef(ref.region, ref.offset, nbytes), where)
