@@ -13,7 +13,7 @@ import numpy as np
 
 from models.mrope import mrope_axis, mrope_cos_sin
 from models.properties.common import adjacent_distance, first_collision_position
-from models.properties.rope import rope_rows, rotate
+from models.properties.rope import relativity_residual, rope_rows, rotate
 from models.rope_params import RopeParameters
 from models.vision_rope import VisionRopeModel, vision_cos_sin, vision_positions
 
@@ -32,11 +32,8 @@ def axis_relativity(cos: np.ndarray, sin: np.ndarray, inv_freq: np.ndarray, axis
     i, j = rng.integers(0, cos.shape[0], size=pairs), rng.integers(0, cos.shape[0], size=pairs)
     q, k = rng.standard_normal((pairs, 2 * cols.size)), rng.standard_normal((pairs, 2 * cols.size))
     q_i, k_j = rotate(q, cos[i][:, cols], sin[i][:, cols]), rotate(k, cos[j][:, cols], sin[j][:, cols])
-    lhs = np.einsum("pd,pd->p", q_i, k_j)
     relative = rope_rows(inv_freq[cols], factor, positions[j, axis] - positions[i, axis], cos.dtype)
-    rhs = factor * np.einsum("pd,pd->p", q, rotate(k, *relative))
-    scale = factor**2 * np.linalg.norm(q, axis=1) * np.linalg.norm(k, axis=1)
-    return np.abs(lhs - rhs) / np.where(scale > 0, scale, 1.0)
+    return relativity_residual(q, k, q_i, k_j, rotate(k, *relative), factor)
 
 
 def norm_ratio(cos: np.ndarray, sin: np.ndarray, factor: float, pairs: int, rng: np.random.Generator) -> np.ndarray:

@@ -142,12 +142,18 @@ def _relativity_and_norm(inv_freq: np.ndarray, factor: float, m: np.ndarray, n: 
     q_m = rotate(q, *rope_rows(inv_freq, factor, m, dtype))
     k_n = rotate(k, *rope_rows(inv_freq, factor, n, dtype))
     k_rel = rotate(k, *rope_rows(inv_freq, factor, n - m, dtype))
+    norm_ratio = np.linalg.norm(q_m, axis=1) / np.where(factor > 0, factor * np.linalg.norm(q, axis=1), 1.0)
+    return relativity_residual(q, k, q_m, k_n, k_rel, factor), norm_ratio
+
+
+def relativity_residual(q: np.ndarray, k: np.ndarray, q_m: np.ndarray, k_n: np.ndarray, k_rel: np.ndarray,
+                        factor: float) -> np.ndarray:
+    """|⟨q_m, k_n⟩ − a·⟨q, k_rel⟩| / (a²‖q‖‖k‖) per pair: q_m = R(q, m), k_n = R(k, n), k_rel = R(k, n − m),
+    all [pairs, d] → float64 [pairs] (0 where RoPE is exactly relative)."""
     lhs = np.einsum("pd,pd->p", q_m, k_n)
     rhs = factor * np.einsum("pd,pd->p", q, k_rel)
     scale = factor**2 * np.linalg.norm(q, axis=1) * np.linalg.norm(k, axis=1)
-    residual = np.abs(lhs - rhs) / np.where(scale > 0, scale, 1.0)
-    norm_ratio = np.linalg.norm(q_m, axis=1) / np.where(factor > 0, factor * np.linalg.norm(q, axis=1), 1.0)
-    return residual, norm_ratio
+    return np.abs(lhs - rhs) / np.where(scale > 0, scale, 1.0)
 
 
 def rope_equivariance(inv_freq: np.ndarray, factor: float, offset: int, tokens: int,
