@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from service.app import app_from_env
+from service.http.app import app_from_env
 
 ECHO_PATH = "/bench/echo"
 ANSWER_HEADER = b"x-echo-bytes"

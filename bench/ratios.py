@@ -123,7 +123,7 @@ def decode_output(body: bytes, headers: dict[str, str]) -> np.ndarray:
 
 
 def session() -> ort.InferenceSession:
-    """An onnxruntime session built like posenc's (service/repository.py): intra-op threads = usable cores,
+    """An onnxruntime session built like posenc's (service/inference/repository.py): intra-op threads = usable cores,
     one inter-op thread, no spinning, CPU provider."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = len(os.sched_getaffinity(0))

@@ -36,7 +36,7 @@ from common import ROOT, LoadGen, LoadResult, Service, Target, free_port, machin
 from ratios import LARGE, SMALL, infer_target, inputs, interleaved
 
 CLIENTS = 16
-APP = "service.app:app_from_env"
+APP = "service.http.app:app_from_env"
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def _plain_env(port: int) -> dict[str, str]:
 
 def log_config_file(work_dir: Path) -> Path:
     """posenc's own logging configuration (what `posenc serve` hands uvicorn) as a JSON file for other servers."""
-    from service.logs import log_config
+    from service.http.logs import log_config
     from service.settings import Settings
 
     path = work_dir / "log-config.json"

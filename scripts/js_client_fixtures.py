@@ -24,8 +24,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from models.sinusoidal import sinusoidal_table
-from service.app import create_app
 from service.arrays import decode_json_tensor
+from service.http.app import create_app
 from service.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent

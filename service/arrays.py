@@ -30,7 +30,7 @@ MEDIA_TYPES: dict[str, str] = {
     "npy": "application/x-npy",
     "raw": "application/octet-stream",
     "json": "application/json",
-    "png": "image/png",  # a picture of the tensors (service.png), not their values
+    "png": "image/png",  # a picture of the tensors (service.tables.png), not their values
 }
 FILE_SUFFIX = {"safetensors": ".safetensors", "npy": ".npy", "raw": ".bin", "json": ".json", "png": ".png"}
 SINGLE_TENSOR_FORMATS = ("npy", "raw")

@@ -1,4 +1,4 @@
-"""One error taxonomy for the whole service, mapped to HTTP in one place (`install_error_handlers`).
+"""One error taxonomy for the whole service, mapped to HTTP in one place (`service.http.errors`).
 
 Every error response has the envelope `{"error": "<message a person can act on>", "type": "<code>"}`.
 Unexpected exceptions are logged with their traceback and answered with a generic 500.
@@ -6,18 +6,10 @@ Unexpected exceptions are logged with their traceback and answered with a generi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from models.errors import ParameterError
-
-log = logging.getLogger("posenc.errors")
 
 
 class ServiceError(Exception):
@@ -141,36 +133,3 @@ def _describe_validation_error(err: Mapping[str, Any]) -> str:
 def describe_validation_errors(errors: Sequence[Mapping[str, Any]]) -> str:
     """pydantic/FastAPI validation errors as one message naming each parameter."""
     return "; ".join(_describe_validation_error(e) for e in errors)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    """Map every exception to the one JSON envelope."""
-
-    @app.exception_handler(ServiceError)
-    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
-        if isinstance(exc, ClientClosedRequest):
-            log.info("client closed the connection during %s %s: %s", request.method, request.url.path, exc.message)
-        return error_response(exc.status_code, exc.error_type, exc.message, exc.headers)
-
-    @app.exception_handler(ParameterError)
-    async def _parameter_error(_: Request, exc: ParameterError) -> JSONResponse:
-        return error_response(422, InvalidParameter.error_type, str(exc))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(422, InvalidParameter.error_type, describe_validation_errors(exc.errors()))
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 404:
-            message = f"no route {request.method} {request.url.path}"
-            return error_response(404, NotFound.error_type, message)
-        if exc.status_code == 405:
-            message = f"method {request.method} not allowed on {request.url.path}"
-            return error_response(405, "method_not_allowed", message, exc.headers)
-        return error_response(exc.status_code, "http_error", str(exc.detail), exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal", "internal server error; the service log has the details")

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 TORCH_MARK = "pytestmark = pytest.mark.torch"

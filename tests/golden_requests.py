@@ -160,7 +160,7 @@ def record(client: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from service.http.app import create_app
     from service.settings import Settings
 
     with TestClient(create_app(Settings(access_log=False))) as test_client:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from service.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 

@@ -18,8 +18,8 @@ from service.arrays import (
     negotiate_format,
     npy_header,
 )
-from service.cache import ByteLRUCache, CachedBody
 from service.errors import NotAcceptable
+from service.tables.cache import ByteLRUCache, CachedBody
 
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4), (1, 1, 1, 9)]
 DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int8, np.uint8, np.bool_]

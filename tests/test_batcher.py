@@ -10,10 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from service.batcher import Batcher
-from service.engine import Engine
 from service.errors import Unavailable
-from service.repository import LoadedModel
+from service.inference.batcher import Batcher
+from service.inference.engine import Engine
+from service.inference.repository import LoadedModel
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
 from models.sinusoidal import sinusoidal_table
-from service.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 from tests.conftest import running_client
 

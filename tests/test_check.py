@@ -281,7 +281,7 @@ def test_work_bound_is_413_before_the_body() -> None:
 
 
 def test_every_registered_table_has_a_check_route(client: TestClient) -> None:
-    from service.routes.check import checkable
+    from service.check.routes import checkable
     from service.tables import TABLES
 
     paths = client.get("/openapi.json").json()["paths"]

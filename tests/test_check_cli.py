@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from models.rope import make_rope_parameters, rope_cos_sin
 from models.sinusoidal import sinusoidal_table
-from service.cli import main
+from service.cli.main import main
 from tests.test_serve import server  # noqa: F401 - the module-scoped live server fixture
 
 ROPE = "/v1/rope?max_position=48&head_dim=16"

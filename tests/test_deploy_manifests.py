@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.server import BACKSTOP_MARGIN_SECONDS
+from service.http.server import BACKSTOP_MARGIN_SECONDS
 from service.settings import Settings
 from tests.kustomize_lite import render
 

@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.engine import Engine
-from service.repository import CPU, CUDA, intra_op_threads, resolve_providers
+from service.http.app import create_app
+from service.inference.engine import Engine
+from service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 

@@ -25,7 +25,7 @@ from models.export_onnx import (
     op_counts,
 )
 from models.rope import make_rope_parameters
-from service.cli import main as posenc_main
+from service.cli.main import main as posenc_main
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 pytestmark = pytest.mark.torch

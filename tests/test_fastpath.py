@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from service.tables.core import TableRequest
+from service.tables.registry import TableRequest
 from tests.conftest import running_client
 
 TABLE_REQUESTS = [

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
-from service.cli import main as posenc_main
+from service.cli.main import main as posenc_main
 from tests.infer_utils import ROOT
 
 
 def test_service_runs_without_importing_torch() -> None:
     code = ("import sys\n"
             "from fastapi.testclient import TestClient\n"
-            "from service.app import create_app\n"
-            "from service.cli import build_parser\n"
+            "from service.http.app import create_app\n"
+            "from service.cli.main import build_parser\n"
             "with TestClient(create_app()) as c:\n"
             "    assert c.get('/v2/health/ready').status_code == 200\n"
             "build_parser().parse_args(['export', '--defaults'])\n"

@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.app import create_app
-from service.logs import JsonFormatter, log_config
+from service.http.app import create_app
+from service.http.logs import JsonFormatter, log_config
 from service.settings import Settings
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs

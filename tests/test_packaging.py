@@ -31,7 +31,7 @@ def test_wheel_serves_the_shipped_models(tmp_path: Path) -> None:
     zipfile.ZipFile(wheel).extractall(site)
     # as installed: the package alone on the path, run from elsewhere (no source checkout in sight)
     code = ("from fastapi.testclient import TestClient\n"
-            "from service.app import create_app\n"
+            "from service.http.app import create_app\n"
             "from service.settings import Settings\n"
             "settings = Settings()\n"
             "assert settings.model_repository.parts[-2:] == ('service', 'shipped_models'), settings.model_repository\n"

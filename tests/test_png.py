@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.arrays import negotiate_format
-from service.png import Curve, Heatmap, Panel, Picture, render
+from service.tables.png import Curve, Heatmap, Panel, Picture, render
 from tests.conftest import running_client
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

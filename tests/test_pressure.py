@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from service.errors import BadRequest
-from service.kserve import parse_infer_request
+from service.inference.kserve import parse_infer_request
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs
 

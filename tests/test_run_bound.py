@@ -14,12 +14,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.batcher import Batcher
 from service.budget import MemoryBudget
-from service.devices import CPU, CUDA, process_memory_bytes
-from service.engine import Engine
-from service.repository import LoadedModel, _with_options
-from service.run_bound import AttentionCost, default_run_bytes
+from service.inference.batcher import Batcher
+from service.inference.devices import CPU, CUDA, process_memory_bytes
+from service.inference.engine import Engine
+from service.inference.repository import LoadedModel, _with_options
+from service.inference.run_bound import AttentionCost, default_run_bytes
 from service.settings import Settings
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session

@@ -7,7 +7,7 @@ import pytest
 from fastapi import APIRouter
 from fastapi.testclient import TestClient
 
-from service.app import create_app
+from service.http.app import create_app
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

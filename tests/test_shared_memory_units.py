@@ -15,11 +15,11 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 from models.dtypes import lookup
-from service.engine import Engine
 from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
-from service.kserve import ShmRef, parse_infer_request
-from service.repository import LoadedModel
-from service.shared_memory import SharedMemoryRegistry
+from service.inference.engine import Engine
+from service.inference.kserve import ShmRef, parse_infer_request
+from service.inference.repository import LoadedModel
+from service.inference.shared_memory import SharedMemoryRegistry
 from service.uploads import ALIGNMENT, read_aligned_body
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session

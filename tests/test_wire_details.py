@@ -19,7 +19,7 @@ from safetensors.numpy import load as safetensors_load
 
 from service.arrays import encode_safetensors, negotiate_format
 from service.errors import BadRequest
-from service.kserve import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from service.inference.kserve import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
 
 # --- safetensors header padding -----------------------------------------------------------------------
 

@@ -7,28 +7,18 @@ the hypotheses are the numpy attention of `models.diagnosis.attention` under eac
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 import numpy as np
 
 from models.diagnosis.agreement import compare
 from models.diagnosis.attention import AttentionSpec, attention_hypotheses, attention_tolerance
 from service.check.core import CheckReport, rank
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
-from service.kserve import InputTensor
-from service.tables.core import format_bytes
+from service.errors import InvalidParameter, PayloadTooLarge
+from service.tables.registry import format_bytes
 
 EXPECTED = "expected_output"
 WORK_BYTES_PER_SCORE = 8 * 3  # scores, weights and the mask in float64
-
-
-def split_expected(tensors: Sequence[InputTensor]) -> tuple[list[InputTensor], np.ndarray]:
-    """The model's inputs, and the user's output (400 when it is missing)."""
-    expected = [t for t in tensors if t.name == EXPECTED]
-    if len(expected) != 1:
-        raise BadRequest(f"add your output as the input tensor '{EXPECTED}' (same shape and datatype as the model's "
-                         "output), once")
-    return [t for t in tensors if t.name != EXPECTED], expected[0].array
 
 
 def bound_attention_work(spec: AttentionSpec | None, inputs: Mapping[str, np.ndarray], max_work_bytes: int) -> int:

@@ -23,7 +23,7 @@ from models.dtypes import dtype_name
 from models.errors import ParameterError
 from service.check.families import FamilyCheck, family_check
 from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
-from service.tables.core import TableQuery, TableRoute, format_bytes, metadata_value
+from service.tables.registry import TableQuery, TableRoute, format_bytes, metadata_value
 from service.uploads import decode_npy, decode_safetensors, upload_format
 
 WORK_BYTES_PER_ELEMENT = 8  # every comparison runs in float64

@@ -27,7 +27,7 @@ from models.diagnosis.rope import RopeTable, rope_hypotheses
 from models.diagnosis.sinusoidal import SinusoidalTable, sinusoidal_hypotheses
 from models.dtypes import np_dtype
 from service.tables.alibi import AlibiBiasQuery, AlibiSlopesQuery
-from service.tables.core import TableQuery
+from service.tables.registry import TableQuery
 from service.tables.relative import ClippedQuery, DebertaBucketsQuery
 from service.tables.rope import RopeTableQuery
 from service.tables.sinusoidal import SinusoidalQuery

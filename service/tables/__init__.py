@@ -1,27 +1,10 @@
-"""Table endpoints: one query model per family, registered once (`service.tables.core.register_table`).
+"""Table endpoints: one query model per family, registered once (`service.tables.registry.register_table`).
 
-Importing this package registers every family; `TABLES` maps each path to its `TableRoute`.
+Importing this package registers every table family; `TABLES` maps each path to its `TableRoute`. The
+properties endpoints register into the same map when `service.properties` is imported.
 """
 
-from service.tables import (
-    alibi,
-    from_config,
-    mrope,
-    properties,
-    properties_axes,
-    properties_learned,
-    properties_relative,
-    relative,
-    rope,
-    sinusoidal,
-    t5,
-    vision_rope,
-    xlnet,
-)
-from service.tables.core import TABLES
+from service.tables import alibi, from_config, mrope, relative, rope, sinusoidal, t5, vision_rope, xlnet  # noqa: F401
+from service.tables.registry import TABLES
 
-FAMILIES = (alibi, from_config, mrope, relative, rope, sinusoidal, t5, vision_rope, xlnet)
-# /v1/properties/...: `service.tables.core.PROPERTIES`
-PROPERTIES_FAMILIES = (properties, properties_learned, properties_relative, properties_axes)
-
-__all__ = ["FAMILIES", "PROPERTIES_FAMILIES", "TABLES"]
+__all__ = ["TABLES"]

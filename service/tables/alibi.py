@@ -8,8 +8,8 @@ from models.alibi import AlibiMode, alibi_bias, alibi_slopes, check_alibi_parame
 from models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
 from models.dtypes import np_dtype
 from service.arrays import Bundle
-from service.tables.core import TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
+from service.tables.registry import TableQuery, TensorSpec, register_table
 
 NumHeads = Annotated[int, Field(ge=1, le=MAX_HEADS, description="Number of attention heads (any count, powers of "
                                                                 "two or not).")]

@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 from models.vision_rope import Tower, vision_rope_from_config
 from service.arrays import Bundle
 from service.errors import InvalidParameter
-from service.tables.core import TensorSpec, register_table
+from service.tables.registry import TensorSpec, register_table
 from service.tables.rope import RopeFromConfigQuery
 from service.tables.vision_rope import VisionRopeQuery
 

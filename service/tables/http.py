@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from service.arrays import FORMATS, negotiate_format
 from service.budget import MemoryBudget, release_free_memory
 from service.tables import TABLES
-from service.tables.core import Answer, Pending, TableQuery, TableRequest, TableRoute, table_routes
+from service.tables.registry import Answer, Pending, TableQuery, TableRequest, TableRoute, table_routes
 from service.uploads import declared_length, read_body
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).

@@ -45,8 +45,8 @@ from models.mrope import (
 from models.rope_params import RopeParameters, make_rope_parameters
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
-from service.tables.core import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField, IntDTypeField
+from service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 
 MAX_SEQUENCE_BODY_BYTES = 16 << 20  # explicit position ids of a long sequence: ~3 · 8 digits per token
 

@@ -7,8 +7,8 @@ from models.deberta import check_deberta_parameters, deberta_buckets
 from models.dtypes import np_dtype
 from models.relative import clipped_relative_indices
 from service.arrays import Bundle
-from service.tables.core import TableQuery, TensorSpec, register_table
 from service.tables.fields import IntDTypeField
+from service.tables.registry import TableQuery, TensorSpec, register_table
 
 
 class RelativeQuery(TableQuery):

@@ -28,8 +28,8 @@ from models.rope import (
 from models.rope_types import ROPE_TYPES, TransformersRopeType, YarnMscale, resolve_variant
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
-from service.tables.core import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
+from service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
 MAX_FACTOR_LIST = 1 << 20  # characters of a comma-separated longrope factor list

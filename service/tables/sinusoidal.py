@@ -9,8 +9,8 @@ from models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS
 from models.dtypes import np_dtype
 from models.sinusoidal import SinusoidalVariant, sinusoidal_table
 from service.arrays import Bundle
-from service.tables.core import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
+from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
 
 class SinusoidalQuery(TableQuery):

@@ -11,8 +11,8 @@ from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
 from models.dtypes import dtype_name, np_dtype
 from models.t5 import check_t5_parameters, check_t5_weight_shape, t5_bias, t5_buckets
 from service.arrays import Bundle, byte_view
-from service.tables.core import TableQuery, TensorSpec, float_upload, register_table
 from service.tables.fields import IntDTypeField
+from service.tables.registry import TableQuery, TensorSpec, float_upload, register_table
 
 BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 

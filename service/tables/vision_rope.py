@@ -18,8 +18,8 @@ from models.vision_rope import (
     vision_rows,
 )
 from service.arrays import Bundle
-from service.tables.core import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
+from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
 
 class VisionRopeQuery(TableQuery):

@@ -8,8 +8,8 @@ from models.bounds import MAX_DIM, MAX_DISTANCE, MAX_SEQUENCE
 from models.dtypes import np_dtype
 from models.xlnet import XLNetAttnType, check_xlnet_parameters, xlnet_relative_sinusoid, xlnet_rows
 from service.arrays import Bundle
-from service.tables.core import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 from service.tables.fields import FloatDTypeField
+from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
 
 class XLNetRelativeQuery(TableQuery):

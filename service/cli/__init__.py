@@ -1,0 +1,1 @@
+"""The `posenc` console script (`service.cli.main`) and its subcommands."""

@@ -1,0 +1,82 @@
+"""The `posenc` console script."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from models.export_args import add_export_arguments
+from service.cli.common import settings_or_exit
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """`posenc serve`: the exit status says how it stopped (see `service.http.server.serve`)."""
+    import os
+
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "workers": args.workers,
+                                   "log_level": args.log_level}.items() if v is not None}
+    settings = settings_or_exit(**overrides)
+    # Workers re-read the environment: pass the CLI overrides down through it.
+    for key, value in overrides.items():
+        os.environ[f"POSENC_{key.upper()}"] = str(value)
+    from service.http.server import serve
+
+    return serve(settings)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """`posenc export`: torch is an export-time extra; say so plainly when it is missing."""
+    try:
+        from models import export_onnx
+    except ImportError as exc:
+        sys.stderr.write(f"posenc export needs the export extra (torch, onnx, onnxscript): {exc}\n"
+                         "install it with: pip install 'posenc[export]'\n")
+        return 2
+    from models.errors import ParameterError
+
+    try:
+        folders = export_onnx.run_export(args)
+    except (ParameterError, export_onnx.ExportError, OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"posenc export: {exc}\n")
+        return 2
+    for folder in folders:
+        print(folder)
+    return 0
+
+
+def _add_export_parser(commands: argparse._SubParsersAction) -> None:
+    export = commands.add_parser(
+        "export", help="export a RoPE-attention ONNX graph into a model repository (needs torch)",
+        description="Regenerate the shipped repository: posenc export --defaults --repository onnx",
+    )
+    add_export_arguments(export)  # torch-free: importing the exporter is deferred to `_export`
+    export.set_defaults(handler=_export)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    from service.cli import table as table_cli  # its own module: `posenc table` (tables without a server)
+
+    table_cli.add_parser(commands)
+    from service.cli import check as check_cli  # `posenc check`: a file of your tensors against the golden table
+
+    check_cli.add_parser(commands)
+    serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
+    serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")
+    serve.add_argument("--workers", type=int, help="worker processes (POSENC_WORKERS, default 1)")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="POSENC_LOG_LEVEL")
+    serve.set_defaults(handler=_serve)
+    _add_export_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

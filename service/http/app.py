@@ -1,0 +1,88 @@
+"""Application factory: `create_app(settings)`; nothing here reads the environment at import."""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
+from service import __version__
+from service.budget import MemoryBudget, limit_malloc_arenas
+from service.check.routes import check_router
+from service.http import docs, explorer, health
+from service.http.errors import install_error_handlers
+from service.http.fastpath import FastPath, Spellings
+from service.http.metrics import install_metrics
+from service.http.openapi import install_openapi
+from service.inference import repository_routes, shared_memory_routes
+from service.inference import routes as inference_routes
+from service.inference.check_routes import router as check_inference_router
+from service.inference.engine import Engine
+from service.inference.shared_memory import SharedMemoryRegistry
+from service.settings import Settings
+from service.tables.cache import ByteLRUCache
+from service.tables.http import table_router
+
+log = logging.getLogger("posenc")
+
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the service with `settings` (default: read from `POSENC_*` now, at call time)."""
+    settings = settings if settings is not None else Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = Engine(settings, observer=app.state.metrics)
+        # Sessions are built before the first request is served; problems make /readyz fail with the reason.
+        problems = await asyncio.to_thread(engine.load)
+        app.state.engine = engine
+        app.state.readiness_problems = problems
+        if problems:
+            log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
+        else:
+            log.info("posenc %s ready (%d models)", __version__, len(engine.models))
+        try:
+            yield
+        finally:
+            await engine.close()
+            app.state.shared_memory.close()  # unmap every registered region
+
+    app = FastAPI(
+        title="posenc",
+        version=__version__,
+        description="Positional-encoding tables, attention biases and ONNX RoPE-attention inference.",
+        lifespan=lifespan,
+        # /docs and /redoc come from service.http.docs: same pages, assets served locally (offline).
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    app.state.table_cache = ByteLRUCache(settings.cache_bytes)
+    app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
+                                           wait_seconds=settings.memory_wait_seconds)
+    limit_malloc_arenas(settings.malloc_arenas)
+    app.state.readiness_problems = ["starting"]
+    app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory)
+    install_error_handlers(app)
+    install_openapi(app)
+    tables = table_router()
+    # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
+    for router in (health.router, inference_routes.router, repository_routes.router, shared_memory_routes.router,
+                   tables, docs.router, explorer.router):
+        app.include_router(router)
+    app.include_router(check_router())
+    app.include_router(check_inference_router)
+    # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
+    app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
+                       routes=[*health.router.routes, *tables.routes])
+    # Observability: GET /metrics, per-route request metrics, the access log.
+    install_metrics(app, access_log_enabled=settings.access_log)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn factory (`service.http.app:app_from_env`): settings from the environment of the worker."""
+    return create_app(Settings())

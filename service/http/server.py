@@ -1,0 +1,339 @@
+"""How `posenc serve` runs uvicorn: the request timeouts uvicorn lacks, a bounded drain, a clean exit status.
+
+uvicorn bounds only an idle kept-alive connection (`timeout_keep_alive`) and, when asked, the drain after
+a signal (`timeout_graceful_shutdown`). Left alone, a client that opens a connection and sends nothing, or
+half a request head, or half a body, holds a connection (and during shutdown, the whole process) for as
+long as it likes. This module adds, on uvicorn's httptools protocol (the one uvicorn picks when httptools
+is installed, which `uvicorn[standard]` guarantees):
+
+* a head timer (`POSENC_HEADER_TIMEOUT`): from connection open, or from the end of the previous response,
+  the next request head must be complete in time, else the connection is closed (slowloris);
+* a body gap timer (`POSENC_BODY_TIMEOUT`): while a body is read, two chunks may be at most that far apart,
+  else the client gets a 408 with the JSON error envelope (when nothing was answered yet) and the connection
+  is closed; the application's `receive()` sees `http.disconnect` (its access log says 499);
+* a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
+  has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
+  graceful timeout runs out, instead of keeping the process alive forever.
+
+`Server` runs one process without uvicorn's re-raise of the captured signal (which made a clean SIGTERM
+exit with status -15): `run_server` returns 0 after a clean drain and `EXIT_REQUESTS_CUT` when the graceful
+timeout had to cut connections. With several workers, uvicorn's own supervisor runs the workers (see
+`serve`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import select
+import signal
+import socket
+import threading
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import HANDLED_SIGNALS, ServerState
+
+from service.http.logs import log_config
+from service.http.metrics import shared_metrics_dir
+from service.settings import Settings
+
+log = logging.getLogger("posenc.server")
+
+EXIT_OK = 0
+EXIT_REQUESTS_CUT = 1  # the graceful-shutdown timeout closed connections that still had a request in flight
+EXIT_STARTUP_FAILURE = STARTUP_FAILURE  # 3: the port is taken, the app failed to start, ...
+
+# After the signal, before the listeners close: one more pass of the event loop reads requests that were
+# fully sent before the signal but not yet parsed, so they are answered instead of reset.
+SETTLE_SECONDS = 0.05
+# Connections the kernel completed before the signal but the loop has not accepted yet are reset when the
+# listener closes: the loop gets up to this long to accept them (a burst on a busy machine) first.
+BACKLOG_SECONDS = 1.0
+# uvicorn's own drain deadline (tasks are cancelled after it) is a backstop behind the protocol's, which
+# aborts the connections first so no cancelled task can write a 500 to a client.
+BACKSTOP_MARGIN_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    keep_alive: float
+    header: float
+    body: float
+    graceful_shutdown: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Timeouts:
+        return cls(settings.timeout_keep_alive, settings.header_timeout, settings.body_timeout,
+                   settings.graceful_shutdown_timeout)
+
+
+class ServerConfig(uvicorn.Config):
+    """A uvicorn Config that carries posenc's timeouts to the protocol (pickled into workers as well)."""
+
+    def __init__(self, app: Any, *, timeouts: Timeouts, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.timeouts = timeouts
+
+
+class DrainState(ServerState):
+    """uvicorn's shared server state, plus how many connections the graceful timeout had to cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut_connections = 0
+
+
+def _cancel(handle: asyncio.TimerHandle | None) -> None:
+    if handle is not None:
+        handle.cancel()
+
+
+class TimeoutHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with head, body-gap and shutdown timers (see the module docstring)."""
+
+    def __init__(self, config: uvicorn.Config, server_state: ServerState, app_state: dict[str, Any],
+                 _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        if not isinstance(config, ServerConfig):
+            raise TypeError("TimeoutHttpToolsProtocol needs a service.http.server.ServerConfig")
+        self.timeouts = config.timeouts
+        # uvicorn's Config types it as whole seconds; its timer (loop.call_later) takes any float.
+        self.timeout_keep_alive = config.timeouts.keep_alive  # type: ignore[assignment]
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.body_timer: asyncio.TimerHandle | None = None
+        self.cut_timer: asyncio.TimerHandle | None = None
+
+    # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn arms no timer on a fresh connection: one that never sends a byte would stay open forever.
+        self.head_timer = self.loop.call_later(self.timeouts.header, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        _cancel(self.head_timer)
+        self.head_timer = None
+        super().on_headers_complete()
+        if not (self.parser.should_upgrade() and self._should_upgrade()):  # a WebSocket is not ours to time
+            self._restart_body_timer()  # stopped by on_message_complete: at once when there is no body
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # No request in progress (a pipelined one may have started): the next head must come in time. An
+        # idle connection is closed by the keep-alive timer first; the head deadline never undercuts it.
+        if not self.transport.is_closing() and self.cycle.response_complete:
+            _cancel(self.head_timer)
+            timeout = max(self.timeouts.header, self.timeouts.keep_alive)
+            self.head_timer = self.loop.call_later(timeout, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self.head_timer = None
+        if not self.transport.is_closing():
+            log.debug("closing %s: no complete request head within %g s (POSENC_HEADER_TIMEOUT)",
+                      _peer(self.client), self.timeouts.header)
+            self.transport.close()
+
+    # -- body: while a body is read, the client must keep sending
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._restart_body_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        _cancel(self.body_timer)
+        self.body_timer = None
+
+    def _restart_body_timer(self) -> None:
+        _cancel(self.body_timer)
+        self.body_timer = self.loop.call_later(self.timeouts.body, self._body_timed_out)
+
+    def _body_timed_out(self) -> None:
+        self.body_timer = None
+        cycle = self.cycle
+        if self.transport.is_closing() or cycle is None:
+            return
+        if self.flow.read_paused or cycle.waiting_for_100_continue:
+            # The silence is ours: we stopped reading (the app has not consumed the buffered body yet, or a
+            # pipelined request waits its turn), or the client waits for our `100 Continue`.
+            self._restart_body_timer()
+            return
+        log.info("%s %s from %s: no body bytes for %g s (POSENC_BODY_TIMEOUT); closing the connection",
+                 cycle.scope.get("method"), cycle.scope.get("path"), _peer(self.client), self.timeouts.body)
+        half_answered = cycle.response_started and not cycle.response_complete
+        if not cycle.response_started and not cycle.disconnected:
+            self.transport.write(self._timeout_response())
+        # The app's receive() now yields http.disconnect (a 499 in its log) and its send() is dropped.
+        cycle.disconnected = True
+        cycle.message_event.set()
+        if half_answered:
+            self.transport.abort()  # a response under way cannot be finished: do not wait to flush its start
+        else:
+            self.transport.close()  # flushes the 408 (or the complete answer) first
+
+    def _timeout_response(self) -> bytes:
+        body = json.dumps({"error": f"the request body stalled: no bytes arrived for {self.timeouts.body:g} s "
+                                    "(POSENC_BODY_TIMEOUT)", "type": "request_timeout"}).encode()
+        lines = [STATUS_LINE[408]]
+        for name, value in self.server_state.default_headers:
+            lines += [name, b": ", value, b"\r\n"]
+        lines += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
+                  b"connection: close\r\n\r\n", body]
+        return b"".join(lines)
+
+    # -- shutdown: in-flight requests get the graceful timeout, then their connections are aborted
+
+    def shutdown(self) -> None:
+        super().shutdown()  # closes an idle connection; a busy one answers its request, then closes
+        self.cut_timer = self.loop.call_later(self.timeouts.graceful_shutdown, self.cut)
+
+    def cut(self) -> None:
+        """Abort the connection: it still has a request in flight, or a response the client stopped reading."""
+        _cancel(self.cut_timer)
+        self.cut_timer = None
+        log.warning("graceful shutdown timeout (%g s, POSENC_GRACEFUL_SHUTDOWN_TIMEOUT): aborting the "
+                    "connection from %s with a request in flight", self.timeouts.graceful_shutdown,
+                    _peer(self.client))
+        if isinstance(self.server_state, DrainState):
+            self.server_state.cut_connections += 1
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()  # close() would wait for the write buffer to drain: that may never happen
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for handle in (self.head_timer, self.body_timer, self.cut_timer):
+            _cancel(handle)
+        self.head_timer = self.body_timer = self.cut_timer = None
+        super().connection_lost(exc)
+
+
+def _peer(client: tuple[str, int] | None) -> str:
+    return f"{client[0]}:{client[1]}" if client else "a client"
+
+
+class Server(uvicorn.Server):
+    """One server process whose exit status says whether the drain after a signal was clean."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        super().__init__(config)
+        self.timeouts = config.timeouts
+        self.server_state: DrainState = DrainState()
+        self.cancelled_tasks = 0
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        """uvicorn's handlers (first SIGTERM/SIGINT: drain; second SIGINT: force), without its re-raise of the
+        signal at the end, which made a clean stop exit with status -15."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, reordered: settle (accepting what waits in the backlog), stop listening, drain
+        within the deadline, then cut."""
+        await asyncio.sleep(SETTLE_SECONDS)
+        if await self._accept_backlog():
+            await asyncio.sleep(SETTLE_SECONDS)  # read the requests of the connections just accepted
+        log.info("shutting down: waiting up to %g s for %d connection(s) (POSENC_GRACEFUL_SHUTDOWN_TIMEOUT)",
+                 self.timeouts.graceful_shutdown, len(self.server_state.connections))
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # ours arm their cut timer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self.config.timeout_graceful_shutdown or 0)
+        state = self.server_state
+        while (state.connections or state.tasks) and not self.force_exit and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        # Past uvicorn's deadline (a task stuck after its connection was cut), or a forced exit (second
+        # Ctrl+C): abort what is left first, so that no cancelled task can still write a 500 to a client.
+        for connection in list(state.connections):
+            if isinstance(connection, TimeoutHttpToolsProtocol) and connection.cut_timer is not None:
+                connection.cut()
+        if state.tasks:
+            self.cancelled_tasks = len(state.tasks)
+            log.error("cancelling %d request task(s) still running after the graceful shutdown", len(state.tasks))
+            for task in state.tasks:
+                task.cancel(msg="graceful shutdown timeout exceeded")
+        if not self.force_exit:
+            await self.lifespan.shutdown()
+
+    async def _accept_backlog(self) -> bool:
+        """Wait (at most `BACKLOG_SECONDS`) until no listener has a connection waiting to be accepted;
+        whether there was one."""
+        listeners = [sock.fileno() for server in self.servers for sock in server.sockets]
+        deadline = asyncio.get_running_loop().time() + BACKLOG_SECONDS
+        waited = False
+        while listeners and select.select(listeners, [], [], 0)[0]:  # readable listener = pending connection
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            waited = True
+            await asyncio.sleep(0.005)  # the loop's reader callback accepts them
+        return waited
+
+    @property
+    def exit_status(self) -> int:
+        if not self.started:
+            return EXIT_STARTUP_FAILURE
+        return EXIT_REQUESTS_CUT if self.server_state.cut_connections or self.cancelled_tasks else EXIT_OK
+
+
+def build_config(settings: Settings) -> ServerConfig:
+    """The uvicorn configuration of `posenc serve` (the app is built in each worker, from the environment)."""
+    timeouts = Timeouts.from_settings(settings)
+    return ServerConfig(
+        "service.http.app:app_from_env",
+        timeouts=timeouts,
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        http=TimeoutHttpToolsProtocol,
+        log_level=settings.log_level,
+        log_config=log_config(settings),
+        access_log=False,  # the service writes its own access log (POSENC_ACCESS_LOG, POSENC_LOG_FORMAT)
+        # Whole seconds for uvicorn; the protocol uses the exact values.
+        timeout_keep_alive=math.ceil(timeouts.keep_alive),
+        timeout_graceful_shutdown=math.ceil(timeouts.graceful_shutdown + BACKSTOP_MARGIN_SECONDS),
+    )
+
+
+def serve(settings: Settings) -> int:
+    """Run the service until SIGTERM/SIGINT; the process exit status.
+
+    One worker: `Server` in this process; 0 after a clean drain, `EXIT_REQUESTS_CUT` when the graceful
+    timeout cut connections, `EXIT_STARTUP_FAILURE` when it could not start. Several workers: uvicorn's
+    supervisor, which returns once every worker has stopped: 0 whatever the workers' status (they enforce the
+    same timeouts; cut connections are in their log), `EXIT_STARTUP_FAILURE` when a worker could not start.
+    The workers share one metrics directory, so `/metrics` reports totals over all of them.
+    """
+    config = build_config(settings)
+    if config.workers > 1:
+        from uvicorn.supervisors import Multiprocess
+
+        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        with shared_metrics_dir():  # uvicorn spawns its workers: they import prometheus_client afresh
+            supervisor.run()
+        failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
+        return EXIT_STARTUP_FAILURE if failed else EXIT_OK
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C before the signal handlers are installed
+        server.run()
+    return server.exit_status

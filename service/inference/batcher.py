@@ -1,0 +1,363 @@
+"""Dynamic batching per model: an asyncio queue drained by one dispatcher task.
+
+Requests (dicts of batch-first arrays, already validated) are queued; the dispatcher takes the oldest
+request and the queued requests compatible with it (same shapes apart from the batch axis — and apart
+from the sequence axis when `seq_axes` is given, i.e. for causal models, which are right-padded to the
+longest sequence) up to `max_batch_size` rows, concatenates them once, runs the model in a worker
+thread and hands every request its own rows. Requests larger than `max_batch_size` are split into
+chunks and reassembled. One batch per model runs at a time (onnxruntime already uses every core for
+one run); the requests that arrive meanwhile form the next batch.
+
+So batching never waits by default (`max_queue_delay_us=0`): a request that finds the model idle runs
+at once, alone, and batches form only from requests that are actually waiting. A positive delay makes
+the first request of a batch wait up to that long for a full batch — only worth it where a bigger batch
+costs less per row (a GPU; `bench/ratios.py` prints onnxruntime's per-row cost by batch size).
+
+Right-padding is exact for the valid rows of a causal model: query i only attends keys 0..i, so keys
+appended after a request's last token never reach its queries; the padded output rows are dropped.
+A batch that fails is retried request by request, so one bad request cannot fail its neighbours.
+
+With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than the budget's capacity
+(requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
+runs of every model together stay under it: a run waits for its bytes before it starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from service.budget import MemoryBudget
+from service.errors import Unavailable
+
+log = logging.getLogger("posenc.batcher")
+
+Arrays = Mapping[str, np.ndarray]
+RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `LoadedModel.run`
+RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
+
+
+class BatchObserver(Protocol):
+    """Where a batcher reports what it does (`service.http.metrics.Metrics`); called from worker threads too."""
+
+    def observe_batch(self, model: str, size: int) -> None: ...
+
+    def set_queue_depth(self, model: str, depth: int) -> None: ...
+
+    def observe_run(self, model: str, seconds: float) -> None: ...
+
+# Padding may at most double the work of a batch (padded elements <= valid elements).
+MAX_PADDING_RATIO = 2.0
+
+
+@dataclass(eq=False)  # identity equality: the queue removes items by identity, never compares arrays
+class _Item:
+    """One chunk (<= max_batch_size rows) of one request, waiting for its rows of a batch."""
+
+    inputs: Arrays
+    rows: int
+    seq: int
+    key: tuple[object, ...]
+    future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
+    out: Arrays | None = field(default=None, repr=False)  # the chunk's rows of the request's output arrays
+
+
+class Batcher:
+    """`await submit(inputs)` → the model's outputs for exactly these inputs."""
+
+    def __init__(
+        self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
+        batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
+        observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
+        run_budget: MemoryBudget | None = None,
+    ) -> None:
+        self.run = run
+        self.executor = executor
+        self.max_batch_size = max(1, max_batch_size)
+        self.delay = max_queue_delay_us / 1e6
+        self.max_queue_size = max_queue_size
+        self.batching = batching
+        self.seq_axes = dict(seq_axes) if seq_axes else None  # tensor name -> its sequence axis
+        self.pad = pad and self.seq_axes is not None  # batch different lengths, right-padded (causal models)
+        self.run_bytes = run_bytes if run_budget is not None else None
+        self.run_budget = run_budget
+        self.name = name
+        self.observer = observer
+        self._queue: collections.deque[_Item] = collections.deque()
+        self._waiting_requests = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        # Statistics (Triton's names): rows inferred and model executions; bumped from worker threads.
+        self._stats_lock = threading.Lock()
+        self.inference_count = 0
+        self.execution_count = 0
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """One of the model's `max_queue_size` places, held until the answer; 503 with Retry-After when
+        they are all taken. Taken before a request's body is read, so a full model refuses at once."""
+        if self._waiting_requests >= self.max_queue_size:
+            raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
+                              f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
+        self._set_waiting(self._waiting_requests + 1)
+        try:
+            yield
+        finally:
+            self._set_waiting(self._waiting_requests - 1)
+
+    async def submit(self, inputs: Arrays, out: Arrays | None = None) -> dict[str, np.ndarray]:
+        """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full.
+
+        `out`: arrays (batch-first, each output's exact shape and dtype) that those outputs are written into and
+        returned as; a request that runs alone has onnxruntime write there directly (`LoadedModel.run`)."""
+        with self.admission():
+            return await self.run_admitted(inputs, out)
+
+    async def run_admitted(self, inputs: Arrays, out: Arrays | None = None) -> dict[str, np.ndarray]:
+        """`submit` for a request that already holds its place (`admission`)."""
+        chunks = self._chunks(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
+        if not self.batching:
+            loop = asyncio.get_running_loop()
+            results = []
+            for chunk, chunk_out in chunks:
+                async with self._reserve(_rows(chunk), self._seq(chunk)):
+                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk, 1, chunk_out))
+            return _joined(results, out)
+        return await self._submit_batched(chunks, out)
+
+    def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
+        """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
+        if self.run_bytes is None or self.run_budget is None:
+            return rows
+        seq = self._seq(inputs)
+        fitting = self.run_budget.capacity // max(1, self.run_bytes(1, seq))
+        return max(1, min(rows, fitting))
+
+    @staticmethod
+    def _chunks(inputs: Arrays, out: Arrays | None, rows: int) -> list[tuple[Arrays, Arrays | None]]:
+        """`inputs` (and `out`) split on the batch axis into views of at most `rows` rows (themselves if they fit)."""
+        if _rows(inputs) <= rows:
+            return [(inputs, out)]
+        return [({name: array[start : start + rows] for name, array in inputs.items()},
+                 {name: array[start : start + rows] for name, array in out.items()} if out else None)
+                for start in range(0, _rows(inputs), rows)]
+
+    @contextlib.asynccontextmanager
+    async def _reserve(self, rows: int, seq: int) -> AsyncIterator[None]:
+        """Hold one run's bytes in the run budget while it runs (nothing without a budget)."""
+        if self.run_bytes is None or self.run_budget is None:
+            yield
+            return
+        async with self.run_budget.reserve(self.run_bytes(rows, seq), f"a run of '{self.name}'"):
+            yield
+
+    def _set_waiting(self, count: int) -> None:
+        self._waiting_requests = count
+        if self.observer is not None:
+            self.observer.set_queue_depth(self.name, count)
+
+    async def _submit_batched(self, chunks: list[tuple[Arrays, Arrays | None]],
+                              out: Arrays | None) -> dict[str, np.ndarray]:
+        self._ensure_dispatcher()
+        loop = asyncio.get_running_loop()
+        items = [_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future(), chunk_out)
+                 for chunk, chunk_out in chunks]
+        self._queue.extend(items)
+        assert self._wake is not None
+        self._wake.set()
+        if len(items) == 1:
+            return await items[0].future
+        return _joined(await asyncio.gather(*(item.future for item in items)), out)
+
+    def _ensure_dispatcher(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
+
+    def _seq(self, inputs: Arrays) -> int:
+        """The inputs' sequence length (0 when the model has no sequence axis)."""
+        for name, axis in (self.seq_axes or {}).items():
+            if name in inputs:
+                return int(inputs[name].shape[axis])
+        return 0
+
+    def _key(self, inputs: Arrays) -> tuple[object, ...]:
+        """Requests with equal keys can share a batch: shapes without the batch (and padded seq) axis."""
+        key = []
+        for name in sorted(inputs):
+            shape = list(inputs[name].shape[1:])
+            if self.pad and self.seq_axes is not None and name in self.seq_axes:
+                shape[self.seq_axes[name] - 1] = -1
+            key.append((name, inputs[name].dtype.str, tuple(shape)))
+        return tuple(key)
+
+    async def _dispatch(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._queue:
+                continue
+            if self.delay > 0:
+                await self._fill_window()
+            while self._queue:
+                group = self._take_group()
+                try:
+                    await self._run_group(group)
+                except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
+                    log.exception("batcher %s failed on a group", self.name)
+                    for item in group:
+                        _settle(item, exc=exc)
+
+    async def _fill_window(self) -> None:
+        """Wait (at most the queue delay) until a full batch is queued."""
+        assert self._wake is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.delay
+        while sum(item.rows for item in self._queue) < self.max_batch_size:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=remaining)
+            except TimeoutError:
+                return
+
+    def _take_group(self) -> list[_Item]:
+        """The oldest item plus the compatible queued items that fit in max_batch_size rows."""
+        first = self._queue.popleft()
+        group, rows, longest, valid = [first], first.rows, first.seq, first.rows * first.seq
+        for item in list(self._queue):
+            if item.key != first.key or rows + item.rows > self.max_batch_size:
+                continue
+            new_longest = max(longest, item.seq)
+            new_valid = valid + item.rows * item.seq
+            if self.pad and new_longest * (rows + item.rows) > MAX_PADDING_RATIO * new_valid:
+                continue
+            if self._over_budget(rows + item.rows, new_longest):
+                continue
+            self._queue.remove(item)
+            group.append(item)
+            rows, longest, valid = rows + item.rows, new_longest, new_valid
+        return group
+
+    def _over_budget(self, rows: int, seq: int) -> bool:
+        return (self.run_bytes is not None and self.run_budget is not None
+                and self.run_bytes(rows, seq) > self.run_budget.capacity)
+
+    async def _run_group(self, group: list[_Item]) -> None:
+        loop = asyncio.get_running_loop()
+        live = [item for item in group if not item.future.done()]  # a cancelled request is not run
+        if not live:
+            return
+        try:
+            async with self._reserve(sum(item.rows for item in live), max(item.seq for item in live)):
+                outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
+        except Exception as exc:
+            if len(live) == 1:
+                _settle(live[0], exc=exc)
+                return
+            log.warning("batch of %d requests on %s failed (%s); retrying them one by one", len(live), self.name, exc)
+            for item in live:
+                await self._run_group([item])
+            return
+        for item, result in zip(live, outputs, strict=True):
+            _settle(item, result=result)
+
+    def _run_counted(self, inputs: Arrays, requests: int = 1, out: Arrays | None = None) -> dict[str, np.ndarray]:
+        """One model run over `requests` requests' rows (worker thread), into `out` where given."""
+        started = time.perf_counter()
+        outputs = self.run(inputs, out) if out else self.run(inputs)
+        seconds = time.perf_counter() - started
+        with self._stats_lock:
+            self.inference_count += _rows(inputs)
+            self.execution_count += 1
+        if self.observer is not None:
+            self.observer.observe_run(self.name, seconds)
+            self.observer.observe_batch(self.name, requests)
+        return outputs
+
+    def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
+        """Worker thread: concatenate (right-padding sequences), run once, split per item."""
+        if len(items) == 1:
+            return [self._run_counted(items[0].inputs, out=items[0].out)]
+        longest = max(item.seq for item in items)
+        batched = {name: self._concatenate(name, items, longest) for name in items[0].inputs}  # [sum(rows), ...]
+        outputs = self._run_counted(batched, requests=len(items))
+        results, start = [], 0
+        for item in items:
+            result = {}
+            for name, array in outputs.items():
+                rows = array[start : start + item.rows]  # [rows, ...]
+                if self.pad and self.seq_axes is not None and name in self.seq_axes and item.seq != longest:
+                    index = [slice(None)] * rows.ndim
+                    index[self.seq_axes[name]] = slice(0, item.seq)
+                    rows = rows[tuple(index)]  # [rows, ..., item.seq, ...]: padded positions dropped
+                if item.out is not None and name in item.out and item.out[name].shape == rows.shape:
+                    np.copyto(item.out[name], rows)
+                    rows = item.out[name]
+                result[name] = rows
+            results.append(result)
+            start += item.rows
+        return results
+
+    def _concatenate(self, name: str, items: list[_Item], longest: int) -> np.ndarray:
+        """The items' `name` inputs stacked on the batch axis, right-padded with zeros to `longest` on the sequence
+        axis (position 0 for position_ids): one allocation and one copy of every row."""
+        first = items[0].inputs[name]
+        if not self.pad or self.seq_axes is None or name not in self.seq_axes:
+            return np.concatenate([item.inputs[name] for item in items], axis=0)
+        axis = self.seq_axes[name]
+        shape = list(first.shape)
+        shape[0], shape[axis] = sum(item.rows for item in items), longest
+        batched = np.zeros(shape, dtype=first.dtype)  # [sum(rows), ..., longest, ...]
+        start = 0
+        for item in items:
+            index: list[slice] = [slice(None)] * first.ndim
+            index[0], index[axis] = slice(start, start + item.rows), slice(0, item.seq)
+            batched[tuple(index)] = item.inputs[name]
+            start += item.rows
+        return batched
+
+    async def close(self) -> None:
+        """Stop the dispatcher; queued requests get 503."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        while self._queue:
+            _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
+
+
+def _joined(results: list[dict[str, np.ndarray]], out: Arrays | None = None) -> dict[str, np.ndarray]:
+    """Chunk results put back together on the batch axis (no copy for a single chunk, nor for the outputs whose
+    chunks were written into their rows of `out`)."""
+    if len(results) == 1:
+        return results[0]
+    joined = {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]
+              if not (out and name in out and all(np.may_share_memory(r[name], out[name]) for r in results))}
+    return {name: joined[name] if name in joined else (out or {})[name] for name in results[0]}
+
+
+def _rows(inputs: Arrays) -> int:
+    return int(next(iter(inputs.values())).shape[0])
+
+
+def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: BaseException | None = None) -> None:
+    if item.future.done():
+        return
+    if exc is not None:
+        item.future.set_exception(exc)
+    else:
+        assert result is not None
+        item.future.set_result(result)

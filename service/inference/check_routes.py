@@ -1,0 +1,73 @@
+"""`POST /v2/models/{name}/check`: an infer request plus your output (`expected_output`), answered with the
+agreement of your output with the model's and the attention mistakes that explain a difference."""
+
+from collections.abc import Sequence
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from models.diagnosis.attention import AttentionSpec
+from service.budget import MemoryBudget
+from service.check.attention import EXPECTED, bound_attention_work, check_attention
+from service.errors import BadRequest, Unavailable
+from service.inference.engine import Engine, ensure_ready
+from service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
+from service.inference.model_inputs import check_inputs
+from service.uploads import declared_length, read_body
+
+router = APIRouter(tags=["check"])
+
+BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "description": "A KServe v2 infer request (JSON, or the binary tensor extension) whose inputs also hold "
+                       f"`{EXPECTED}`: your output for these inputs (shape and datatype of the model's output).",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+def split_expected(tensors: Sequence[InputTensor]) -> tuple[list[InputTensor], np.ndarray]:
+    """The model's inputs, and the user's output (400 when it is missing)."""
+    expected = [t for t in tensors if t.name == EXPECTED]
+    if len(expected) != 1:
+        raise BadRequest(f"add your output as the input tensor '{EXPECTED}' (same shape and datatype as the model's "
+                         "output), once")
+    return [t for t in tensors if t.name != EXPECTED], expected[0].array
+
+
+def _engine(request: Request) -> Engine:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
+    return engine
+
+
+@router.post("/v2/models/{name}/check", summary="Check your attention output against the model's",
+             openapi_extra=BODY_DOC, response_class=JSONResponse)
+async def check_model(request: Request,
+                      name: Annotated[str, Path(description="Model name: a folder of the model repository.")]
+                      ) -> JSONResponse:
+    """Runs the infer request through the model and compares your `expected_output` with its output; the
+    diagnosis ranks missing causal mask, 1/D scale, GQA grouping, RoPE on v and positions not passed."""
+    engine = _engine(request)
+    model = ensure_ready(engine.get(name))
+    settings = request.app.state.settings
+    limit = settings.max_request_bytes
+    budget: MemoryBudget = request.app.state.memory_budget
+    with engine.admission(model):
+        async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
+                                  f"a check on '{model.name}'"):
+            body = await read_body(request.headers.get("content-length"), request.stream(), limit)
+            parsed = await run_in_threadpool(parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+            tensors, expected = split_expected(parsed.inputs)
+            inputs = check_inputs(model, tensors)
+            bound_attention_work(AttentionSpec.from_config(model.config.raw), inputs, settings.max_table_bytes)
+            outputs = await engine.infer(model, inputs)
+            output = outputs[model.config.output_names[0]]
+            report = await run_in_threadpool(check_attention, model.name, model.config.raw, inputs, output, expected)
+    return JSONResponse(report.document())

@@ -1,0 +1,339 @@
+"""The model repository: find models, read config.json, build and check onnxruntime sessions.
+
+Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `posenc export`).
+Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
+problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
+config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from models.dtypes import BY_KSERVE, BY_ONNX
+from service.errors import InsufficientStorage
+from service.inference.devices import CPU, CUDA
+from service.inference.run_bound import cuda_arena_limit
+from service.settings import Settings
+
+log = logging.getLogger("posenc.engine")
+
+# onnxruntime's own load errors (InvalidProtobuf, InvalidGraph, Fail, ...) derive from Exception only.
+_ORT_STATE = ort.capi.onnxruntime_pybind11_state
+ORT_ERRORS: tuple[type[Exception], ...] = tuple(
+    getattr(_ORT_STATE, name) for name in ("Fail", "InvalidArgument", "NoSuchFile", "NoModel", "EngineError",
+                                           "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
+                                           "InvalidGraph", "EPFail") if hasattr(_ORT_STATE, name)
+)
+# How onnxruntime reports a failed allocation (its BFC arena, the CUDA allocator, std::bad_alloc on CPU).
+ALLOCATION_FAILURE = re.compile(r"failed to allocate|out of memory|bad.alloc|cudaErrorMemoryAllocation", re.IGNORECASE)
+
+
+class ConfigError(ValueError):
+    """config.json is missing, malformed, or disagrees with the model file or session."""
+
+
+# Failures whose message is reported as the model's readiness problem.
+LOAD_ERRORS: tuple[type[Exception], ...] = (OSError, json.JSONDecodeError, ConfigError, *ORT_ERRORS)
+
+
+@dataclass(frozen=True)
+class ModelTensor:
+    """One input or output of config.json: KServe datatype and shape, -1 for a dynamic dimension
+    (dim 0 is the batch)."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def sequence_axis(self) -> int | None:
+        """The dynamic axis after the batch axis (the sequence), if any."""
+        dynamic = [axis for axis, dim in enumerate(self.shape) if dim == -1 and axis > 0]
+        return dynamic[0] if dynamic else None
+
+    def as_json(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def _model_tensors(entries: Any, what: str) -> tuple[ModelTensor, ...]:
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"'{what}' must be a non-empty list")
+    tensors = []
+    for entry in entries:
+        try:
+            tensor = ModelTensor(str(entry["name"]), str(entry["datatype"]), tuple(int(d) for d in entry["shape"]))
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"'{what}' entries need name, datatype and shape (got {entry!r})") from None
+        if tensor.datatype not in BY_KSERVE or not tensor.shape or tensor.shape[0] != -1:
+            raise ConfigError(f"{what} '{tensor.name}': known datatype and a dynamic batch dim 0 required")
+        tensors.append(tensor)
+    return tuple(tensors)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The parts of config.json the service relies on (the whole file is kept in `raw`)."""
+
+    name: str
+    inputs: tuple[ModelTensor, ...]
+    outputs: tuple[ModelTensor, ...]
+    max_batch_size: int
+    causal: bool
+    max_position: int | None
+    sha256: str | None
+    raw: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, name: str, data: Any) -> ModelConfig:
+        if not isinstance(data, dict):
+            raise ConfigError("config.json must hold a JSON object")
+        max_batch = data.get("max_batch_size", 1)
+        max_position = data.get("max_position")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch_size must be an integer >= 1 (got {max_batch!r})")
+        if max_position is not None and (not isinstance(max_position, int) or max_position < 1):
+            raise ConfigError(f"max_position must be an integer >= 1 (got {max_position!r})")
+        return cls(name, _model_tensors(data.get("inputs"), "inputs"), _model_tensors(data.get("outputs"), "outputs"),
+                   max_batch, bool(data.get("causal", False)), max_position, data.get("sha256"), data)
+
+    @property
+    def output_names(self) -> list[str]:
+        return [tensor.name for tensor in self.outputs]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model whose session was built and agrees with its config.json."""
+
+    name: str
+    config: ModelConfig
+    session: ort.InferenceSession
+    providers: list[str]
+    # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
+    # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run.
+    io_binding: bool | None = None
+    # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
+    # model.onnx); outputs with a dim no input names are left out.
+    output_dims: Mapping[str, tuple[int | tuple[str, int], ...]] = field(default_factory=dict)
+
+    ready = True
+    problem = None
+
+    def output_shape(self, name: str, inputs: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+        """The shape output `name` will have for `inputs`, where the model's symbolic dims say so (else None)."""
+        dims = self.output_dims.get(name)
+        if dims is None or any(isinstance(d, tuple) and d[0] not in inputs for d in dims):
+            return None
+        return tuple(d if isinstance(d, int) else int(inputs[d[0]].shape[d[1]]) for d in dims)
+
+    def run(self, inputs: Mapping[str, np.ndarray],
+            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
+
+        `out`: arrays some outputs are written into (each of the output's shape and dtype, C-contiguous, not
+        overlapping the inputs), returned as themselves (an output of another shape is returned as it is). On CPU
+        onnxruntime writes into them directly (bound as its output buffers); elsewhere they are copied in.
+        An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
+        names = self.config.output_names
+        bound = self.io_binding if self.io_binding is not None else CUDA in self.providers
+        try:
+            result = self._run_into(inputs, out) if out and CUDA not in self.providers else None
+            if result is None:
+                outputs = self._run_bound(inputs) if bound else self.session.run(names, dict(inputs))
+                result = dict(zip(names, outputs, strict=True))
+        except MemoryError:
+            raise self._out_of_memory("MemoryError") from None
+        except ORT_ERRORS as exc:
+            if ALLOCATION_FAILURE.search(str(exc)):
+                raise self._out_of_memory(str(exc).strip().splitlines()[-1]) from None
+            raise
+        for name, target in (out or {}).items():
+            if result[name] is not target and result[name].shape == target.shape:
+                np.copyto(target, result[name])
+                result[name] = target
+        return result
+
+    def _binding(self, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
+        """An I/O binding with `inputs` bound from host memory (onnxruntime copies them to the device if needed)."""
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        return binding
+
+    def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        device = "cuda" if CUDA in self.providers else "cpu"
+        binding = self._binding(inputs)
+        for name in self.config.output_names:
+            binding.bind_output(name, device)
+        self.session.run_with_iobinding(binding)
+        return list(binding.copy_outputs_to_cpu())
+
+    def _run_into(self, inputs: Mapping[str, np.ndarray],
+                  out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
+        when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
+        binding = self._binding(inputs)
+        names = self.config.output_names
+        for name in names:
+            if name in out:
+                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(out[name]))
+            else:
+                binding.bind_output(name, "cpu")
+        try:
+            self.session.run_with_iobinding(binding)
+        except ORT_ERRORS as exc:
+            if ALLOCATION_FAILURE.search(str(exc)):
+                raise
+            log.warning("model %s: onnxruntime refused the bound output buffers (%s); running unbound",
+                        self.name, str(exc).strip().splitlines()[-1])
+            return None
+        values = binding.get_outputs()  # in the order bound: the model's
+        return {name: out[name] if name in out else value.numpy() for name, value in zip(names, values, strict=True)}
+
+    def _out_of_memory(self, detail: str) -> InsufficientStorage:
+        log.error("model %s: onnxruntime could not allocate memory for a run (%s)", self.name, detail)
+        return InsufficientStorage(
+            f"model '{self.name}' ran out of memory on {self.providers[0]} for this request ({detail}); "
+            "lower POSENC_MAX_RUN_BYTES so such requests get a 413 up front, or retry with fewer rows or a shorter "
+            "sequence")
+
+
+@dataclass(frozen=True)
+class FailedModel:
+    """A repository entry that could not be served, and why (reported by the readiness endpoints)."""
+
+    name: str
+    problem: str
+
+    ready = False
+    providers: tuple[str, ...] = ()
+
+
+def resolve_providers(setting: str) -> list[str]:
+    """Providers to ask onnxruntime for: `cpu`, `cuda` (CUDA then CPU), `auto` (CUDA if built in)."""
+    available = ort.get_available_providers()
+    if setting == "cpu":
+        return [CPU]
+    if setting == "cuda" and CUDA not in available:
+        raise ConfigError("POSENC_PROVIDERS=cuda but this onnxruntime has no CUDAExecutionProvider "
+                          "(install onnxruntime-gpu)")
+    return [CUDA, CPU] if CUDA in available else [CPU]
+
+
+def _with_options(providers: list[str], settings: Settings) -> list[str | tuple[str, dict[str, str]]]:
+    """CUDA's arena grows only by what is requested (not to the next power of two) and up to a cap, so a few large
+    requests cannot leave the process holding most of the device."""
+    result: list[str | tuple[str, dict[str, str]]] = []
+    for provider in providers:
+        if provider != CUDA:
+            result.append(provider)
+            continue
+        options = {"arena_extend_strategy": "kSameAsRequested"}
+        limit = settings.cuda_arena_bytes or cuda_arena_limit()
+        if limit:
+            options["gpu_mem_limit"] = str(limit)
+        result.append((CUDA, options))
+    return result
+
+
+def intra_op_threads(setting: int) -> int:
+    """0 = one per CPU this process may run on."""
+    if setting > 0:
+        return setting
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _check_session(config: ModelConfig, session: ort.InferenceSession) -> None:
+    """config.json inputs/outputs == the session's (names, order-free; datatypes; static dims; -1 ↔ dynamic)."""
+    for what, declared_tensors, actual in (("input", config.inputs, session.get_inputs()),
+                                           ("output", config.outputs, session.get_outputs())):
+        declared = {tensor.name: tensor for tensor in declared_tensors}
+        found = {arg.name: arg for arg in actual}
+        if set(declared) != set(found):
+            raise ConfigError(f"{what}s differ: config.json {sorted(declared)}, model.onnx {sorted(found)}")
+        for name, tensor in declared.items():
+            arg = found[name]
+            dims = [d if isinstance(d, int) else -1 for d in arg.shape]  # symbolic or None → dynamic
+            onnx_type = BY_ONNX.get(arg.type)
+            if onnx_type is None or onnx_type.kserve != tensor.datatype or dims != list(tensor.shape):
+                raise ConfigError(f"{what} '{name}': config.json says {tensor.datatype} {list(tensor.shape)}, "
+                                  f"model.onnx has {arg.type} {dims}")
+
+
+def output_dims(session: ort.InferenceSession) -> dict[str, tuple[int | tuple[str, int], ...]]:
+    """`LoadedModel.output_dims` from the session's metadata: an output dim is a fixed size, or the first input
+    axis with the same symbolic name (`batch`, `sequence`, ...)."""
+    axes: dict[str, tuple[str, int]] = {}
+    for arg in session.get_inputs():
+        for axis, dim in enumerate(arg.shape):
+            if isinstance(dim, str) and dim:
+                axes.setdefault(dim, (arg.name, axis))
+    result = {}
+    for arg in session.get_outputs():
+        dims = [dim if isinstance(dim, int) else axes.get(dim) if isinstance(dim, str) else None for dim in arg.shape]
+        if all(dim is not None for dim in dims):
+            result[arg.name] = tuple(dim for dim in dims if dim is not None)
+    return result
+
+
+def _read_config(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"config.json is not valid JSON ({exc})") from None
+
+
+def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
+    model_bytes = (folder / "model.onnx").read_bytes()
+    if config.sha256 and hashlib.sha256(model_bytes).hexdigest() != config.sha256:
+        raise ConfigError("model.onnx does not match the sha256 in config.json")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = intra_op_threads(settings.intra_op_num_threads)
+    options.inter_op_num_threads = 1  # the graph is a chain of fused nodes: nothing to overlap
+    # Idle intra-op threads would otherwise spin and steal CPU from the event loop and other models.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = _with_options(resolve_providers(settings.providers), settings)
+    session = ort.InferenceSession(model_bytes, sess_options=options, providers=providers)
+    if settings.providers == "cuda" and CUDA not in session.get_providers():
+        raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
+    _check_session(config, session)
+    return session
+
+
+def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | FailedModel:
+    """Read config.json, check the file hash, build the session and check it against config.json."""
+    try:
+        config = ModelConfig.parse(name, _read_config(folder / "config.json"))
+        session = _session(config, folder, settings)
+    except LOAD_ERRORS as exc:
+        failed = FailedModel(name, f"model '{name}': {exc}")
+        log.error("%s", failed.problem)
+        return failed
+    except Exception:  # one broken model must not take the service down; details go to the log
+        failed = FailedModel(name, f"model '{name}': failed to load (the service log has the details)")
+        log.exception("%s", failed.problem)
+        return failed
+    model = LoadedModel(name, config, session, session.get_providers(), output_dims=output_dims(session))
+    log.info("model %s loaded: providers %s, %d intra-op threads", name, model.providers,
+             session.get_session_options().intra_op_num_threads)
+    return model
+
+
+def model_folders(root: Path) -> Iterator[Path]:
+    """Every `<root>/<name>/` holding a model.onnx or a config.json (hidden and `_` folders skipped), sorted."""
+    entries = (p for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    yield from sorted(p for p in entries if (p / "model.onnx").exists() or (p / "config.json").exists())

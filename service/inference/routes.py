@@ -1,0 +1,239 @@
+"""KServe v2 / Open Inference Protocol routes (REST), served from the model repository.
+
+`GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`,
+`.../ready`, `.../stats`, `POST .../infer`. The infer route reads the raw body itself: tritonclient
+sends no Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, TypeVar
+
+import numpy as np
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from models.dtypes import BY_KSERVE
+from service import __version__
+from service.budget import MemoryBudget
+from service.errors import Unavailable, error_response
+from service.inference.engine import VERSION, Engine, RepositoryEntry, ensure_ready
+from service.inference.kserve import (
+    HEADER_LENGTH,
+    InferRequest,
+    RequestedOutput,
+    encode_infer_response_parts,
+    extensions,
+    parse_infer_request,
+    requested_outputs,
+)
+from service.inference.model_inputs import check_inputs, check_outputs, model_metadata
+from service.inference.repository import LoadedModel
+from service.inference.shared_memory import SharedMemoryRegistry
+from service.uploads import declared_length, read_aligned_body
+
+router = APIRouter(tags=["inference"])
+
+# Bodies above this are parsed / encoded in a worker thread so the event loop keeps serving.
+OFFLOAD_BYTES = 256 * 1024
+T = TypeVar("T")
+NameParam = Annotated[str, Path(description="Model name: a folder of the model repository.")]
+VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
+
+
+def engine_of(request: Request) -> Engine:
+    engine: Engine | None = getattr(request.app.state, "engine", None)
+    if engine is None:
+        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
+    return engine
+
+
+async def _model(request: Request, name: NameParam) -> RepositoryEntry:
+    return engine_of(request).get(name)
+
+
+async def _versioned_model(request: Request, name: NameParam, version: VersionParam) -> RepositoryEntry:
+    return engine_of(request).get(name, version)
+
+
+ModelDep = Annotated[RepositoryEntry, Depends(_model)]
+VersionedModelDep = Annotated[RepositoryEntry, Depends(_versioned_model)]
+
+
+async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
+    if size > OFFLOAD_BYTES:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
+
+
+@router.get("/v2", summary="Server metadata")
+async def server_metadata(request: Request) -> dict[str, Any]:
+    return {"name": "posenc", "version": __version__,
+            "extensions": extensions(request.app.state.settings.shared_memory)}
+
+
+@router.get("/v2/health/live", summary="Server liveness")
+async def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", summary="Server readiness: every model loaded and valid")
+async def server_ready(request: Request) -> JSONResponse:
+    problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
+    if problems:
+        return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems), ready=False)
+    return JSONResponse({"ready": True})
+
+
+@router.get("/v2/models/{name}", summary="Model metadata")
+async def model_metadata_route(model: ModelDep) -> dict[str, Any]:
+    return model_metadata(model)
+
+
+@router.get("/v2/models/{name}/versions/{version}", summary="Model metadata (version)")
+async def model_version_metadata(model: VersionedModelDep) -> dict[str, Any]:
+    return model_metadata(model)
+
+
+def _ready_response(model: RepositoryEntry) -> JSONResponse:
+    if not model.ready:
+        return error_response(503, Unavailable.error_type, str(model.problem), name=model.name, ready=False)
+    return JSONResponse({"name": model.name, "versions": [VERSION], "ready": True})
+
+
+@router.get("/v2/models/{name}/ready", summary="Model readiness")
+async def model_ready(model: ModelDep) -> JSONResponse:
+    return _ready_response(model)
+
+
+@router.get("/v2/models/{name}/versions/{version}/ready", summary="Model readiness (version)")
+async def model_version_ready(model: VersionedModelDep) -> JSONResponse:
+    return _ready_response(model)
+
+
+@router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
+async def model_stats(request: Request, model: ModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine_of(request).statistics(model)]}
+
+
+@router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
+async def model_version_stats(request: Request, model: VersionedModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine_of(request).statistics(model)]}
+
+
+@router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
+async def infer(request: Request, model: ModelDep) -> Response:
+    return await _infer(request, model)
+
+
+@router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
+async def infer_version(request: Request, model: VersionedModelDep) -> Response:
+    return await _infer(request, model)
+
+
+async def _infer(request: Request, entry: RepositoryEntry) -> Response:
+    """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
+    model = ensure_ready(entry)  # 503 before reading a body that cannot be served
+    engine = engine_of(request)
+    limit = request.app.state.settings.max_request_bytes
+    budget: MemoryBudget = request.app.state.memory_budget
+    # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
+    reserved = 3 * declared_length(request.headers.get("content-length"), limit)
+    with engine.admission(model):  # a full queue refuses before the body is read
+        async with budget.reserve(reserved, f"an inference on '{model.name}'"):
+            return await _run_infer(request, engine, model, limit)
+
+
+class PartsResponse(Response):
+    """A response whose body is sent as its parts, one ASGI message each (the JSON header, then views of the
+    output arrays): nothing is joined into a new buffer. `headers` carry Content-Length and Content-Type."""
+
+    def __init__(self, parts: Sequence[bytes | memoryview], headers: dict[str, str]) -> None:
+        super().__init__(headers=headers, media_type=None)
+        self.parts = parts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        last = len(self.parts) - 1
+        for index, part in enumerate(self.parts):
+            await send({"type": "http.response.body", "body": part, "more_body": index < last})
+
+
+def _header_length(value: str | None) -> int:
+    """Where the binary section starts, for aligning the body buffer (the parser checks the header itself)."""
+    ok = value is not None and value.isascii() and value.isdigit() and len(value) <= 18  # int() caps digits
+    return int(value) if ok and value is not None else 0
+
+
+def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
+                      registry: SharedMemoryRegistry | None) -> dict[str, np.ndarray]:
+    """Views of the regions that requested outputs go to, for the model to write into directly (400 up front
+    when one is too small). Outputs whose shape is known only after the run, or that cannot be written in
+    place (see `SharedMemoryRegistry.output_array`), are copied there afterwards."""
+    if registry is None:
+        return {}
+    input_refs = [tensor.shm for tensor in parsed.inputs if tensor.shm is not None]
+    datatypes = {tensor.name: tensor.datatype for tensor in model.config.outputs}
+    views = {}
+    for out in requested_outputs(parsed, model.config.output_names):
+        shape = model.output_shape(out.name, inputs)
+        if out.shm is None or shape is None:
+            continue
+        view = registry.output_array(out.shm, BY_KSERVE[datatypes[out.name]].numpy, shape, f"output '{out.name}'",
+                                     input_refs)
+        if view is not None:
+            views[out.name] = view
+    return views
+
+
+def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+                   order: Sequence[str]) -> list[RequestedOutput]:
+    """The shared-memory outputs the run did not write into their regions itself: copied there by `_answer`."""
+    return [out for out in requested_outputs(parsed, order)
+            if out.shm is not None and outputs[out.name] is not written.get(out.name)]
+
+
+def _answer(model_name: str, registry: SharedMemoryRegistry | None, parsed: InferRequest,
+            outputs: dict[str, Any], copies: Sequence[RequestedOutput],
+            order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
+    """Copy the `copies` into their regions, encode the rest: the body parts and headers."""
+    for out in copies:
+        if out.shm is not None and registry is not None:
+            registry.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
+    return encode_infer_response_parts(model_name, VERSION, parsed, outputs, order)
+
+
+def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence[RequestedOutput],
+                 order: Sequence[str]) -> int:
+    """Bytes the answer copies or encodes (binary outputs are sent as views: no work)."""
+    encoded = [out for out in requested_outputs(parsed, order) if out.shm is None and not out.binary]
+    return sum(outputs[out.name].nbytes for out in [*encoded, *copies])
+
+
+async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
+    """One buffer for the body, numpy views of it (or of shared memory) into onnxruntime, and the answer
+    sent as the JSON header plus views of the outputs. Only work that grows with the size (JSON parsing
+    and encoding, copies into shared memory) goes to a worker thread."""
+    header_length = request.headers.get(HEADER_LENGTH)
+    json_length = _header_length(header_length)
+    body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
+                                   align_at=json_length)
+    registry: SharedMemoryRegistry = request.app.state.shared_memory
+    shm = registry if registry.enabled else None
+    parsed = await _maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
+    inputs = check_inputs(model, parsed.inputs)
+    if parsed.outputs is not None:
+        check_outputs(model, [out.name for out in parsed.outputs])
+    written = _shm_destinations(model, parsed, inputs, shm)
+    outputs = await engine.infer(model, inputs, written)
+    # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
+    del body, inputs
+    parsed.inputs = []
+    order = model.config.output_names
+    copies = _copied_to_shm(parsed, outputs, written, order)
+    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
+                                          parsed, outputs, copies, order)
+    return PartsResponse(parts, headers)

@@ -1,0 +1,64 @@
+"""Triton / KServe v2 system shared-memory routes (on when POSENC_SHARED_MEMORY=true, else each answers 400).
+
+`GET /v2/systemsharedmemory/status`, `GET /v2/systemsharedmemory/region/{name}/status` (a JSON list of
+`{"name", "key", "offset", "byte_size"}`), `POST .../region/{name}/register` (JSON body `key`, `offset`,
+`byte_size`), `POST .../region/{name}/unregister`, `POST /v2/systemsharedmemory/unregister` (every region).
+Register and unregister answer an empty 200, as Triton does. The registry is `service.inference.shared_memory`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import pydantic_core
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+
+from service.errors import BadRequest
+from service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from service.uploads import read_body
+
+router = APIRouter(tags=["shared memory"])
+
+REGISTER_BODY_LIMIT = 64 * 1024
+RegionParam = Annotated[str, Path(description="Name the region is registered under.")]
+
+
+def registry_of(request: Request) -> SharedMemoryRegistry:
+    registry: SharedMemoryRegistry = request.app.state.shared_memory
+    registry.require_enabled()
+    return registry
+
+
+@router.get("/v2/systemsharedmemory/status", summary="Status of every registered system shared-memory region")
+def status_all(request: Request) -> list[dict[str, Any]]:
+    return registry_of(request).status()
+
+
+@router.get("/v2/systemsharedmemory/region/{name}/status", summary="Status of one system shared-memory region")
+def status_one(request: Request, name: RegionParam) -> list[dict[str, Any]]:
+    return registry_of(request).status(name)
+
+
+@router.post("/v2/systemsharedmemory/region/{name}/register", summary="Register a system shared-memory region")
+async def register(request: Request, name: RegionParam) -> Response:
+    registry = registry_of(request)
+    body = await read_body(request.headers.get("content-length"), request.stream(), REGISTER_BODY_LIMIT)
+    try:
+        parsed = pydantic_core.from_json(body)
+    except ValueError as exc:
+        raise BadRequest(f"register: the body is not valid JSON: {exc}") from None
+    registry.register(name, *parse_register(parsed))
+    return Response(status_code=200)
+
+
+@router.post("/v2/systemsharedmemory/region/{name}/unregister", summary="Unregister a system shared-memory region")
+def unregister(request: Request, name: RegionParam) -> Response:
+    registry_of(request).unregister(name)
+    return Response(status_code=200)
+
+
+@router.post("/v2/systemsharedmemory/unregister", summary="Unregister every system shared-memory region")
+def unregister_all(request: Request) -> Response:
+    registry_of(request).unregister()
+    return Response(status_code=200)
