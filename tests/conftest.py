@@ -1,10 +1,13 @@
-"""Shared fixtures, and the markers that say what a test needs.
+"""Shared fixtures, and the markers that say what a test needs, given by the folder it lives in.
 
-`torch`: torch, transformers or onnx (the export extra): the parity tests and the exporter. Without
-torch, `pytest -m "not torch"` runs everything else; the modules marked `torch` are not even imported
-(they import torch at the top). A plain `pytest` without torch stops with a usage error instead of
-silently skipping the parity suites.
-`server`: a real uvicorn server on loopback (the protocol itself is under test).
+Folders: models/ (the numeric core), api/ (the HTTP surface through TestClient, the CLI), inference/ (the
+engine, batcher, KServe codec, shared memory), server/ (real servers on loopback: marked `server`),
+deploy/ (container and Kubernetes files, the wheel), parity/ (against torch, transformers and onnx: marked
+`torch`), rules/ (house rules of the code base). Each folder's conftest.py names its markers.
+
+Without torch, `pytest -m "not torch"` runs everything else and parity/ is not even imported (its modules
+import torch at the top). A plain `pytest` without torch stops with a usage error instead of silently
+skipping the parity suites.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from fastapi.testclient import TestClient
 from service.http.app import create_app
 from service.settings import Settings
 
-TORCH_MARK = "pytestmark = pytest.mark.torch"
+TESTS = Path(__file__).resolve().parent
 HAS_TORCH = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "onnx"))
 
 
@@ -33,10 +36,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Without torch, modules marked `torch` are not imported (their imports would fail)."""
-    if HAS_TORCH or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
-        return None
-    return True if TORCH_MARK in collection_path.read_text() else None
+    """Without torch, parity/ is not imported (its imports would fail)."""
+    return True if not HAS_TORCH and collection_path.resolve() == TESTS / "parity" else None
+
+
+def mark_folder(items: Sequence[pytest.Item], folder: Path, *marks: pytest.MarkDecorator) -> None:
+    """Give every test collected below `folder` the `marks` (a folder's conftest calls it with its own)."""
+    for item in items:
+        if folder in item.path.parents:
+            for mark in marks:
+                item.add_marker(mark)
 
 
 @contextmanager

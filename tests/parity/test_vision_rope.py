@@ -1,0 +1,144 @@
+"""Vision RoPE parity: Pixtral (`PixtralVisionRotaryEmbedding` on `PixtralVisionModel`'s positions) and Llama 4
+(`Llama4VisionRotaryEmbedding.freqs_ci`, applied by `vision_apply_rotary_emb`) within the precision contract,
+for grids up to the models' maxima; GET /v1/rope/vision and from-config on vision configs.
+"""
+
+import json
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import load as load_safetensors
+from transformers.models.llama4.configuration_llama4 import Llama4VisionConfig
+from transformers.models.llama4.modeling_llama4 import Llama4VisionRotaryEmbedding, vision_apply_rotary_emb
+from transformers.models.pixtral.configuration_pixtral import PixtralVisionConfig
+from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding
+
+from models.errors import ParameterError
+from models.vision_rope import vision_cos_sin, vision_positions
+from tests.rope_reference import cos_sin_tolerance
+
+
+def pixtral_reference(config: PixtralVisionConfig, height: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+    h, w = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    positions = torch.stack([h.flatten(), w.flatten()], dim=-1)  # as PixtralVisionModel.forward
+    cos, sin = PixtralVisionRotaryEmbedding(config)(torch.zeros(1), positions)
+    return cos.numpy(), sin.numpy()
+
+
+def bound(model: Any, height: int, width: int, freqs: np.ndarray, columns: int) -> np.ndarray:
+    """Precision contract per element, from the larger of the two positions of each patch."""
+    positions = vision_positions(model, height, width).max(axis=1)
+    per_freq = cos_sin_tolerance(positions, freqs, 1.0)  # [rows, head_dim/2]
+    return np.tile(per_freq, 2) if columns == 2 * freqs.size else per_freq
+
+
+@pytest.mark.parametrize(("hidden", "heads", "theta"), [(1024, 16, 10000.0), (1024, 8, 10000.0), (512, 16, 1e6)])
+@pytest.mark.parametrize("seed", range(4))
+def test_pixtral_matches_reference(hidden: int, heads: int, theta: float, seed: int) -> None:
+    config = PixtralVisionConfig(hidden_size=hidden, num_attention_heads=heads, image_size=1024, patch_size=16,
+                                 rope_parameters={"rope_type": "axial", "rope_theta": theta})
+    rng = random.Random(seed)
+    height, width = (64, 64) if seed == 0 else (rng.randint(1, 64), rng.randint(1, 64))
+    ref_cos, ref_sin = pixtral_reference(config, height, width)
+    cos, sin, freqs = vision_cos_sin("pixtral", config.head_dim, theta, height, width)
+    assert cos.shape == ref_cos.shape == (height * width, config.head_dim)
+    tol = bound("pixtral", height, width, freqs, config.head_dim)
+    assert np.all(np.abs(cos - ref_cos) <= tol) and np.all(np.abs(sin - ref_sin) <= tol)
+    half_cos, _, _ = vision_cos_sin("pixtral", config.head_dim, theta, height, width, form="half")
+    np.testing.assert_array_equal(half_cos, cos[:, : config.head_dim // 2])
+
+
+@pytest.mark.parametrize(("hidden", "heads", "image", "patch"), [
+    (1408, 16, 336, 14), (768, 16, 448, 14), (1024, 16, 560, 14), (512, 8, 64, 16),
+])
+def test_llama4_matches_reference(hidden: int, heads: int, image: int, patch: int) -> None:
+    config = Llama4VisionConfig(hidden_size=hidden, num_attention_heads=heads, image_size=image, patch_size=patch)
+    rope: Any = config.rope_parameters
+    theta = float(rope["rope_theta"])
+    head_dim, side = hidden // heads, image // patch
+    freqs_ci = Llama4VisionRotaryEmbedding(config).freqs_ci[:, 0]  # [side² + 1, head_dim/2] complex
+    cos, sin, freqs = vision_cos_sin("llama4", head_dim, theta, side, side, form="half")
+    tol = bound("llama4", side, side, freqs, head_dim // 2)
+    assert cos.shape == tuple(freqs_ci.shape)
+    assert np.all(np.abs(cos - freqs_ci.real.numpy()) <= tol) and np.all(np.abs(sin - freqs_ci.imag.numpy()) <= tol)
+    assert cos[-1].tolist() == [1.0] * (head_dim // 2) and not sin[-1].any()  # CLS row: zero angles
+
+    # form=full is the interleaved layout: rotating channel pairs with it equals vision_apply_rotary_emb
+    full_cos, full_sin, _ = vision_cos_sin("llama4", head_dim, theta, side, side)
+    query = torch.randn(1, side * side + 1, 2, head_dim, generator=torch.Generator().manual_seed(0))
+    ref, _ = vision_apply_rotary_emb(query, query, Llama4VisionRotaryEmbedding(config).freqs_ci)
+    q = query.numpy().astype(np.float64)
+    rotated = q.copy()
+    rotated[..., 0::2], rotated[..., 1::2] = -q[..., 1::2], q[..., 0::2]  # (x0, x1) → (−x1, x0) per pair
+    ours = q * full_cos[None, :, None, :] + rotated * full_sin[None, :, None, :]
+    np.testing.assert_allclose(ours, ref.numpy(), atol=2e-5)
+
+
+def test_llama4_grid_is_square() -> None:
+    with pytest.raises(ParameterError) as info:
+        vision_positions("llama4", 3, 4)
+    assert info.value.parameter == "width"
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+def metadata(body: bytes) -> dict[str, str]:
+    header: dict[str, dict[str, str]] = json.loads(body[8:8 + int.from_bytes(body[:8], "little")])
+    return header["__metadata__"]
+
+
+def test_vision_route(client: Any) -> None:
+    r = client.get("/v1/rope/vision?model=pixtral&head_dim=64&height=5&width=9")
+    assert r.status_code == 200, r.text
+    tensors = load_safetensors(r.content)
+    np.testing.assert_array_equal(tensors["cos"], vision_cos_sin("pixtral", 64, 10000.0, 5, 9)[0])
+    assert metadata(r.content)["layout"] == "half"
+    llama = client.get("/v1/rope/vision?model=llama4&head_dim=88&image_size=336&patch_size=14")
+    assert llama.status_code == 200 and load_safetensors(llama.content)["cos"].shape == (577, 88)
+    assert metadata(llama.content)["layout"] == "interleaved"
+
+
+@pytest.mark.parametrize(("query", "field"), [
+    ("model=pixtral&head_dim=64&height=65", "height"),
+    ("model=pixtral&head_dim=62", "head_dim"),
+    ("model=pixtral&head_dim=64&width=0", "width"),
+    ("model=llama4&head_dim=64&height=3", "height"),
+    ("model=pixtral&head_dim=64&patch_size=2048", "patch_size"),
+])
+def test_vision_bad_input(client: Any, query: str, field: str) -> None:
+    r = client.get(f"/v1/rope/vision?{query}")
+    assert r.status_code == 422, r.text
+    assert field in r.json()["error"]
+
+
+PIXTRAL = {"model_type": "pixtral", "hidden_size": 1024, "num_attention_heads": 16, "image_size": 1024,
+           "patch_size": 16, "rope_theta": 10000.0, "head_dim": 64}
+
+
+def post(client: Any, path: str, body: Any) -> Any:
+    return client.post(path, content=json.dumps(body), headers={"Content-Type": "application/json"})
+
+
+def test_from_config_pixtral(client: Any) -> None:
+    r = post(client, "/v1/rope/from-config", PIXTRAL)
+    assert r.status_code == 200, r.text
+    tensors = load_safetensors(r.content)
+    config = PixtralVisionConfig(hidden_size=1024, num_attention_heads=16, image_size=1024, patch_size=16)
+    ref_cos, ref_sin = pixtral_reference(config, 64, 64)
+    tol = bound("pixtral", 64, 64, tensors["inv_freq"], 64)
+    assert np.all(np.abs(tensors["cos"] - ref_cos) <= tol) and np.all(np.abs(tensors["sin"] - ref_sin) <= tol)
+    assert metadata(r.content)["tower"] == "vision"
+
+    wrapper = {"model_type": "llava", "vision_config": PIXTRAL, "text_config": {
+        "model_type": "mistral", "head_dim": 128, "hidden_size": 5120, "num_attention_heads": 32,
+        "rope_theta": 1e9, "max_position_embeddings": 4096}}
+    vision = post(client, "/v1/rope/from-config?tower=vision", wrapper)
+    assert vision.status_code == 200 and vision.content == r.content
+    text = post(client, "/v1/rope/from-config?max_position=8", wrapper)
+    assert text.status_code == 200 and load_safetensors(text.content)["cos"].shape == (8, 128)
+    assert post(client, "/v1/rope/from-config?max_position=8", PIXTRAL).status_code == 422
+    assert post(client, "/v1/rope/from-config?tower=vision", wrapper["text_config"]).status_code == 422

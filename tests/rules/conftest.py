@@ -1,0 +1,1 @@
+"""House rules of the code base: import directions, where torch may be imported."""

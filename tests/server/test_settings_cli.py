@@ -1,0 +1,42 @@
+"""A wrong POSENC_* value stops start-up with exit status 2 and a message naming the variable."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("POSENC_PORT", "eighty"), ("POSENC_CACHE_BYTES", "-1"), ("POSENC_LOG_FORMAT", "xml"),
+     ("POSENC_ACCESS_LOG", "maybe"), ("POSENC_LOG_LEVEL", "loud")],
+)
+def test_bad_variable_exits_2_naming_it(variable: str, value: str) -> None:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), variable: value}
+    result = subprocess.run([sys.executable, "-m", "service.cli", "serve"], env=env, cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert variable in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_settings_or_exit_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from service.cli.common import settings_or_exit
+
+    monkeypatch.setenv("POSENC_MAX_TABLE_BYTES", "lots")
+    with pytest.raises(SystemExit) as exc:
+        settings_or_exit()
+    assert exc.value.code == 2
+    assert "POSENC_MAX_TABLE_BYTES" in capsys.readouterr().err
+
+
+def test_good_log_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.settings import Settings
+
+    monkeypatch.setenv("POSENC_LOG_FORMAT", "json")
+    monkeypatch.setenv("POSENC_ACCESS_LOG", "false")
+    settings = Settings()
+    assert settings.log_format == "json" and settings.access_log is False
