@@ -103,6 +103,11 @@ def echo(value: str) -> str:
     return f"{value[:ECHO_LIMIT]!r}… ({len(value)} characters)"
 
 
+def format_bytes(n: int) -> str:
+    """A byte count for an error message: exact, and in MiB."""
+    return f"{n} bytes ({n / 2**20:.1f} MiB)"
+
+
 def error_response(status_code: int, error_type: str, message: str,
                    headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     """The one error envelope `{"error", "type"}`; `extra` keys (e.g. readiness details) come after them."""

@@ -13,9 +13,8 @@ import numpy as np
 
 from models.diagnosis.agreement import compare
 from models.diagnosis.attention import AttentionSpec, attention_hypotheses, attention_tolerance
-from service.check.core import CheckReport, rank
-from service.errors import InvalidParameter, PayloadTooLarge
-from service.tables.registry import format_bytes
+from service.check.report import CheckReport, rank
+from service.errors import InvalidParameter, PayloadTooLarge, format_bytes
 
 EXPECTED = "expected_output"
 WORK_BYTES_PER_SCORE = 8 * 3  # scores, weights and the mask in float64

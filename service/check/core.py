@@ -3,7 +3,9 @@
 `decode_upload` reads the user's tensors with the decoders of `POST /v1/t5/bias` (same rules, same
 4xx); `plan` validates them against the query's declared tensors and bounds the work before any
 table is computed (413); `run` computes the reference, the agreement of each tensor and every
-hypothesis, one hypothesis table in memory at a time, and ranks them by residual.
+hypothesis, one hypothesis table in memory at a time, and ranks them (`service.check.report.rank`).
+The request that drives these steps, for the route and `posenc check` alike, is
+`service.check.request.CheckRequest`.
 """
 
 from __future__ import annotations
@@ -11,19 +13,20 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
 import numpy as np
 
-from models.diagnosis.agreement import Agreement, compare, number, residual
+from models.diagnosis.agreement import compare
 from models.diagnosis.hypothesis import Hypothesis, Tables
 from models.dtypes import dtype_name
-from models.errors import ParameterError
 from service.check.families import FamilyCheck, family_check
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge
-from service.tables.registry import TableQuery, TableRoute, format_bytes, metadata_value
+from service.check.report import CheckReport, rank
+from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, format_bytes
+from service.tables.answer import metadata_value
+from service.tables.registry import TableQuery, TableRoute
 from service.uploads import decode_npy, decode_safetensors, upload_format
 
 WORK_BYTES_PER_ELEMENT = 8  # every comparison runs in float64
@@ -115,56 +118,6 @@ def query_tables(query: TableQuery) -> Any:
     return reference
 
 
-@dataclass
-class Ranked:
-    name: str
-    explanation: str
-    residual: float
-    explains: bool
-    found: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class CheckReport:
-    """Agreement per uploaded tensor, the ranked hypotheses and the verdict."""
-
-    agreement: dict[str, Agreement]
-    diagnosis: list[Ranked]
-    golden: dict[str, str]
-
-    @property
-    def verdict(self) -> str:
-        return "matches" if all(a.within_contract for a in self.agreement.values()) else "mismatch"
-
-    @property
-    def likely_cause(self) -> Ranked | None:
-        if self.verdict == "matches" or not self.diagnosis or not self.diagnosis[0].explains:
-            return None
-        return self.diagnosis[0]
-
-    def document(self) -> dict[str, Any]:
-        cause = self.likely_cause
-        return {
-            "verdict": self.verdict,
-            "likely_cause": None if cause is None else cause.name,
-            "summary": _summary(self),
-            "golden_table": self.golden,
-            "agreement": {name: a.summary() for name, a in self.agreement.items()},
-            "diagnosis": [{"name": r.name, "residual": number(r.residual), "explains": r.explains,
-                           "explanation": r.explanation, **({"found": r.found} if r.found else {})}
-                          for r in self.diagnosis],
-        }
-
-
-def _summary(report: CheckReport) -> str:
-    cause = report.likely_cause
-    if report.verdict == "matches":
-        return "matches the reference within the precision contract"
-    if cause is None:
-        return "mismatch; none of the known mistakes explains it (see agreement for where it differs)"
-    return f"mismatch: {cause.name} (residual {cause.residual:.3g}) — {cause.explanation}"
-
-
 def golden_request(route: TableRoute, query: TableQuery) -> dict[str, str]:
     """The table request that returns the reference: its method and URL (parameters as given)."""
     given = {name: metadata_value(value) for name, value in query.model_dump(exclude_unset=True).items()
@@ -181,37 +134,3 @@ def run(check: CheckPlan) -> CheckReport:
     del reference
     ranked = rank(check.hypotheses, check.observed, tolerances)
     return CheckReport(agreement, ranked, golden_request(check.route, check.query))
-
-
-def rank(hypotheses: list[Hypothesis], observed: Mapping[str, np.ndarray],
-         tolerances: Mapping[str, np.ndarray | float]) -> list[Ranked]:
-    """Every hypothesis built (one at a time) and compared with the upload; the ranking of `CheckReport`."""
-    ranked: list[Ranked] = []
-    for hypothesis in hypotheses:
-        try:
-            tables = hypothesis.build()
-        except ParameterError:  # the mistake is not expressible for these parameters
-            continue
-        if tables is None:
-            continue
-        worst, explains = 0.0, True
-        for name, array in observed.items():
-            worst = max(worst, residual(array, tables[name]))
-            explains = explains and array.shape == tables[name].shape and compare(
-                array, tables[name], tolerances[name]).within_contract
-        del tables
-        ranked.append(Ranked(hypothesis.name, hypothesis.explanation, worst, explains, dict(hypothesis.found)))
-    # hypotheses that explain the upload (residual within the contract) first, in the family's order (the more
-    # specific explanation first); the others by residual
-    ranked.sort(key=lambda r: (not r.explains, 0.0 if r.explains else r.residual))
-    return ranked
-
-
-def error_tensors(report: CheckReport) -> dict[str, np.ndarray]:
-    """Per-row and per-column maximum absolute errors of each tensor (float64), for binary answers."""
-    out: dict[str, np.ndarray] = {}
-    for name, a in report.agreement.items():
-        out[f"{name}.row_max_abs_error"] = a.row_max_abs
-        if a.column_max_abs.size:
-            out[f"{name}.column_max_abs_error"] = a.column_max_abs
-    return out

@@ -3,9 +3,9 @@
     posenc check '/v1/rope?max_position=4096&head_dim=128' --file mine.safetensors
     posenc check /v1/sinusoidal max_position=512 dim=64 --file pe.npy --url http://127.0.0.1:8000
 
-Without `--url` the check runs in this process through the functions the HTTP route calls; with it,
-the running service answers. Exit status: 0 matches, 1 mismatch, 2 bad usage or a refused request
-(the message says why), so a CI job can call it as a test.
+Without `--url` the check runs in this process as the same `CheckRequest` the HTTP route runs
+(`service.check.request`); with it, the running service answers. Exit status: 0 matches, 1 mismatch,
+2 bad usage or a refused request (the message says why), so a CI job can call it as a test.
 """
 
 from __future__ import annotations
@@ -56,20 +56,15 @@ def _read(path: str, what: str) -> bytes:
 def in_process(route: TableRoute, values: dict[str, str], body: bytes, content_type: str,
                tensor: str | None, config: str | None) -> dict[str, Any]:
     """The JSON answer of the check route, computed here (same validation, same errors)."""
-    from service.check.core import run as run_check
-    from service.check.routes import WEIGHT_BODY, bind_config, bound_work, prepare
+    from service.check.request import CheckRequest  # the check's modules load only when a check runs here
     from service.cli.common import settings_or_exit
 
     settings = settings_or_exit(access_log=False)
-    query = bind_config(route, validate_query(route, values), config, settings.max_request_bytes)
-    if route.query.body is not WEIGHT_BODY:
-        query.check()
-        bound_work(query, None, settings.max_table_bytes)
-    if len(body) > settings.max_request_bytes:
-        raise TableCliError(f"posenc check: {len(body)} bytes; the limit is {settings.max_request_bytes} "
+    check = CheckRequest.build(route, validate_query(route, values), tensor=tensor, config=config, settings=settings)
+    if len(body) > check.max_request_bytes:
+        raise TableCliError(f"posenc check: {len(body)} bytes; the limit is {check.max_request_bytes} "
                             "(POSENC_MAX_REQUEST_BYTES)", status=2)
-    plan = prepare(route, query, body, content_type, tensor, settings.max_table_bytes)
-    return run_check(plan).document()
+    return check.report(body, content_type).document()
 
 
 def remote(base: str, route: TableRoute, values: dict[str, str], body: bytes, content_type: str,

@@ -26,8 +26,9 @@ from service.arrays import FILE_SUFFIX, FORMATS, negotiate_format
 from service.errors import InvalidParameter, ServiceError, describe_validation_errors
 from service.settings import Settings
 from service.tables import TABLES
+from service.tables.answer import TableRequest
 from service.tables.cache import ByteLRUCache
-from service.tables.registry import TableQuery, TableRequest, TableRoute, table_routes
+from service.tables.registry import TableQuery, TableRoute, table_routes
 
 SUFFIX_FORMAT = {suffix: fmt for fmt, suffix in FILE_SUFFIX.items()} | {".raw": "raw"}
 BODY_MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/x-safetensors",

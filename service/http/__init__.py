@@ -1,2 +1,3 @@
 """The HTTP room: the app factory, the server, the fast path, error mapping, OpenAPI, metrics, logs, the
-typed dependencies, and the health, docs and explorer routes. The only room that knows the app."""
+typed dependencies (`deps`), bounded request bodies (`bodies`), and the health, docs and explorer routes.
+The only room that knows the app. Other rooms import `deps` and `bodies`: this file imports nothing."""

@@ -25,7 +25,7 @@ from service.settings import Settings
 from service.tables.cache import ByteLRUCache
 from service.tables.http import table_router
 
-log = logging.getLogger("posenc")
+log = logging.getLogger("posenc.http.app")
 
 
 

@@ -19,7 +19,7 @@ from service.errors import (
     error_response,
 )
 
-log = logging.getLogger("posenc.errors")
+log = logging.getLogger("posenc.http.errors")
 
 
 def install_error_handlers(app: FastAPI) -> None:

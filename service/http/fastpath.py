@@ -25,9 +25,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.http.health import LIVE, LIVENESS_PATH
 from service.http.metrics import scope_header
 from service.tables import TABLES
+from service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
 from service.tables.cache import ByteLRUCache
 from service.tables.http import CACHE_KEY_SCOPE, to_response
-from service.tables.registry import Answer, answer_headers, etag_matches, validator_headers
 
 
 def spelling(scope: Scope) -> str | None:

@@ -1,10 +1,11 @@
 """Liveness and readiness."""
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from service import __version__
 from service.errors import Unavailable, error_response
+from service.http.deps import ReadinessDep
 
 router = APIRouter(tags=["operations"])
 
@@ -23,8 +24,7 @@ async def healthz() -> Response:
 
 
 @router.get("/readyz", summary="Readiness: start-up finished and every model loaded")
-async def readyz(request: Request) -> JSONResponse:
-    problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
+async def readyz(problems: ReadinessDep) -> JSONResponse:
     if problems:
         return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems),
                               status="not ready", problems=problems)

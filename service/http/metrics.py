@@ -3,7 +3,8 @@
 Every app gets its own `CollectorRegistry` (never the process-global default one), so several apps in
 one process — tests, `posenc table` — do not collide.
 
-API for the rest of the service (`metrics = request.app.state.metrics`, a `Metrics`):
+What the rest of the service reports (the engine's batchers, through `service.inference.batcher.BatchObserver`;
+`create_app` hands them the app's `Metrics`):
 
 - `metrics.observe_batch(model, size)`: one onnxruntime batch of `size` requests was formed.
 - `metrics.set_queue_depth(model, n)`: `n` requests are waiting in the model's batcher queue now.
@@ -46,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 
-access_log = logging.getLogger("posenc.access")
+access_log = logging.getLogger("posenc.access")  # the README documents this name: log pipelines filter on it
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

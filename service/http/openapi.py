@@ -16,9 +16,10 @@ from fastapi.openapi.utils import get_openapi
 
 from models.dtypes import BY_KSERVE
 from service.arrays import FORMATS, MEDIA_TYPES
-from service.check.routes import CHECK_FORMATS, accepted_tensors
-from service.inference.engine import VERSION
+from service.check.request import accepted_tensors
+from service.check.routes import CHECK_FORMATS
 from service.inference.kserve import HEADER_LENGTH
+from service.inference.repository import VERSION
 from service.tables.registry import table_routes
 
 ERROR_SCHEMA = {

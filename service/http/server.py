@@ -45,7 +45,7 @@ from service.http.logs import log_config
 from service.http.metrics import shared_metrics_dir
 from service.settings import Settings
 
-log = logging.getLogger("posenc.server")
+log = logging.getLogger("posenc.http.server")
 
 EXIT_OK = 0
 EXIT_REQUESTS_CUT = 1  # the graceful-shutdown timeout closed connections that still had a request in flight

@@ -20,6 +20,9 @@ A batch that fails is retried request by request, so one bad request cannot fail
 With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than the budget's capacity
 (requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
 runs of every model together stay under it: a run waits for its bytes before it starts.
+
+The array work (chunks, stacking with right-padding, handing each request its rows) is
+`service.inference.batch_arrays`; this module is the queue and its scheduling.
 """
 
 from __future__ import annotations
@@ -39,11 +42,11 @@ import numpy as np
 
 from service.budget import MemoryBudget
 from service.errors import Unavailable
+from service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
 
-log = logging.getLogger("posenc.batcher")
+log = logging.getLogger("posenc.inference.batcher")
 
-Arrays = Mapping[str, np.ndarray]
-RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `LoadedModel.run`
+RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run_model` of one model
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
 
 
@@ -119,20 +122,20 @@ class Batcher:
         """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full.
 
         `out`: arrays (batch-first, each output's exact shape and dtype) that those outputs are written into and
-        returned as; a request that runs alone has onnxruntime write there directly (`LoadedModel.run`)."""
+        returned as; a request that runs alone has onnxruntime write there directly (`service.inference.engine`)."""
         with self.admission():
             return await self.run_admitted(inputs, out)
 
     async def run_admitted(self, inputs: Arrays, out: Arrays | None = None) -> dict[str, np.ndarray]:
         """`submit` for a request that already holds its place (`admission`)."""
-        chunks = self._chunks(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
+        chunks = split_rows(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
             loop = asyncio.get_running_loop()
             results = []
             for chunk, chunk_out in chunks:
-                async with self._reserve(_rows(chunk), self._seq(chunk)):
+                async with self._reserve(rows_of(chunk), self._seq(chunk)):
                     results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk, 1, chunk_out))
-            return _joined(results, out)
+            return joined(results, out)
         return await self._submit_batched(chunks, out)
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
@@ -142,15 +145,6 @@ class Batcher:
         seq = self._seq(inputs)
         fitting = self.run_budget.capacity // max(1, self.run_bytes(1, seq))
         return max(1, min(rows, fitting))
-
-    @staticmethod
-    def _chunks(inputs: Arrays, out: Arrays | None, rows: int) -> list[tuple[Arrays, Arrays | None]]:
-        """`inputs` (and `out`) split on the batch axis into views of at most `rows` rows (themselves if they fit)."""
-        if _rows(inputs) <= rows:
-            return [(inputs, out)]
-        return [({name: array[start : start + rows] for name, array in inputs.items()},
-                 {name: array[start : start + rows] for name, array in out.items()} if out else None)
-                for start in range(0, _rows(inputs), rows)]
 
     @contextlib.asynccontextmanager
     async def _reserve(self, rows: int, seq: int) -> AsyncIterator[None]:
@@ -170,14 +164,14 @@ class Batcher:
                               out: Arrays | None) -> dict[str, np.ndarray]:
         self._ensure_dispatcher()
         loop = asyncio.get_running_loop()
-        items = [_Item(chunk, _rows(chunk), self._seq(chunk), self._key(chunk), loop.create_future(), chunk_out)
+        items = [_Item(chunk, rows_of(chunk), self._seq(chunk), self._key(chunk), loop.create_future(), chunk_out)
                  for chunk, chunk_out in chunks]
         self._queue.extend(items)
         assert self._wake is not None
         self._wake.set()
         if len(items) == 1:
             return await items[0].future
-        return _joined(await asyncio.gather(*(item.future for item in items)), out)
+        return joined(await asyncio.gather(*(item.future for item in items)), out)
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
@@ -281,7 +275,7 @@ class Batcher:
         outputs = self.run(inputs, out) if out else self.run(inputs)
         seconds = time.perf_counter() - started
         with self._stats_lock:
-            self.inference_count += _rows(inputs)
+            self.inference_count += rows_of(inputs)
             self.execution_count += 1
         if self.observer is not None:
             self.observer.observe_run(self.name, seconds)
@@ -292,43 +286,13 @@ class Batcher:
         """Worker thread: concatenate (right-padding sequences), run once, split per item."""
         if len(items) == 1:
             return [self._run_counted(items[0].inputs, out=items[0].out)]
-        longest = max(item.seq for item in items)
-        batched = {name: self._concatenate(name, items, longest) for name in items[0].inputs}  # [sum(rows), ...]
+        inputs, seqs = [item.inputs for item in items], [item.seq for item in items]
+        seq_axes = self.seq_axes if self.pad else None
+        longest = max(seqs)
+        batched = {name: stack(inputs, seqs, longest, name, (seq_axes or {}).get(name))  # [sum(rows), ...]
+                   for name in items[0].inputs}
         outputs = self._run_counted(batched, requests=len(items))
-        results, start = [], 0
-        for item in items:
-            result = {}
-            for name, array in outputs.items():
-                rows = array[start : start + item.rows]  # [rows, ...]
-                if self.pad and self.seq_axes is not None and name in self.seq_axes and item.seq != longest:
-                    index = [slice(None)] * rows.ndim
-                    index[self.seq_axes[name]] = slice(0, item.seq)
-                    rows = rows[tuple(index)]  # [rows, ..., item.seq, ...]: padded positions dropped
-                if item.out is not None and name in item.out and item.out[name].shape == rows.shape:
-                    np.copyto(item.out[name], rows)
-                    rows = item.out[name]
-                result[name] = rows
-            results.append(result)
-            start += item.rows
-        return results
-
-    def _concatenate(self, name: str, items: list[_Item], longest: int) -> np.ndarray:
-        """The items' `name` inputs stacked on the batch axis, right-padded with zeros to `longest` on the sequence
-        axis (position 0 for position_ids): one allocation and one copy of every row."""
-        first = items[0].inputs[name]
-        if not self.pad or self.seq_axes is None or name not in self.seq_axes:
-            return np.concatenate([item.inputs[name] for item in items], axis=0)
-        axis = self.seq_axes[name]
-        shape = list(first.shape)
-        shape[0], shape[axis] = sum(item.rows for item in items), longest
-        batched = np.zeros(shape, dtype=first.dtype)  # [sum(rows), ..., longest, ...]
-        start = 0
-        for item in items:
-            index: list[slice] = [slice(None)] * first.ndim
-            index[0], index[axis] = slice(start, start + item.rows), slice(0, item.seq)
-            batched[tuple(index)] = item.inputs[name]
-            start += item.rows
-        return batched
+        return unstack(outputs, [item.rows for item in items], seqs, [item.out for item in items], seq_axes)
 
     async def close(self) -> None:
         """Stop the dispatcher; queued requests get 503."""
@@ -337,20 +301,6 @@ class Batcher:
             await asyncio.gather(self._task, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
-
-
-def _joined(results: list[dict[str, np.ndarray]], out: Arrays | None = None) -> dict[str, np.ndarray]:
-    """Chunk results put back together on the batch axis (no copy for a single chunk, nor for the outputs whose
-    chunks were written into their rows of `out`)."""
-    if len(results) == 1:
-        return results[0]
-    joined = {name: np.concatenate([r[name] for r in results], axis=0) for name in results[0]
-              if not (out and name in out and all(np.may_share_memory(r[name], out[name]) for r in results))}
-    return {name: joined[name] if name in joined else (out or {})[name] for name in results[0]}
-
-
-def _rows(inputs: Arrays) -> int:
-    return int(next(iter(inputs.values())).shape[0])
 
 
 def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: BaseException | None = None) -> None:

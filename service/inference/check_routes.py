@@ -10,13 +10,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from models.diagnosis.attention import AttentionSpec
-from service.budget import MemoryBudget
 from service.check.attention import EXPECTED, bound_attention_work, check_attention
-from service.errors import BadRequest, Unavailable
-from service.inference.engine import Engine, ensure_ready
+from service.errors import BadRequest
+from service.http.bodies import declared_length, read_body
+from service.http.deps import EngineDep, MemoryBudgetDep, SettingsDep
 from service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
 from service.inference.model_inputs import check_inputs
-from service.uploads import declared_length, read_body
+from service.inference.repository import ensure_ready
 
 router = APIRouter(tags=["check"])
 
@@ -40,25 +40,15 @@ def split_expected(tensors: Sequence[InputTensor]) -> tuple[list[InputTensor], n
     return [t for t in tensors if t.name != EXPECTED], expected[0].array
 
 
-def _engine(request: Request) -> Engine:
-    engine: Engine | None = getattr(request.app.state, "engine", None)
-    if engine is None:
-        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
-    return engine
-
-
 @router.post("/v2/models/{name}/check", summary="Check your attention output against the model's",
              openapi_extra=BODY_DOC, response_class=JSONResponse)
 async def check_model(request: Request,
-                      name: Annotated[str, Path(description="Model name: a folder of the model repository.")]
-                      ) -> JSONResponse:
+                      name: Annotated[str, Path(description="Model name: a folder of the model repository.")],
+                      engine: EngineDep, settings: SettingsDep, budget: MemoryBudgetDep) -> JSONResponse:
     """Runs the infer request through the model and compares your `expected_output` with its output; the
     diagnosis ranks missing causal mask, 1/D scale, GQA grouping, RoPE on v and positions not passed."""
-    engine = _engine(request)
     model = ensure_ready(engine.get(name))
-    settings = request.app.state.settings
     limit = settings.max_request_bytes
-    budget: MemoryBudget = request.app.state.memory_budget
     with engine.admission(model):
         async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
                                   f"a check on '{model.name}'"):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-log = logging.getLogger("posenc.engine")
+log = logging.getLogger("posenc.inference.devices")
 
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"

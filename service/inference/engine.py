@@ -1,13 +1,18 @@
-"""Serving the model repository: one onnxruntime session and one batcher per ready model.
+"""The engine: runs the repository's models, one onnxruntime session and one batcher per ready model.
 
-`service.inference.repository` loads and checks the models; this module runs them. `run` is called from
-worker threads (onnxruntime releases the GIL). Nothing here knows the wire protocol: the KServe v2
-view of a model (metadata, request checks) is `service.inference.model_inputs`.
+`run_model` is one onnxruntime run (called from worker threads: onnxruntime releases the GIL), with
+the inputs and outputs bound to the device where that saves copies and a failed allocation answered
+as a 507; `Engine` holds every model of the repository (loaded by `service.inference.repository`)
+and feeds each ready model through its batcher within the run bound. Nothing here knows the wire
+protocol: the KServe v2 view of a model (metadata, request checks) is `service.inference.model_inputs`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -15,24 +20,104 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 
 from service.budget import MemoryBudget
-from service.errors import NotFound, PayloadTooLarge, Unavailable
+from service.errors import InsufficientStorage, NotFound, PayloadTooLarge
 from service.inference.batcher import Batcher, BatchObserver
 from service.inference.devices import CUDA
-from service.inference.repository import FailedModel, LoadedModel, load_model, model_folders
+from service.inference.repository import (
+    ORT_ERRORS,
+    VERSION,
+    FailedModel,
+    LoadedModel,
+    RepositoryEntry,
+    load_model,
+    model_folders,
+)
 from service.inference.run_bound import AttentionCost, attention_cost, default_run_bytes
 from service.settings import Settings
 
-VERSION = "1"
-RepositoryEntry = LoadedModel | FailedModel
+log = logging.getLogger("posenc.inference.engine")
+
+# How onnxruntime reports a failed allocation (its BFC arena, the CUDA allocator, std::bad_alloc on CPU).
+ALLOCATION_FAILURE = re.compile(r"failed to allocate|out of memory|bad.alloc|cudaErrorMemoryAllocation", re.IGNORECASE)
 
 
-def ensure_ready(model: RepositoryEntry) -> LoadedModel:
-    """The loaded model, or 503 naming why it cannot be served."""
-    if isinstance(model, FailedModel):
-        raise Unavailable(f"model '{model.name}' is not ready: {model.problem}", retry_after=5)
-    return model
+def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
+              out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
+
+    `out`: arrays some outputs are written into (each of the output's shape and dtype, C-contiguous, not
+    overlapping the inputs), returned as themselves (an output of another shape is returned as it is). On CPU
+    onnxruntime writes into them directly (bound as its output buffers); elsewhere they are copied in.
+    An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
+    names = model.config.output_names
+    bound = model.io_binding if model.io_binding is not None else CUDA in model.providers
+    try:
+        result = _run_into(model, inputs, out) if out and CUDA not in model.providers else None
+        if result is None:
+            outputs = _run_bound(model, inputs) if bound else model.session.run(names, dict(inputs))
+            result = dict(zip(names, outputs, strict=True))
+    except MemoryError:
+        raise _out_of_memory(model, "MemoryError") from None
+    except ORT_ERRORS as exc:
+        if ALLOCATION_FAILURE.search(str(exc)):
+            raise _out_of_memory(model, str(exc).strip().splitlines()[-1]) from None
+        raise
+    for name, target in (out or {}).items():
+        if result[name] is not target and result[name].shape == target.shape:
+            np.copyto(target, result[name])
+            result[name] = target
+    return result
+
+
+def _binding(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
+    """An I/O binding with `inputs` bound from host memory (onnxruntime copies them to the device if needed)."""
+    binding = model.session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_cpu_input(name, np.ascontiguousarray(array))
+    return binding
+
+
+def _run_bound(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    device = "cuda" if CUDA in model.providers else "cpu"
+    binding = _binding(model, inputs)
+    for name in model.config.output_names:
+        binding.bind_output(name, device)
+    model.session.run_with_iobinding(binding)
+    return list(binding.copy_outputs_to_cpu())
+
+
+def _run_into(model: LoadedModel, inputs: Mapping[str, np.ndarray],
+              out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
+    when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
+    binding = _binding(model, inputs)
+    names = model.config.output_names
+    for name in names:
+        if name in out:
+            binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(out[name]))
+        else:
+            binding.bind_output(name, "cpu")
+    try:
+        model.session.run_with_iobinding(binding)
+    except ORT_ERRORS as exc:
+        if ALLOCATION_FAILURE.search(str(exc)):
+            raise
+        log.warning("model %s: onnxruntime refused the bound output buffers (%s); running unbound",
+                    model.name, str(exc).strip().splitlines()[-1])
+        return None
+    values = binding.get_outputs()  # in the order bound: the model's
+    return {name: out[name] if name in out else value.numpy() for name, value in zip(names, values, strict=True)}
+
+
+def _out_of_memory(model: LoadedModel, detail: str) -> InsufficientStorage:
+    log.error("model %s: onnxruntime could not allocate memory for a run (%s)", model.name, detail)
+    return InsufficientStorage(
+        f"model '{model.name}' ran out of memory on {model.providers[0]} for this request ({detail}); "
+        "lower POSENC_MAX_RUN_BYTES so such requests get a 413 up front, or retry with fewer rows or a shorter "
+        "sequence")
 
 
 class Engine:
@@ -75,7 +160,7 @@ class Engine:
         pad = config.causal and all(axis is not None for axis in seq_axes.values())
         cost = self.costs.get(model.name)
         return Batcher(
-            model.run, self.executor,
+            functools.partial(run_model, model), self.executor,
             max_batch_size=max_batch, max_queue_delay_us=settings.max_queue_delay_us,
             max_queue_size=settings.max_queue_size, batching=settings.batching,
             seq_axes={k: v for k, v in seq_axes.items() if v is not None}, pad=pad, name=model.name,

@@ -12,9 +12,8 @@ from typing import Any
 import numpy as np
 
 from service.errors import BadRequest
-from service.inference.engine import VERSION, RepositoryEntry
 from service.inference.kserve import InputTensor
-from service.inference.repository import FailedModel, LoadedModel, ModelTensor
+from service.inference.repository import VERSION, FailedModel, LoadedModel, ModelTensor, RepositoryEntry
 
 
 def model_metadata(model: RepositoryEntry) -> dict[str, Any]:

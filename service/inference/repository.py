@@ -4,6 +4,7 @@ Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `p
 Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
 problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
 config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
+This module loads and describes the models; running them is `service.inference.engine`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +22,12 @@ import numpy as np
 import onnxruntime as ort
 
 from models.dtypes import BY_KSERVE, BY_ONNX
-from service.errors import InsufficientStorage
+from service.errors import Unavailable
 from service.inference.devices import CPU, CUDA
 from service.inference.run_bound import cuda_arena_limit
 from service.settings import Settings
 
-log = logging.getLogger("posenc.engine")
+log = logging.getLogger("posenc.inference.repository")
 
 # onnxruntime's own load errors (InvalidProtobuf, InvalidGraph, Fail, ...) derive from Exception only.
 _ORT_STATE = ort.capi.onnxruntime_pybind11_state
@@ -36,8 +36,6 @@ ORT_ERRORS: tuple[type[Exception], ...] = tuple(
                                            "RuntimeException", "InvalidProtobuf", "ModelLoaded", "NotImplemented",
                                            "InvalidGraph", "EPFail") if hasattr(_ORT_STATE, name)
 )
-# How onnxruntime reports a failed allocation (its BFC arena, the CUDA allocator, std::bad_alloc on CPU).
-ALLOCATION_FAILURE = re.compile(r"failed to allocate|out of memory|bad.alloc|cudaErrorMemoryAllocation", re.IGNORECASE)
 
 
 class ConfigError(ValueError):
@@ -114,14 +112,15 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model whose session was built and agrees with its config.json."""
+    """A model whose session was built and agrees with its config.json (run by `service.inference.engine`)."""
 
     name: str
     config: ModelConfig
     session: ort.InferenceSession
     providers: list[str]
     # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
-    # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run.
+    # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run
+    # (`service.inference.engine.run_model` reads it).
     io_binding: bool | None = None
     # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
     # model.onnx); outputs with a dim no input names are left out.
@@ -137,77 +136,6 @@ class LoadedModel:
             return None
         return tuple(d if isinstance(d, int) else int(inputs[d[0]].shape[d[1]]) for d in dims)
 
-    def run(self, inputs: Mapping[str, np.ndarray],
-            out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
-
-        `out`: arrays some outputs are written into (each of the output's shape and dtype, C-contiguous, not
-        overlapping the inputs), returned as themselves (an output of another shape is returned as it is). On CPU
-        onnxruntime writes into them directly (bound as its output buffers); elsewhere they are copied in.
-        An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
-        names = self.config.output_names
-        bound = self.io_binding if self.io_binding is not None else CUDA in self.providers
-        try:
-            result = self._run_into(inputs, out) if out and CUDA not in self.providers else None
-            if result is None:
-                outputs = self._run_bound(inputs) if bound else self.session.run(names, dict(inputs))
-                result = dict(zip(names, outputs, strict=True))
-        except MemoryError:
-            raise self._out_of_memory("MemoryError") from None
-        except ORT_ERRORS as exc:
-            if ALLOCATION_FAILURE.search(str(exc)):
-                raise self._out_of_memory(str(exc).strip().splitlines()[-1]) from None
-            raise
-        for name, target in (out or {}).items():
-            if result[name] is not target and result[name].shape == target.shape:
-                np.copyto(target, result[name])
-                result[name] = target
-        return result
-
-    def _binding(self, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
-        """An I/O binding with `inputs` bound from host memory (onnxruntime copies them to the device if needed)."""
-        binding = self.session.io_binding()
-        for name, array in inputs.items():
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
-        return binding
-
-    def _run_bound(self, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        device = "cuda" if CUDA in self.providers else "cpu"
-        binding = self._binding(inputs)
-        for name in self.config.output_names:
-            binding.bind_output(name, device)
-        self.session.run_with_iobinding(binding)
-        return list(binding.copy_outputs_to_cpu())
-
-    def _run_into(self, inputs: Mapping[str, np.ndarray],
-                  out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-        """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
-        when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
-        binding = self._binding(inputs)
-        names = self.config.output_names
-        for name in names:
-            if name in out:
-                binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(out[name]))
-            else:
-                binding.bind_output(name, "cpu")
-        try:
-            self.session.run_with_iobinding(binding)
-        except ORT_ERRORS as exc:
-            if ALLOCATION_FAILURE.search(str(exc)):
-                raise
-            log.warning("model %s: onnxruntime refused the bound output buffers (%s); running unbound",
-                        self.name, str(exc).strip().splitlines()[-1])
-            return None
-        values = binding.get_outputs()  # in the order bound: the model's
-        return {name: out[name] if name in out else value.numpy() for name, value in zip(names, values, strict=True)}
-
-    def _out_of_memory(self, detail: str) -> InsufficientStorage:
-        log.error("model %s: onnxruntime could not allocate memory for a run (%s)", self.name, detail)
-        return InsufficientStorage(
-            f"model '{self.name}' ran out of memory on {self.providers[0]} for this request ({detail}); "
-            "lower POSENC_MAX_RUN_BYTES so such requests get a 413 up front, or retry with fewer rows or a shorter "
-            "sequence")
-
 
 @dataclass(frozen=True)
 class FailedModel:
@@ -218,6 +146,17 @@ class FailedModel:
 
     ready = False
     providers: tuple[str, ...] = ()
+
+
+VERSION = "1"  # every model has one version
+RepositoryEntry = LoadedModel | FailedModel
+
+
+def ensure_ready(model: RepositoryEntry) -> LoadedModel:
+    """The loaded model, or 503 naming why it cannot be served."""
+    if isinstance(model, FailedModel):
+        raise Unavailable(f"model '{model.name}' is not ready: {model.problem}", retry_after=5)
+    return model
 
 
 def resolve_providers(setting: str) -> list[str]:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Request
+from fastapi import APIRouter, Body
 from pydantic import StrictBool
 
 from models.dtypes import BY_KSERVE
+from service.http.deps import EngineDep, SettingsDep
 from service.inference.devices import CUDA
-from service.inference.engine import VERSION, RepositoryEntry, ensure_ready
-from service.inference.repository import LoadedModel, ModelTensor
-from service.inference.routes import ModelDep, VersionedModelDep, engine_of
+from service.inference.repository import VERSION, LoadedModel, ModelTensor, ensure_ready
+from service.inference.routes import ModelDep, VersionedModelDep
 from service.settings import Settings
 
 router = APIRouter(tags=["inference"])
@@ -49,27 +49,23 @@ def triton_config(model: LoadedModel, settings: Settings) -> dict[str, Any]:
     return document
 
 
-def _config(request: Request, entry: RepositoryEntry) -> dict[str, Any]:
-    return triton_config(ensure_ready(entry), request.app.state.settings)
-
-
 @router.get("/v2/models/{name}/config", summary="Model configuration (Triton's model_config as JSON)")
-async def model_config(request: Request, model: ModelDep) -> dict[str, Any]:
-    return _config(request, model)
+async def model_config(model: ModelDep, settings: SettingsDep) -> dict[str, Any]:
+    return triton_config(ensure_ready(model), settings)
 
 
 @router.get("/v2/models/{name}/versions/{version}/config", summary="Model configuration (version)")
-async def model_version_config(request: Request, model: VersionedModelDep) -> dict[str, Any]:
-    return _config(request, model)
+async def model_version_config(model: VersionedModelDep, settings: SettingsDep) -> dict[str, Any]:
+    return triton_config(ensure_ready(model), settings)
 
 
 @router.post("/v2/repository/index", summary="Every model of the repository and its state (Triton's index)")
 def repository_index(
-    request: Request,
+    engine: EngineDep,
     ready: Annotated[StrictBool, Body(embed=True, description="Only the models that are ready to serve.")] = False,
 ) -> list[dict[str, str]]:
     entries = []
-    for name, model in sorted(engine_of(request).models.items()):
+    for name, model in sorted(engine.models.items()):
         if model.ready:
             entries.append({"name": name, "version": VERSION, "state": "READY"})
         elif not ready:

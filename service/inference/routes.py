@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
@@ -20,20 +21,15 @@ from models.dtypes import BY_KSERVE
 from service import __version__
 from service.budget import MemoryBudget
 from service.errors import Unavailable, error_response
-from service.inference.engine import VERSION, Engine, RepositoryEntry, ensure_ready
-from service.inference.kserve import (
-    HEADER_LENGTH,
-    InferRequest,
-    RequestedOutput,
-    encode_infer_response_parts,
-    extensions,
-    parse_infer_request,
-    requested_outputs,
-)
+from service.http.bodies import declared_length, read_aligned_body
+from service.http.deps import EngineDep, MemoryBudgetDep, ReadinessDep, SettingsDep, SharedMemoryDep
+from service.inference.engine import Engine
+from service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput, extensions, parse_infer_request
+from service.inference.kserve_response import encode_infer_response_parts, requested_outputs
 from service.inference.model_inputs import check_inputs, check_outputs, model_metadata
-from service.inference.repository import LoadedModel
+from service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
 from service.inference.shared_memory import SharedMemoryRegistry
-from service.uploads import declared_length, read_aligned_body
+from service.settings import Settings
 
 router = APIRouter(tags=["inference"])
 
@@ -44,23 +40,34 @@ NameParam = Annotated[str, Path(description="Model name: a folder of the model r
 VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
 
 
-def engine_of(request: Request) -> Engine:
-    engine: Engine | None = getattr(request.app.state, "engine", None)
-    if engine is None:
-        raise Unavailable("the service is starting: models are not loaded yet", retry_after=1)
-    return engine
+async def _model(engine: EngineDep, name: NameParam) -> RepositoryEntry:
+    return engine.get(name)
 
 
-async def _model(request: Request, name: NameParam) -> RepositoryEntry:
-    return engine_of(request).get(name)
-
-
-async def _versioned_model(request: Request, name: NameParam, version: VersionParam) -> RepositoryEntry:
-    return engine_of(request).get(name, version)
+async def _versioned_model(engine: EngineDep, name: NameParam, version: VersionParam) -> RepositoryEntry:
+    return engine.get(name, version)
 
 
 ModelDep = Annotated[RepositoryEntry, Depends(_model)]
 VersionedModelDep = Annotated[RepositoryEntry, Depends(_versioned_model)]
+
+
+@dataclass(frozen=True)
+class InferContext:
+    """What an infer request uses besides its model: the engine, the limits and budget, the shared memory."""
+
+    engine: Engine
+    settings: Settings
+    budget: MemoryBudget
+    shared_memory: SharedMemoryRegistry
+
+
+async def _infer_context(engine: EngineDep, settings: SettingsDep, budget: MemoryBudgetDep,
+                         shared_memory: SharedMemoryDep) -> InferContext:
+    return InferContext(engine, settings, budget, shared_memory)
+
+
+InferContextDep = Annotated[InferContext, Depends(_infer_context)]
 
 
 async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
@@ -70,9 +77,8 @@ async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
 
 
 @router.get("/v2", summary="Server metadata")
-async def server_metadata(request: Request) -> dict[str, Any]:
-    return {"name": "posenc", "version": __version__,
-            "extensions": extensions(request.app.state.settings.shared_memory)}
+async def server_metadata(settings: SettingsDep) -> dict[str, Any]:
+    return {"name": "posenc", "version": __version__, "extensions": extensions(settings.shared_memory)}
 
 
 @router.get("/v2/health/live", summary="Server liveness")
@@ -81,8 +87,7 @@ async def server_live() -> dict[str, bool]:
 
 
 @router.get("/v2/health/ready", summary="Server readiness: every model loaded and valid")
-async def server_ready(request: Request) -> JSONResponse:
-    problems: list[str] = list(getattr(request.app.state, "readiness_problems", ["starting"]))
+async def server_ready(problems: ReadinessDep) -> JSONResponse:
     if problems:
         return error_response(503, Unavailable.error_type, "not ready: " + "; ".join(problems), ready=False)
     return JSONResponse({"ready": True})
@@ -115,36 +120,34 @@ async def model_version_ready(model: VersionedModelDep) -> JSONResponse:
 
 
 @router.get("/v2/models/{name}/stats", summary="Model statistics (rows inferred, onnxruntime executions)")
-async def model_stats(request: Request, model: ModelDep) -> dict[str, Any]:
-    return {"model_stats": [engine_of(request).statistics(model)]}
+async def model_stats(engine: EngineDep, model: ModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine.statistics(model)]}
 
 
 @router.get("/v2/models/{name}/versions/{version}/stats", summary="Model statistics (version)")
-async def model_version_stats(request: Request, model: VersionedModelDep) -> dict[str, Any]:
-    return {"model_stats": [engine_of(request).statistics(model)]}
+async def model_version_stats(engine: EngineDep, model: VersionedModelDep) -> dict[str, Any]:
+    return {"model_stats": [engine.statistics(model)]}
 
 
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
-async def infer(request: Request, model: ModelDep) -> Response:
-    return await _infer(request, model)
+async def infer(request: Request, model: ModelDep, context: InferContextDep) -> Response:
+    return await _infer(request, model, context)
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
-async def infer_version(request: Request, model: VersionedModelDep) -> Response:
-    return await _infer(request, model)
+async def infer_version(request: Request, model: VersionedModelDep, context: InferContextDep) -> Response:
+    return await _infer(request, model, context)
 
 
-async def _infer(request: Request, entry: RepositoryEntry) -> Response:
+async def _infer(request: Request, entry: RepositoryEntry, context: InferContext) -> Response:
     """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
-    engine = engine_of(request)
-    limit = request.app.state.settings.max_request_bytes
-    budget: MemoryBudget = request.app.state.memory_budget
+    engine, limit = context.engine, context.settings.max_request_bytes
     # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
     reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
-        async with budget.reserve(reserved, f"an inference on '{model.name}'"):
-            return await _run_infer(request, engine, model, limit)
+        async with context.budget.reserve(reserved, f"an inference on '{model.name}'"):
+            return await _run_infer(request, engine, model, limit, context.shared_memory)
 
 
 class PartsResponse(Response):
@@ -213,7 +216,8 @@ def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence
     return sum(outputs[out.name].nbytes for out in [*encoded, *copies])
 
 
-async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int) -> Response:
+async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int,
+                     registry: SharedMemoryRegistry) -> Response:
     """One buffer for the body, numpy views of it (or of shared memory) into onnxruntime, and the answer
     sent as the JSON header plus views of the outputs. Only work that grows with the size (JSON parsing
     and encoding, copies into shared memory) goes to a worker thread."""
@@ -221,7 +225,6 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     json_length = _header_length(header_length)
     body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
                                    align_at=json_length)
-    registry: SharedMemoryRegistry = request.app.state.shared_memory
     shm = registry if registry.enabled else None
     parsed = await _maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
     inputs = check_inputs(model, parsed.inputs)

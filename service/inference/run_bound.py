@@ -20,7 +20,7 @@ from typing import Any
 
 from service.inference.devices import cuda_memory_bytes, process_memory_bytes
 
-log = logging.getLogger("posenc.engine")
+log = logging.getLogger("posenc.inference.run_bound")
 
 SCORE_COPIES = 2  # scores and softmax probabilities, both alive inside one Attention node
 SCORE_BYTES = 4  # float32: onnxruntime's Attention computes in float32 for float32 inputs

@@ -39,7 +39,7 @@ import numpy as np
 from service.errors import BadRequest, NotFound, echo
 from service.inference.kserve import SHARED_MEMORY_OFF, ShmRef
 
-log = logging.getLogger("posenc.shared_memory")
+log = logging.getLogger("posenc.inference.shared_memory")
 
 SHM_DIR = "/dev/shm"
 MAX_KEY_LENGTH = 255  # NAME_MAX of the file under /dev/shm

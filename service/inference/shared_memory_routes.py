@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import pydantic_core
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
 from service.errors import BadRequest
+from service.http.bodies import read_body
+from service.http.deps import SharedMemoryDep
 from service.inference.shared_memory import SharedMemoryRegistry, parse_register
-from service.uploads import read_body
 
 router = APIRouter(tags=["shared memory"])
 
@@ -24,25 +25,27 @@ REGISTER_BODY_LIMIT = 64 * 1024
 RegionParam = Annotated[str, Path(description="Name the region is registered under.")]
 
 
-def registry_of(request: Request) -> SharedMemoryRegistry:
-    registry: SharedMemoryRegistry = request.app.state.shared_memory
+async def _enabled_registry(registry: SharedMemoryDep) -> SharedMemoryRegistry:
+    """The registry, or 400 saying how to turn the extension on."""
     registry.require_enabled()
     return registry
 
 
+EnabledRegistryDep = Annotated[SharedMemoryRegistry, Depends(_enabled_registry)]
+
+
 @router.get("/v2/systemsharedmemory/status", summary="Status of every registered system shared-memory region")
-def status_all(request: Request) -> list[dict[str, Any]]:
-    return registry_of(request).status()
+def status_all(registry: EnabledRegistryDep) -> list[dict[str, Any]]:
+    return registry.status()
 
 
 @router.get("/v2/systemsharedmemory/region/{name}/status", summary="Status of one system shared-memory region")
-def status_one(request: Request, name: RegionParam) -> list[dict[str, Any]]:
-    return registry_of(request).status(name)
+def status_one(registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
+    return registry.status(name)
 
 
 @router.post("/v2/systemsharedmemory/region/{name}/register", summary="Register a system shared-memory region")
-async def register(request: Request, name: RegionParam) -> Response:
-    registry = registry_of(request)
+async def register(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> Response:
     body = await read_body(request.headers.get("content-length"), request.stream(), REGISTER_BODY_LIMIT)
     try:
         parsed = pydantic_core.from_json(body)
@@ -53,12 +56,12 @@ async def register(request: Request, name: RegionParam) -> Response:
 
 
 @router.post("/v2/systemsharedmemory/region/{name}/unregister", summary="Unregister a system shared-memory region")
-def unregister(request: Request, name: RegionParam) -> Response:
-    registry_of(request).unregister(name)
+def unregister(registry: EnabledRegistryDep, name: RegionParam) -> Response:
+    registry.unregister(name)
     return Response(status_code=200)
 
 
 @router.post("/v2/systemsharedmemory/unregister", summary="Unregister every system shared-memory region")
-def unregister_all(request: Request) -> Response:
-    registry_of(request).unregister()
+def unregister_all(registry: EnabledRegistryDep) -> Response:
+    registry.unregister()
     return Response(status_code=200)

@@ -15,9 +15,11 @@ from starlette.concurrency import run_in_threadpool
 
 from service.arrays import FORMATS, negotiate_format
 from service.budget import MemoryBudget, release_free_memory
+from service.http.bodies import declared_length, read_body
+from service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
 from service.tables import TABLES
-from service.tables.registry import Answer, Pending, TableQuery, TableRequest, TableRoute, table_routes
-from service.uploads import declared_length, read_body
+from service.tables.answer import Answer, Pending, TableRequest
+from service.tables.registry import TableQuery, TableRoute, table_routes
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).
 RELEASE_AFTER_BYTES = 16 << 20
@@ -25,6 +27,8 @@ RELEASE_AFTER_BYTES = 16 << 20
 
 async def table_request(
     request: Request,
+    settings: SettingsDep,
+    cache: TableCacheDep,
     format: Annotated[
         str | None,
         Query(description="Response format: " + ", ".join(FORMATS) + ". Wins over the Accept header; "
@@ -40,8 +44,8 @@ async def table_request(
     return TableRequest(
         format=negotiate_format(format, accept),
         tensor=tensor,
-        settings=request.app.state.settings,
-        cache=request.app.state.table_cache,
+        settings=settings,
+        cache=cache,
         if_none_match=if_none_match,
         method=request.method,
     )
@@ -69,11 +73,11 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
     return table.prepare(query.bind(decode(body, content_type)))
 
 
-async def _complete(request: Request, table: TableRequest, prepared: Answer | Pending) -> Response:
+async def _complete(request: Request, table: TableRequest, budget: MemoryBudget,
+                    prepared: Answer | Pending) -> Response:
     """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget."""
     if isinstance(prepared, Answer):
         return _response(request, prepared)
-    budget: MemoryBudget = request.app.state.memory_budget
     async with budget.reserve(prepared.working_bytes, f"/v1/{prepared.query.endpoint}"):
         answer = await run_in_threadpool(table.complete, prepared)
     if prepared.working_bytes >= RELEASE_AFTER_BYTES:
@@ -87,26 +91,25 @@ def _endpoint(route: TableRoute) -> Any:
 
     if query_model.body is None:
         async def get_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                            table: TableDep) -> Response:
-            return await _complete(request, table, await run_in_threadpool(table.prepare, query))
+                            table: TableDep, budget: MemoryBudgetDep) -> Response:
+            return await _complete(request, table, budget, await run_in_threadpool(table.prepare, query))
 
         return get_table
 
     body_limit, decode = query_model.body.limit, query_model.body.decode
 
     async def post_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                         table: TableDep) -> Response:
+                         table: TableDep, budget: MemoryBudgetDep) -> Response:
         parameters: TableQuery = query
         parameters.check()  # before the body: nothing is read for a request that cannot be served
         limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
-        budget: MemoryBudget = request.app.state.memory_budget
         # the body, and its decoded copy, are held until the table is prepared
         async with budget.reserve(2 * declared_length(request.headers.get("content-length"), limit), "an upload"):
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
             prepared = await run_in_threadpool(_decode_and_prepare, table, parameters, decode, body,
                                                request.headers.get("content-type"))
             del body
-        return await _complete(request, table, prepared)
+        return await _complete(request, table, budget, prepared)
 
     return post_table
 

@@ -13,7 +13,8 @@ import pytest
 from safetensors.numpy import save as safetensors_save
 
 from service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from service.uploads import decode_npy, decode_safetensors, decode_tensor, read_body, upload_format
+from service.http.bodies import read_body
+from service.uploads import decode_npy, decode_safetensors, decode_tensor, upload_format
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

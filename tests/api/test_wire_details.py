@@ -19,7 +19,8 @@ from safetensors.numpy import load as safetensors_load
 
 from service.arrays import encode_safetensors, negotiate_format
 from service.errors import BadRequest
-from service.inference.kserve import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from service.inference.kserve_response import encode_infer_response
 
 # --- safetensors header padding -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 
 from service.errors import Unavailable
 from service.inference.batcher import Batcher
-from service.inference.engine import Engine
+from service.inference.engine import Engine, run_model
 from service.inference.repository import LoadedModel
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
@@ -192,13 +192,13 @@ def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
     results = asyncio.run(scenario())
     assert engine.batchers[model].execution_count < len(requests)
     for request, result in zip(requests, results, strict=True):
-        alone = entry.run(request)["output"]
+        alone = run_model(entry, request)["output"]
         assert result["output"].shape == alone.shape
         np.testing.assert_allclose(result["output"], alone, atol=1e-5, rtol=1e-5)
 
 
 class InPlace(Recorder):
-    """The fake model, writing its output into `out` when given (as `LoadedModel.run` does on CPU)."""
+    """The fake model, writing its output into `out` when given (as `run_model` does on CPU)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -13,7 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.http.app import create_app
-from service.inference.engine import Engine
+from service.inference.engine import Engine, run_model
 from service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
 from service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
@@ -87,7 +87,7 @@ def test_shipped_repository_loads(tmp_path: Path) -> None:
     model = engine.models["rope_attention"]
     assert model.ready and model.providers == [CPU]
     assert model.session is not None and model.session.get_session_options().intra_op_num_threads == 2
-    out = model.run(random_inputs(8, 8, 64, 2, 3))["output"]
+    out = run_model(model, random_inputs(8, 8, 64, 2, 3))["output"]
     assert out.shape == (2, 8, 3, 64)
 
 

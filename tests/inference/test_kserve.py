@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from service.errors import BadRequest
-from service.inference.kserve import InferRequest, RequestedOutput, encode_infer_response, parse_infer_request
+from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from service.inference.kserve_response import encode_infer_response
 
 
 def _binary_body(header: dict, *arrays: np.ndarray, extra: bytes = b"") -> tuple[bytes, str]:

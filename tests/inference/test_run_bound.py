@@ -17,7 +17,7 @@ import pytest
 from service.budget import MemoryBudget
 from service.inference.batcher import Batcher
 from service.inference.devices import CPU, CUDA, process_memory_bytes
-from service.inference.engine import Engine
+from service.inference.engine import Engine, run_model
 from service.inference.repository import LoadedModel, _with_options
 from service.inference.run_bound import AttentionCost, default_run_bytes
 from service.settings import Settings
@@ -179,7 +179,7 @@ def test_io_binding_gives_the_same_outputs_as_a_plain_run(model: str) -> None:
     hq, hkv, dim = HEADS[model]
     inputs = random_inputs(hq, hkv, dim, 2, 9, start=5)
     inputs["query"] = inputs["query"][:, :, ::-1]  # a non-contiguous view is bound correctly too
-    np.testing.assert_array_equal(bound.run(inputs)["output"], loaded.run(inputs)["output"])
+    np.testing.assert_array_equal(run_model(bound, inputs)["output"], run_model(loaded, inputs)["output"])
 
 
 def test_on_cuda_io_binding_agrees_with_cpu_and_llama3_1_at_8192_is_never_500() -> None:
@@ -193,8 +193,8 @@ def test_on_cuda_io_binding_agrees_with_cpu_and_llama3_1_at_8192_is_never_500() 
     model = engine.models["rope_attention"]
     assert isinstance(model, LoadedModel) and CUDA in model.providers
     inputs = random_inputs(8, 8, 64, 2, 33, start=7)
-    np.testing.assert_allclose(model.run(inputs)["output"], run(session(REPOSITORY / "rope_attention" / "model.onnx"),
-                                                                 inputs), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(run_model(model, inputs)["output"],
+                               run(session(REPOSITORY / "rope_attention" / "model.onnx"), inputs), atol=1e-5, rtol=1e-5)
     body, headers = _binary(random_inputs(32, 8, 128, 1, 8192))
     with running_client(providers="cuda", max_request_bytes=256 << 20) as client:
         r = client.post("/v2/models/llama3_1_attention/infer", content=body, headers=headers)

@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 from starlette.requests import ClientDisconnect
 
+import service.inference.engine as engine_module
 from models.dtypes import lookup
 from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
+from service.http.bodies import ALIGNMENT, read_aligned_body
 from service.inference.engine import Engine
 from service.inference.kserve import ShmRef, parse_infer_request
 from service.inference.repository import LoadedModel
 from service.inference.shared_memory import SharedMemoryRegistry
-from service.uploads import ALIGNMENT, read_aligned_body
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -322,16 +323,16 @@ def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_of
 
 @pytest.fixture
 def runs(monkeypatch: pytest.MonkeyPatch) -> list[Mapping[str, np.ndarray] | None]:
-    """The `out` arrays of every LoadedModel.run (None: the run allocated its outputs)."""
+    """The `out` arrays of every model run (None: the run allocated its outputs)."""
     seen: list[Mapping[str, np.ndarray] | None] = []
-    original = LoadedModel.run
+    original = engine_module.run_model
 
-    def spy(self: LoadedModel, inputs: Mapping[str, np.ndarray],
+    def spy(model: LoadedModel, inputs: Mapping[str, np.ndarray],
             out: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         seen.append(out)
-        return original(self, inputs, out)
+        return original(model, inputs, out)
 
-    monkeypatch.setattr(LoadedModel, "run", spy)
+    monkeypatch.setattr(engine_module, "run_model", spy)
     return seen
 
 
