@@ -1,0 +1,201 @@
+"""The import directions of the code base, read from the source with `ast` (imports at any level, inside
+functions too): models never imports service; the tables, properties and check rooms never import inference;
+inference never imports tables or properties; only service.http knows the app; the CLI imports no route
+module and no CLI module imports itself back; nothing in service/ imports the test kit service.testing.
+
+Each rule is also run on a planted violation, so none of them can pass by finding nothing to look at."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.infer_utils import ROOT
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str  # dotted: service.tables.rope
+    path: Path
+    tree: ast.Module
+
+    def imports(self) -> set[str]:
+        """Every module this one imports, absolute and dotted (`from a import b` counts as a and a.b)."""
+        package = self.name if self.path.name == "__init__.py" else self.name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(self.tree):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    anchor = ".".join(parts[: len(parts) - node.level + 1])
+                    base = f"{anchor}.{base}" if base else anchor
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        return found
+
+    def imported_names(self) -> set[tuple[str, str]]:
+        """(module, name) of every `from module import name`."""
+        return {(node.module or "", alias.name) for node in ast.walk(self.tree)
+                if isinstance(node, ast.ImportFrom) for alias in node.names}
+
+
+def load_modules(root: Path, packages: tuple[str, ...] = ("models", "service")) -> list[Module]:
+    modules = []
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            modules.append(Module(name, path, ast.parse(path.read_text(), filename=str(path))))
+    return modules
+
+
+def within(name: str, room: str) -> bool:
+    return name == room or name.startswith(room + ".")
+
+
+def _forbidden(modules: list[Module], rooms: tuple[str, ...], banned: tuple[str, ...]) -> Iterator[str]:
+    for module in modules:
+        if any(within(module.name, room) for room in rooms):
+            for target in sorted(module.imports()):
+                if any(within(target, ban) for ban in banned):
+                    yield f"{module.name} imports {target}"
+
+
+def models_never_import_service(modules: list[Module]) -> list[str]:
+    return list(_forbidden(modules, ("models",), ("service",)))
+
+
+def tables_properties_check_never_import_inference(modules: list[Module]) -> list[str]:
+    return list(_forbidden(modules, ("service.tables", "service.properties", "service.check"),
+                           ("service.inference",)))
+
+
+def inference_never_imports_tables(modules: list[Module]) -> list[str]:
+    return list(_forbidden(modules, ("service.inference",), ("service.tables", "service.properties")))
+
+
+APP_MODULES = ("service.http.app",)  # the factory: create_app, app_from_env
+APP_NAMES = {("fastapi", "FastAPI"), ("fastapi.applications", "FastAPI")}
+
+
+def _touches_app(node: ast.AST) -> bool:
+    """`<x>.app.state` or `request.app`."""
+    if not isinstance(node, ast.Attribute):
+        return False
+    if node.attr == "state" and isinstance(node.value, ast.Attribute) and node.value.attr == "app":
+        return True
+    return node.attr == "app" and isinstance(node.value, ast.Name) and node.value.id == "request"
+
+
+def only_http_knows_the_app(modules: list[Module]) -> list[str]:
+    found = []
+    for module in modules:
+        if within(module.name, "service.http"):
+            continue
+        names = module.imported_names()
+        found += [f"{module.name} imports {m}.{n}" for m, n in sorted(names & APP_NAMES)]
+        found += [f"{module.name} imports {target}" for target in sorted(module.imports())
+                  if any(within(target, app) for app in APP_MODULES)]
+        found += [f"{module.name}:{node.lineno} reads {ast.unparse(node)}" for node in ast.walk(module.tree)
+                  if _touches_app(node)]
+    return found
+
+
+def route_modules(modules: list[Module]) -> set[str]:
+    """Modules that declare routes: they import fastapi's APIRouter (or build the app)."""
+    routers = {("fastapi", "APIRouter"), ("fastapi.routing", "APIRouter")}
+    return {m.name for m in modules if m.imported_names() & routers} | set(APP_MODULES)
+
+
+def cli_imports_no_route_module(modules: list[Module]) -> list[str]:
+    routes = route_modules(modules)
+    return [f"{module.name} imports the route module {target}" for module in modules
+            if within(module.name, "service.cli") for target in sorted(module.imports()) if target in routes]
+
+
+def cli_has_no_import_circle(modules: list[Module]) -> list[str]:
+    cli = {m.name: m for m in modules if within(m.name, "service.cli")}
+    graph = {name: {t for t in module.imports() if t in cli and t != name} for name, module in cli.items()}
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        for target in sorted(graph[name]):
+            if target in path:
+                circle = [*path[path.index(target):], target]
+                if circle[0] == min(circle[:-1]):  # each circle once, from its smallest name
+                    circles.append(" → ".join(circle))
+            else:
+                visit(target, [*path, target])
+
+    for name in sorted(graph):
+        visit(name, [name])
+    return sorted(set(circles))
+
+
+def service_never_imports_the_test_kit(modules: list[Module]) -> list[str]:
+    return [line for line in _forbidden(modules, ("service",), ("service.testing",))
+            if not within(line.split()[0], "service.testing")]
+
+
+RULES = [models_never_import_service, tables_properties_check_never_import_inference, inference_never_imports_tables,
+         only_http_knows_the_app, cli_imports_no_route_module, cli_has_no_import_circle,
+         service_never_imports_the_test_kit]
+
+
+@pytest.fixture(scope="module")
+def modules() -> list[Module]:
+    return load_modules(ROOT)
+
+
+def test_the_tree_holds_the_rooms_the_rules_name(modules: list[Module]) -> None:
+    names = {m.name for m in modules}
+    for room in ("models", "service.http", "service.tables", "service.properties", "service.check",
+                 "service.inference", "service.cli"):
+        assert room in names, f"{room} is gone: the import rules below would check nothing there"
+    assert {"service.tables.http", "service.check.routes", "service.inference.routes"} <= route_modules(modules)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.__name__)
+def test_import_direction(modules: list[Module], rule: object) -> None:
+    assert callable(rule)
+    assert rule(modules) == []
+
+
+# One planted violation per rule: the module that breaks it, and its source.
+PLANTED = {
+    models_never_import_service: ("models/planted.py", "def f():\n    from service.errors import BadRequest\n"),
+    tables_properties_check_never_import_inference: (
+        "service/check/planted.py", "from ..inference import engine\n"),
+    inference_never_imports_tables: ("service/inference/planted.py", "import service.tables.registry\n"),
+    only_http_knows_the_app: ("service/tables/planted.py",
+                              "async def route(request):\n    return request.app.state.settings\n"),
+    cli_imports_no_route_module: ("service/cli/planted.py",
+                                  "def f():\n    from service.check.routes import CHECK_FORMATS\n"),
+    cli_has_no_import_circle: ("service/cli/common.py", "from service.cli import main\n"),
+    service_never_imports_the_test_kit: ("service/tables/planted.py", "from service.testing import kit\n"),
+}
+
+
+def _planted(modules: list[Module], path: str, source: str) -> list[Module]:
+    """The tree with `source` added to the module at `path` (a new module where there is none)."""
+    parts = Path(path).with_suffix("").parts
+    name = ".".join(parts)
+    original = next((m for m in modules if m.name == name), None)
+    text = (original.path.read_text() if original else "") + source
+    return [m for m in modules if m.name != name] + [Module(name, ROOT / path, ast.parse(text))]
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.__name__)
+def test_each_rule_finds_a_planted_violation(modules: list[Module], rule: object) -> None:
+    path, source = PLANTED[rule]  # type: ignore[index]
+    assert callable(rule)
+    found = rule(_planted(modules, path, source))
+    assert found, f"{rule.__name__} missed {source!r} in {path}"
+    assert all("planted" in line or "cli" in line for line in found), found
