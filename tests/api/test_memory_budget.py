@@ -4,10 +4,16 @@ line, then get 503 with Retry-After."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import os
+import platform
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
+import service.budget
 from service.budget import MemoryBudget, release_free_memory
 from service.errors import Unavailable
 from tests.conftest import running_client
@@ -85,5 +91,39 @@ def test_concurrent_large_tables_share_the_budget(monkeypatch: pytest.MonkeyPatc
     assert 0 < peak["reserved"] <= 24 << 20
 
 
-def test_release_free_memory_is_safe_to_call() -> None:
-    release_free_memory()  # glibc malloc_trim, or nothing
+def test_release_free_memory_is_safe_to_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Safe where there is no glibc (nothing to call), and where there is: see the next test."""
+    monkeypatch.setattr(service.budget, "_LIBC", None)
+    assert release_free_memory() is None
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_release_free_memory_gives_freed_heap_back_and_keeps_live_blocks() -> None:
+    """64 MiB of heap blocks, all but every 64th freed: the live ones pin the heap (free() cannot shrink it
+    from the top), so only malloc_trim returns the free pages between them."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 << 10, 1024  # below glibc's mmap threshold: heap memory
+    blocks = [libc.malloc(size) for _ in range(count)]
+    assert all(blocks)
+    for index, block in enumerate(blocks):
+        ctypes.memset(block, index % 251, size)
+    live = dict(list(enumerate(blocks))[::64])
+    for index, block in enumerate(blocks):
+        if index not in live:
+            libc.free(block)
+    try:
+        before = resident_bytes()
+        release_free_memory()
+        released = before - resident_bytes()
+        assert all(ctypes.string_at(block, size) == bytes([index % 251]) * size for index, block in live.items())
+    finally:
+        for block in live.values():
+            libc.free(block)
+    assert released >= 32 << 20, released  # of the 63 MiB freed
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (/proc/self/statm: pages)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
