@@ -12,10 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
 import service.budget
 from service.budget import MemoryBudget, release_free_memory
 from service.errors import Unavailable
+from service.http.app import create_app
+from service.settings import Settings
+from service.tables import TABLES
 from tests.conftest import running_client
 
 
@@ -89,6 +93,63 @@ def test_concurrent_large_tables_share_the_budget(monkeypatch: pytest.MonkeyPatc
             statuses = list(pool.map(lambda url: client.get(url).status_code, urls))
     assert statuses == [200] * 8
     assert 0 < peak["reserved"] <= 24 << 20
+
+
+def test_a_block_that_raises_gives_its_bytes_back() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=0, wait_seconds=5)  # no line: bytes still held → 503 at once
+        with pytest.raises(RuntimeError, match="inside the reservation"):
+            async with budget.reserve(100, "a test"):
+                assert budget.reserved == 100
+                raise RuntimeError("inside the reservation")
+        assert budget.reserved == 0
+        async with budget.reserve(100, "the next request"):
+            assert budget.reserved == 100
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_block_gives_its_bytes_back() -> None:
+    """A request whose client went away is cancelled inside its reservation."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=0, wait_seconds=5)
+        holder = asyncio.create_task(_hold(budget, 100, 60, []))
+        while budget.reserved == 0:
+            await asyncio.sleep(0)
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", ["undecodable upload", "computation raises"])
+def test_a_request_that_fails_inside_its_reservation_does_not_503_the_next(failure: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each failing request reserves the whole budget (1 MiB); the waiting line is 0, so a reservation it kept
+    would answer the next request 503 at once."""
+    table = "/v1/sinusoidal?max_position=1024&dim=128"  # 512 KiB of float32, 1.5 MiB held while computed
+    settings = Settings(memory_budget_bytes=1 << 20, memory_waiters=0, cache_bytes=0)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        if failure == "undecodable upload":
+            body = b"\x93NUMPY" + b"\0" * (600 << 10)  # 2 × Content-Length reserved for the upload
+            r = client.post("/v1/t5/bias?query_length=2&key_length=2", content=body,
+                            headers={"Content-Type": "application/x-npy"})
+            assert r.status_code == 400, r.text
+        else:
+            def broken(self: object) -> None:
+                raise RuntimeError("the computation failed")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(TABLES["/v1/sinusoidal"].query, "compute", broken)
+                r = client.get(table)
+            assert r.status_code == 500 and r.json()["type"] == "internal"
+        after = client.get(table)
+        assert after.status_code == 200, after.text
+        budget: MemoryBudget = client.app.state.memory_budget  # type: ignore[attr-defined]
+        assert budget.reserved == 0
 
 
 def test_release_free_memory_is_safe_to_call(monkeypatch: pytest.MonkeyPatch) -> None:
