@@ -14,9 +14,8 @@ import numpy as np
 FloatDType = Literal["float32", "float16", "bfloat16", "float64"]
 IntDType = Literal["int64", "int32"]
 
-# What the table endpoints serve (`dtype=`): float tables and integer index tables.
+# What the float tables serve (`dtype=`); integer index tables take `IntDType`.
 FLOAT_DTYPES: tuple[str, ...] = get_args(FloatDType)
-INT_DTYPES: tuple[str, ...] = get_args(IntDType)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 import io
 import json
 import resource
-import time
+import tracemalloc
 from collections.abc import Callable
 
 import ml_dtypes
@@ -18,6 +18,7 @@ from models.deberta import deberta_buckets
 from models.relative import clipped_relative_indices
 from models.t5 import t5_bias, t5_buckets
 from service.arrays import decode_json_tensor
+from service.tables import TABLES
 from tests.conftest import running_client
 
 # (url, tensor name, expected array)
@@ -238,12 +239,24 @@ def test_upload_over_the_request_limit_is_413() -> None:
     "/v1/deberta/buckets?query_length=100000&key_length=100000&dtype=int32",
     "/v1/relative/clipped?query_length=100000&key_length=100000&max_relative_position=16",
 ])
-def test_too_large_is_413_immediately(client: TestClient, url: str) -> None:
-    before, start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
-    r = client.get(url)
+def test_too_large_is_413_immediately(client: TestClient, url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused from the parameters alone: the table is never computed and nothing table-sized is allocated."""
+    query, computed = TABLES[url.partition("?")[0]].query, []
+    compute = query.compute
+    monkeypatch.setattr(query, "compute", lambda self: computed.append(self) or compute(self))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tracemalloc.start()
+    try:
+        r = client.get(url)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
     assert r.status_code == 413 and "POSENC_MAX_TABLE_BYTES" in r.json()["error"]
-    assert time.perf_counter() - start < 1.0
+    assert computed == []
+    assert peak < 4 << 20, peak  # bytes traced (numpy's buffers included) while the request was answered
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 16 * 1024  # KiB
+    small = client.get(url.replace("100000", "10").replace("16777216", "10").replace("1048576", "2"))
+    assert small.status_code == 200 and len(computed) == 1  # a table within the limit is computed, and counted
 
 
 def test_t5_bias_output_over_the_limit_is_413() -> None:

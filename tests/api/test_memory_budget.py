@@ -4,12 +4,22 @@ line, then get 503 with Retry-After."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import os
+import platform
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+import service.budget
 from service.budget import MemoryBudget, release_free_memory
 from service.errors import Unavailable
+from service.http.app import create_app
+from service.settings import Settings
+from service.tables import TABLES
 from tests.conftest import running_client
 
 
@@ -85,5 +95,96 @@ def test_concurrent_large_tables_share_the_budget(monkeypatch: pytest.MonkeyPatc
     assert 0 < peak["reserved"] <= 24 << 20
 
 
-def test_release_free_memory_is_safe_to_call() -> None:
-    release_free_memory()  # glibc malloc_trim, or nothing
+def test_a_block_that_raises_gives_its_bytes_back() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=0, wait_seconds=5)  # no line: bytes still held → 503 at once
+        with pytest.raises(RuntimeError, match="inside the reservation"):
+            async with budget.reserve(100, "a test"):
+                assert budget.reserved == 100
+                raise RuntimeError("inside the reservation")
+        assert budget.reserved == 0
+        async with budget.reserve(100, "the next request"):
+            assert budget.reserved == 100
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_block_gives_its_bytes_back() -> None:
+    """A request whose client went away is cancelled inside its reservation."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=0, wait_seconds=5)
+        holder = asyncio.create_task(_hold(budget, 100, 60, []))
+        while budget.reserved == 0:
+            await asyncio.sleep(0)
+        holder.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await holder
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("failure", ["undecodable upload", "computation raises"])
+def test_a_request_that_fails_inside_its_reservation_does_not_503_the_next(failure: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each failing request reserves the whole budget (1 MiB); the waiting line is 0, so a reservation it kept
+    would answer the next request 503 at once."""
+    table = "/v1/sinusoidal?max_position=1024&dim=128"  # 512 KiB of float32, 1.5 MiB held while computed
+    settings = Settings(memory_budget_bytes=1 << 20, memory_waiters=0, cache_bytes=0)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        if failure == "undecodable upload":
+            body = b"\x93NUMPY" + b"\0" * (600 << 10)  # 2 × Content-Length reserved for the upload
+            r = client.post("/v1/t5/bias?query_length=2&key_length=2", content=body,
+                            headers={"Content-Type": "application/x-npy"})
+            assert r.status_code == 400, r.text
+        else:
+            def broken(self: object) -> None:
+                raise RuntimeError("the computation failed")
+
+            with monkeypatch.context() as patch:
+                patch.setattr(TABLES["/v1/sinusoidal"].query, "compute", broken)
+                r = client.get(table)
+            assert r.status_code == 500 and r.json()["type"] == "internal"
+        after = client.get(table)
+        assert after.status_code == 200, after.text
+        budget: MemoryBudget = client.app.state.memory_budget  # type: ignore[attr-defined]
+        assert budget.reserved == 0
+
+
+def test_release_free_memory_is_safe_to_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Safe where there is no glibc (nothing to call), and where there is: see the next test."""
+    monkeypatch.setattr(service.budget, "_LIBC", None)
+    assert release_free_memory() is None
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim is glibc's")
+def test_release_free_memory_gives_freed_heap_back_and_keeps_live_blocks() -> None:
+    """64 MiB of heap blocks, all but every 64th freed: the live ones pin the heap (free() cannot shrink it
+    from the top), so only malloc_trim returns the free pages between them."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size, count = 64 << 10, 1024  # below glibc's mmap threshold: heap memory
+    blocks = [libc.malloc(size) for _ in range(count)]
+    assert all(blocks)
+    for index, block in enumerate(blocks):
+        ctypes.memset(block, index % 251, size)
+    live = dict(list(enumerate(blocks))[::64])
+    for index, block in enumerate(blocks):
+        if index not in live:
+            libc.free(block)
+    try:
+        before = resident_bytes()
+        release_free_memory()
+        released = before - resident_bytes()
+        assert all(ctypes.string_at(block, size) == bytes([index % 251]) * size for index, block in live.items())
+    finally:
+        for block in live.values():
+            libc.free(block)
+    assert released >= 32 << 20, released  # of the 63 MiB freed
+
+
+def resident_bytes() -> int:
+    """This process's resident set size (/proc/self/statm: pages)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")

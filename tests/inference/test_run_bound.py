@@ -82,17 +82,23 @@ def test_over_the_bound_is_413_naming_the_longest_sequence_that_fits(model: str)
         np.testing.assert_allclose(output, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_llama3_1_at_8192_is_413_on_this_machine_never_500() -> None:
-    """One row needs 17 GB of scores: with the default bound (a quarter of RAM) it is refused before running."""
-    need = AttentionCost(32).run_bytes(1, 8192)
-    if default_run_bytes(on_cuda=False) >= need:
-        pytest.skip("this machine has the memory to run it: the bound admits the request")
+def test_llama3_1_at_8192_is_413_under_the_default_bound_never_500(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One row needs 17 GB of scores: with the default bound (a quarter of RAM) on a machine of 32 GiB it is
+    refused before running. The RAM figure is set, so the 413 path runs on machines of any size."""
+    ram = 32 << 30
+    monkeypatch.setattr("service.inference.run_bound.process_memory_bytes", lambda: ram)
+    limit = default_run_bytes(on_cuda=False)
+    assert limit == ram // 4 < AttentionCost(32).run_bytes(1, 8192)
     inputs = random_inputs(32, 8, 128, 1, 8192)  # 201 MB of binary tensors
     body, headers = _binary(inputs)
-    with running_client(max_request_bytes=256 << 20) as client:
+    with running_client(providers="cpu", max_request_bytes=256 << 20) as client:
         r = client.post("/v2/models/llama3_1_attention/infer", content=body, headers=headers)
+        stats = client.get("/v2/models/llama3_1_attention/stats").json()["model_stats"][0]
     assert r.status_code == 413, r.text[:300]
     assert "longest sequence that fits" in r.json()["error"]
+    assert f"one run may hold {limit:,} bytes (POSENC_MAX_RUN_BYTES, derived from the provider's memory)" in \
+        r.json()["error"]
+    assert stats["execution_count"] == 0
 
 
 class Active:

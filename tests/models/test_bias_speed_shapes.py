@@ -3,11 +3,17 @@ and shapes with many heads and short lengths (formerly seconds of Python overhea
 
 The references below are the pre-vectorisation per-head loops of `alibi_bias` and `t5_bias`, with
 the Toeplitz layout written as index arithmetic, so they share no layout code with the models.
-No timed assertions (the machine is shared): `pytest.mark.timeout` fails a regression to the loop.
+No timed assertions (the machine is shared): the formerly slow shapes count the lines of models/ code a
+call executes (`vectorised`), so a regression to the loop fails whatever the machine's speed.
 """
 
 import itertools
+import os
+import sys
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -176,15 +182,46 @@ def test_head_blocks_cover_the_heads_with_bounded_work_per_block(num_heads: int,
 # ----------------------------------------------------------------------- the formerly slow shapes
 
 
-# The per-head loops took ~15 s (ALiBi) and ~9 s (T5) per call on the issue's machine, 15–35 s
-# here; each test below makes several such calls, so a regression overruns the timeout several-fold
-# while the vectorised code needs well under a second for all of them.
+# The per-head loops took ~15 s (ALiBi) and ~9 s (T5) per call on the issue's machine: Python work per
+# head. Each call below is held to a number of executed lines of models/ code that does not grow with the
+# heads (a few per block of heads; a loop over 2^16..2^20 heads executes millions), counted, not timed.
+MAX_PYTHON_LINES = 1_000
 
 
-@pytest.mark.timeout(60)
+class TooMuchPython(Exception):
+    """Raised inside the traced call once it has executed more than MAX_PYTHON_LINES lines of models/."""
+
+
+def vectorised(function: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> np.ndarray:
+    """`function(*args, **kwargs)`, failing the test if it executed more than MAX_PYTHON_LINES lines of models/
+    code (traced with sys.settrace, stopped as soon as it passes them)."""
+    models_dir = str(Path(models.relative.__file__).parent) + os.sep
+    lines = 0
+
+    def count(frame: FrameType, event: str, arg: object) -> Callable[..., object]:
+        nonlocal lines
+        if event == "line":
+            lines += 1
+            if lines > MAX_PYTHON_LINES:
+                raise TooMuchPython
+        return count
+
+    def trace(frame: FrameType, event: str, arg: object) -> Callable[..., object] | None:
+        return count if frame.f_code.co_filename.startswith(models_dir) else None
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        return function(*args, **kwargs)
+    except TooMuchPython:
+        pytest.fail(f"more than {MAX_PYTHON_LINES} lines of models/ executed: a Python loop per head?")
+    finally:
+        sys.settrace(previous)
+
+
 def test_alibi_many_heads_short_lengths() -> None:
     num_heads = 1 << 20
-    out = alibi_bias(num_heads, 1, 2, "symmetric")  # the issue's request
+    out = vectorised(alibi_bias, num_heads, 1, 2, "symmetric")  # the issue's request
     assert out.shape == (num_heads, 1, 2) and out.dtype == np.float32 and out.flags.c_contiguous
     slopes = alibi_slopes(num_heads)
     # the query sits at position 1: key 0 is one step away, key 1 is the query itself
@@ -197,16 +234,15 @@ def test_alibi_many_heads_short_lengths() -> None:
     for mode in ("causal", "symmetric"):
         for dtype in FLOAT_DTYPES:
             for mask in (False, True):
-                out = alibi_bias(num_heads, 1, 2, mode, mask, dtype=dtype)  # type: ignore[arg-type]
+                out = vectorised(alibi_bias, num_heads, 1, 2, mode, mask, dtype=dtype)
                 assert out.shape == (num_heads, 1, 2) and out.dtype == np_dtype(dtype)
                 expected = reference_alibi(num_heads, 1, 2, mode, mask, dtype, heads=spot)
                 assert_bit_identical(out[list(spot)], expected, f"{mode} {dtype} mask={mask}")
 
 
-@pytest.mark.timeout(60)
 def test_t5_many_heads_short_lengths() -> None:
     weight = np.random.default_rng(2).standard_normal((32, 500_000)).astype(np.float16)
-    out = t5_bias(weight, 1, 1)  # the issue's request
+    out = vectorised(t5_bias, weight, 1, 1)  # the issue's request
     assert out.shape == (500_000, 1, 1) and out.dtype == np.float16 and out.flags.c_contiguous
     assert t5_buckets(1, 1)[0, 0] == 0  # offset 0 is bucket 0
     assert_bit_identical(out[:, 0, 0].copy(), weight[0], "bucket 0 of every head")
@@ -214,26 +250,25 @@ def test_t5_many_heads_short_lengths() -> None:
         typed = weight.astype(cast)
         for q, k in ((1, 1), (1, 2), (2, 1)):
             for bidirectional in (True, False):
-                out = t5_bias(typed, q, k, bidirectional, offset=3)
+                out = vectorised(t5_bias, typed, q, k, bidirectional, offset=3)
                 assert out.shape == (500_000, q, k) and out.dtype == typed.dtype
                 buckets = t5_buckets(q, k, bidirectional, offset=3)  # [q, k]
                 expected = np.moveaxis(typed[buckets], -1, 0)  # [num_heads, q, k], gathered per element
                 assert_bit_identical(out, np.ascontiguousarray(expected), f"{cast} {q}x{k} {bidirectional}")
 
 
-@pytest.mark.timeout(60)
 @pytest.mark.parametrize(("num_heads", "q", "k"), [
     (1 << 20, 1, 1), (1, 1, 1 << 20), (1, 1 << 20, 1), (1 << 16, 4, 4), (4096, 1, 256), (1024, 32, 32),
 ])
 def test_every_split_of_a_million_elements_is_cheap(num_heads: int, q: int, k: int) -> None:
     spot = sorted({0, num_heads // 3, num_heads - 1})  # first, middle and last block's heads
     for mode in MODES:
-        out = alibi_bias(num_heads, q, k, mode, mask=True, dtype="bfloat16")  # type: ignore[arg-type]
+        out = vectorised(alibi_bias, num_heads, q, k, mode, mask=True, dtype="bfloat16")
         assert out.shape == (num_heads, q, k) and out.dtype == ml_dtypes.bfloat16
         expected = reference_alibi(num_heads, q, k, mode, True, "bfloat16", heads=spot)
         assert_bit_identical(out[spot], expected, mode)
     weight = np.random.default_rng(3).standard_normal((32, num_heads)).astype(np.float32)
-    out = t5_bias(weight, q, k, bidirectional=False)
+    out = vectorised(t5_bias, weight, q, k, bidirectional=False)
     assert out.shape == (num_heads, q, k)
     buckets = t5_buckets(q, k, bidirectional=False)  # [q, k]
     for head in (0, num_heads - 1):
