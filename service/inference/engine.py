@@ -10,8 +10,10 @@ protocol: the KServe v2 view of a model (metadata, request checks) is `service.i
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import logging
+import math
 import re
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +21,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
@@ -42,6 +45,10 @@ log = logging.getLogger("posenc.inference.engine")
 
 # How onnxruntime reports a failed allocation (its BFC arena, the CUDA allocator, std::bad_alloc on CPU).
 ALLOCATION_FAILURE = re.compile(r"failed to allocate|out of memory|bad.alloc|cudaErrorMemoryAllocation", re.IGNORECASE)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# onnx TensorProto.BFLOAT16: onnxruntime's numpy bridge has no bfloat16 type, so such tensors go in as their
+# uint16 bit patterns labelled with this element type, and come out through the OrtValue's buffer.
+ONNX_BFLOAT16 = 16
 
 
 def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
@@ -55,7 +62,9 @@ def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
     names = model.config.output_names
     bound = model.io_binding if model.io_binding is not None else CUDA in model.providers
     try:
-        result = _run_into(model, inputs, out) if out and CUDA not in model.providers else None
+        result = _run_bfloat16(model, inputs) if _has_bfloat16(model, inputs) else None
+        if result is None and out and CUDA not in model.providers:
+            result = _run_into(model, inputs, out)
         if result is None:
             outputs = _run_bound(model, inputs) if bound else model.session.run(names, dict(inputs))
             result = dict(zip(names, outputs, strict=True))
@@ -110,6 +119,42 @@ def _run_into(model: LoadedModel, inputs: Mapping[str, np.ndarray],
         return None
     values = binding.get_outputs()  # in the order bound: the model's
     return {name: out[name] if name in out else value.numpy() for name, value in zip(names, values, strict=True)}
+
+
+def _has_bfloat16(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> bool:
+    return (any(array.dtype == BFLOAT16 for array in inputs.values())
+            or any(tensor.datatype == "BF16" for tensor in model.config.outputs))
+
+
+def _ortvalue(array: np.ndarray) -> ort.OrtValue:
+    array = np.ascontiguousarray(array)
+    if array.dtype == BFLOAT16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), ONNX_BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _host_array(value: ort.OrtValue) -> np.ndarray:
+    """A host copy of an output OrtValue; bfloat16 is copied out of its buffer while `value` still holds it."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    shape = tuple(value.shape())
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, BFLOAT16)
+    bits = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.frombuffer(bits, dtype=np.uint16).copy().view(BFLOAT16).reshape(shape)
+
+
+def _run_bfloat16(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A run whose inputs or outputs include bfloat16 (any device: outputs come back to host memory)."""
+    binding = model.session.io_binding()
+    for name, array in inputs.items():
+        binding.bind_ortvalue_input(name, _ortvalue(array))
+    names = model.config.output_names
+    for name in names:
+        binding.bind_output(name, "cpu")
+    model.session.run_with_iobinding(binding)
+    return {name: _host_array(value) for name, value in zip(names, binding.get_outputs(), strict=True)}
 
 
 def _out_of_memory(model: LoadedModel, detail: str) -> InsufficientStorage:
