@@ -5,6 +5,7 @@ name elsewhere is a rule the registry does not know about; docstrings and commen
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,3 +64,16 @@ def test_the_search_finds_names_in_code_and_skips_documentation() -> None:
 def test_the_registry_itself_names_every_type() -> None:
     registry = {value for _, value in rope_type_literals((ROOT / REGISTRY).read_text())}
     assert registry == ROPE_TYPE_NAMES
+
+
+def test_the_api_offers_the_registry_types() -> None:
+    from service.tables.rope import RopeQuery
+
+    offered = RopeQuery.model_json_schema()["properties"]["rope_type"]["enum"]
+    assert offered == [name for name, spec in ROPE_TYPES.items() if not spec.engine_variant]
+
+
+def test_the_explorer_takes_the_rope_types_from_the_service() -> None:
+    script = (ROOT / "service/http/static/explorer/explorer.js").read_text()
+    named = sorted(name for name in ROPE_TYPE_NAMES if re.search(rf"[\"']{name}[\"']", script))
+    assert not named, f"explorer.js lists rope types {named}; it reads them from /openapi.json"
