@@ -49,6 +49,16 @@ def _read_by(field: str) -> str:
     return "(read by " + ", ".join(name for name, spec in ROPE_TYPES.items() if field in spec.reads) + ")"
 
 
+def _factor_rules() -> str:
+    """Which rope_types require a factor, derive it or default it, from the registry."""
+    required = [name for name, spec in ROPE_TYPES.items() if "factor" in spec.required and not spec.factor_from_lengths]
+    derived = [name for name, spec in ROPE_TYPES.items() if spec.factor_from_lengths]
+    defaulted = [f"{name}: {spec.default_factor:g}" for name, spec in ROPE_TYPES.items()
+                 if spec.default_factor is not None]
+    return (f"Required by {', '.join(required)} ({' and '.join(derived)} derive it as max / original from "
+            f"max_position_embeddings; {', '.join(defaulted)}). ")
+
+
 def _factor_list(name: str, text: str | None) -> tuple[float, ...] | None:
     """Parse a comma-separated list of numbers (longrope short/long factors)."""
     if text is None:
@@ -135,8 +145,7 @@ class RopeQuery(RopeTableQuery):
         "Scaling variant, as transformers' rope_type (dynamic with alpha: NTK-alpha; yarn with yarn_mscale=deepseek: "
         "vLLM's DeepSeek-YaRN)."))
     factor: float | None = Field(None, gt=0, le=MAX_SCALE, description=(
-        "Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn and longrope derive it as "
-        "max / original from max_position_embeddings; proportional: 1). " + _read_by("factor")))
+        "Scaling factor, >= 1. " + _factor_rules() + _read_by("factor")))
     original_max_position_embeddings: int | None = Field(None, ge=1, le=MAX_CONTEXT, description=(
         "Pre-training context length; not given: max_position_embeddings. "
         + _read_by("original_max_position_embeddings")))
