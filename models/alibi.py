@@ -17,6 +17,7 @@ from models.relative import check_lengths, head_blocks, key_minus_query, toeplit
 
 AlibiMode = Literal["causal", "symmetric", "bloom", "mpt"]
 ALIBI_MODES: tuple[str, ...] = ("causal", "symmetric", "bloom", "mpt")
+DEFAULT_ALIBI_BIAS_MAX = 8.0  # the paper's slopes 2^(−8k/n); MPT's alibi_bias_max default
 
 
 def check_alibi_parameters(num_heads: int, alibi_bias_max: float) -> None:
@@ -40,7 +41,7 @@ def _interleave_extras(block_of_2c: np.ndarray, num_heads: int) -> np.ndarray:
     return np.concatenate([block_of_2c[1::2], block_of_2c[0::2]])[:num_heads]  # [num_heads]
 
 
-def alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> np.ndarray:
+def alibi_slopes(num_heads: int, alibi_bias_max: float = DEFAULT_ALIBI_BIAS_MAX) -> np.ndarray:
     """Head slopes in the paper's ordering, float64 [num_heads].
 
     With N = 2^ceil(log2 n), slope_k = 2^(−k · alibi_bias_max / N) for k = 1..N; a power-of-two n
@@ -56,7 +57,7 @@ def alibi_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> np.ndarray:
     return slopes if n_pow2 == num_heads else _interleave_extras(slopes, num_heads)
 
 
-def bloom_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> np.ndarray:
+def bloom_slopes(num_heads: int, alibi_bias_max: float = DEFAULT_ALIBI_BIAS_MAX) -> np.ndarray:
     """BLOOM's float32 slopes, `_get_alibi_slopes`: float32 base 2^(−max/c) raised to integer powers.
 
     c = 2^floor(log2 n); heads 0..c−1 get base^k (k = 1..c), the extras extra_base^k for odd k,
@@ -82,7 +83,7 @@ def _float32_power(base: float, powers: np.ndarray) -> np.ndarray:
     return (np.float64(np.float32(base)) ** powers).astype(np.float32)
 
 
-def mpt_slopes(num_heads: int, alibi_bias_max: float = 8.0) -> np.ndarray:
+def mpt_slopes(num_heads: int, alibi_bias_max: float = DEFAULT_ALIBI_BIAS_MAX) -> np.ndarray:
     """MPT's float32 slopes as `build_mpt_alibi_tensor` computes them: 1 / 2^(k · (max / N)).
 
     The exponent k · (max / N) is a float32 product, 2^x the correctly rounded float32, and the
@@ -102,7 +103,7 @@ def alibi_bias(
     key_length: int,
     mode: AlibiMode = "causal",
     mask: bool = False,
-    alibi_bias_max: float = 8.0,
+    alibi_bias_max: float = DEFAULT_ALIBI_BIAS_MAX,
     dtype: FloatDType = "float32",
 ) -> np.ndarray:
     """ALiBi bias [num_heads, query_length, key_length] in `dtype`.

@@ -12,6 +12,10 @@ from models.dtypes import IntDType, np_dtype
 from models.errors import ParameterError
 from models.relative import check_lengths, key_minus_query, toeplitz
 
+# DeBERTa-v3's config.json: position_buckets 256, max_relative_positions -1 (= max_position_embeddings, 512)
+DEFAULT_DEBERTA_POSITION_BUCKETS = 256
+DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS = 512
+
 
 def check_deberta_parameters(position_buckets: int, max_relative_positions: int) -> None:
     """Reject settings where the log branch is 0/0 or decreasing: need mid >= 1 and (max − 1) / mid > 1."""
@@ -27,7 +31,9 @@ def check_deberta_parameters(position_buckets: int, max_relative_positions: int)
 
 
 def deberta_log_bucket_position(
-    relative_position: np.ndarray, position_buckets: int = 256, max_relative_positions: int = 512
+    relative_position: np.ndarray,
+    position_buckets: int = DEFAULT_DEBERTA_POSITION_BUCKETS,
+    max_relative_positions: int = DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS,
 ) -> np.ndarray:
     """Bit-exact `make_log_bucket_position(rel, bucket_size, max_position)`, returned as int64.
 
@@ -59,8 +65,8 @@ def _log_float32(x: np.ndarray | np.float32) -> np.ndarray:
 def deberta_buckets(
     query_length: int,
     key_length: int,
-    position_buckets: int = 256,
-    max_relative_positions: int = 512,
+    position_buckets: int = DEFAULT_DEBERTA_POSITION_BUCKETS,
+    max_relative_positions: int = DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS,
     dtype: IntDType = "int64",
 ) -> np.ndarray:
     """`build_relative_position(q, k, bucket_size, max_position)[0]`: [query_length, key_length].

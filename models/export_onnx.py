@@ -32,7 +32,7 @@ from models.errors import ParameterError
 from models.export_args import ROPE_OPTIONS, add_export_arguments
 from models.rope import RopeParameters, inv_freq_and_attention_factor, make_rope_parameters, rope_parameters_from_config
 from models.rope_attention import Layout, RopeAttention
-from models.rope_types import RUNTIME_DEPENDENT_TYPES
+from models.rope_types import LLAMA_3_1_ROPE, RUNTIME_DEPENDENT_TYPES
 
 OPSET = 23
 IR_VERSION = 10  # onnxruntime 1.30/1.31 refuse IR 14, which onnx 1.23 stamps on new models by default
@@ -74,10 +74,7 @@ class ExportSpec:
 def default_specs() -> list[ExportSpec]:
     """The shipped repository: a plain MHA graph and a Llama-3.1-8B-shaped GQA graph."""
     plain = make_rope_parameters(head_dim=64, rope_theta=10000.0, max_position_embeddings=4096)
-    llama31 = make_rope_parameters(
-        head_dim=128, rope_theta=500000.0, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-        high_freq_factor=4.0, original_max_position_embeddings=8192, max_position_embeddings=131072,
-    )
+    llama31 = make_rope_parameters(head_dim=128, max_position_embeddings=131072, **LLAMA_3_1_ROPE)
     return [
         ExportSpec("rope_attention", plain, num_heads=8, num_kv_heads=8, max_position=4096),
         ExportSpec("llama3_1_attention", llama31, num_heads=32, num_kv_heads=8, max_position=131072),

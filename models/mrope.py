@@ -33,6 +33,12 @@ DEFAULT_MROPE_SECTION: dict[str, tuple[int, int, int]] = {
 }
 # Qwen3-VL interleaves the sections (T H W T H W ...); Qwen2-VL and Qwen2.5-VL keep them contiguous.
 INTERLEAVED_MODELS = frozenset({"qwen3_vl"})
+# transformers' defaults: vision_config.spatial_merge_size, vision_config.tokens_per_second (Qwen2.5-VL) and a
+# video's second_per_grid_ts when the processor gives none; padding goes left, as batched generation pads.
+DEFAULT_SPATIAL_MERGE_SIZE = 2
+DEFAULT_TOKENS_PER_SECOND = 4.0
+DEFAULT_SECOND_PER_GRID = 1.0
+DEFAULT_PADDING_SIDE: PaddingSide = "left"
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class Segment:
     kind: SegmentKind
     length: int = 0
     grid_thw: tuple[int, int, int] = (0, 0, 0)
-    second_per_grid: float = 1.0
+    second_per_grid: float = DEFAULT_SECOND_PER_GRID
 
 
 def segment_tokens(segment: Segment, spatial_merge_size: int) -> int:
@@ -110,10 +116,10 @@ def _vision_positions(start: int, grid_thw: tuple[int, int, int], spatial_merge_
 def mrope_position_ids(
     segments: Sequence[Segment],
     model: MropeModel,
-    spatial_merge_size: int = 2,
-    tokens_per_second: float = 4.0,
+    spatial_merge_size: int = DEFAULT_SPATIAL_MERGE_SIZE,
+    tokens_per_second: float = DEFAULT_TOKENS_PER_SECOND,
     sequence_length: int | None = None,
-    padding_side: PaddingSide = "left",
+    padding_side: PaddingSide = DEFAULT_PADDING_SIDE,
 ) -> tuple[np.ndarray, int]:
     """The 3-D position ids int64 [3, S] and rope_delta of one sequence, as `get_rope_index` builds them.
 

@@ -20,16 +20,9 @@ import numpy.typing as npt
 from models.dtypes import np_dtype
 from models.errors import ParameterError
 from models.rope_config import rope_parameters_from_config
+from models.rope_frequencies import F32, yarn_correction_range
 from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import (
-    F32,
-    ROPE_TYPES,
-    RopeType,
-    dynamic_rope_theta,
-    longrope_factor_set,
-    rope_type_spec,
-    yarn_correction_range,
-)
+from models.rope_types import ROPE_TYPES, RopeType, rope_type_spec
 
 __all__ = [
     "ROPE_TYPES",
@@ -125,11 +118,6 @@ def rope_cos_sin(
     cos_out, sin_out = cos.astype(out_dtype), sin.astype(out_dtype)
     if form == "full":
         cos_out, sin_out = _expand(cos_out, layout), _expand(sin_out, layout)
-    info = RopeInfo(
-        inv_freq=inv_freq,
-        attention_factor=attention_factor,
-        seq_len=seq_len,
-        factor_set=longrope_factor_set(params, seq_len) if params.rope_type == "longrope" else None,
-        dynamic_rope_theta=dynamic_rope_theta(params, seq_len) if params.rope_type == "dynamic" else None,
-    )
+    batch_info = rope_type_spec(params.rope_type).batch_info(params, seq_len)
+    info = RopeInfo(inv_freq=inv_freq, attention_factor=attention_factor, seq_len=seq_len, **batch_info)
     return cos_out, sin_out, info

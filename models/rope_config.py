@@ -33,7 +33,7 @@ from models.bounds import DEFAULT_ROPE_THETA
 from models.errors import ParameterError
 from models.mrope import check_mrope_section
 from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import ROPE_TYPES, resolve_variant, rope_type_spec
+from models.rope_types import DEFAULT_ROPE_TYPE, ROPE_TYPES, resolve_variant, rope_type_spec
 
 
 def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
@@ -126,12 +126,10 @@ def rope_parameters_from_config(
     entry.setdefault("rope_theta", cfg.get("rope_theta", DEFAULT_ROPE_THETA))
     if cfg.get("partial_rotary_factor") is not None:
         entry.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
-    entry.setdefault("rope_type", entry.get("type", "default"))
+    entry.setdefault("rope_type", entry.get("type", DEFAULT_ROPE_TYPE))
     if not isinstance(entry["rope_type"], str):
         raise ParameterError("rope_type", f"must be a string, got {entry['rope_type']!r}")
-    if entry["rope_type"] == "mrope":  # Qwen2VLConfig / Qwen2_5_VLConfig rename it when they load
-        entry["rope_type"] = "default"
-    # HunYuan: `dynamic` with a fixed alpha is NTK-alpha, as its rotary module reads it
+    # Qwen2-VL's `mrope` is the default; HunYuan's `dynamic` with a fixed alpha is NTK-alpha
     entry["rope_type"] = resolve_variant(entry["rope_type"], alpha=entry.get("alpha"))
     max_pos = cfg.get("max_position_embeddings")
     spec = ROPE_TYPES.get(entry["rope_type"])
@@ -141,26 +139,20 @@ def rope_parameters_from_config(
         elif max_pos is not None:
             entry.setdefault("original_max_position_embeddings", max_pos)
     rope_type = _check_required(entry)
+    reads = ROPE_TYPES[rope_type].reads
+    # the rope dict's values of the fields the type reads; max_position_embeddings is the model's (top
+    # level), truncate is read from the top-level dict (transformers tests its truthiness)
+    scaling = {name: entry.get(name) for name in sorted(reads - {"max_position_embeddings", "truncate"})}
+    if "truncate" in reads:
+        scaling["truncate"] = bool(rope.get("truncate", True))
 
     params = make_rope_parameters(
         head_dim=_head_dim(cfg, layer_type),
         partial_rotary_factor=entry.get("partial_rotary_factor"),
         rope_theta=entry["rope_theta"] if entry["rope_theta"] is not None else _null_theta(),
         rope_type=rope_type,
-        factor=entry.get("factor"),
-        original_max_position_embeddings=entry.get("original_max_position_embeddings"),
         max_position_embeddings=max_pos,
-        attention_factor=entry.get("attention_factor"),
-        beta_fast=entry.get("beta_fast"),
-        beta_slow=entry.get("beta_slow"),
-        mscale=entry.get("mscale"),
-        mscale_all_dim=entry.get("mscale_all_dim"),
-        truncate=bool(rope.get("truncate", True)),  # transformers tests its truthiness
-        low_freq_factor=entry.get("low_freq_factor"),
-        high_freq_factor=entry.get("high_freq_factor"),
-        short_factor=entry.get("short_factor"),
-        long_factor=entry.get("long_factor"),
-        alpha=entry.get("alpha"),
+        **scaling,
     )
     info = {
         "max_position_embeddings": max_pos,

@@ -25,12 +25,17 @@ from typing import Any
 from models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_SCALE, MAX_THETA
 from models.errors import ParameterError
 from models.rope_types import (
+    DEFAULT_ROPE_TYPE,
     ROPE_TYPES,
     YARN_BETA_FAST_DEFAULT,
     YARN_BETA_SLOW_DEFAULT,
     RopeType,
+    RopeTypeSpec,
     rope_type_spec,
 )
+
+# Fields whose missing or zero value transformers replaces by a default (`or`, not `is None`).
+_OR_DEFAULTS = {"beta_fast": YARN_BETA_FAST_DEFAULT, "beta_slow": YARN_BETA_SLOW_DEFAULT}
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class RopeParameters:
     head_dim: int
     rotary_dim: int
     rope_theta: float = DEFAULT_ROPE_THETA
-    rope_type: RopeType = "default"
+    rope_type: RopeType = DEFAULT_ROPE_TYPE
     factor: float | None = None
     original_max_position_embeddings: int | None = None
     max_position_embeddings: int | None = None
@@ -64,8 +69,8 @@ class RopeParameters:
 
     @property
     def table_dim(self) -> int:
-        """Channels of a full-form cos/sin row: head_dim for proportional, else rotary_dim."""
-        return 2 * (self.head_dim // 2) if self.rope_type == "proportional" else self.rotary_dim
+        """Channels of a full-form cos/sin row: head_dim for whole-head rope_types (proportional), else rotary_dim."""
+        return ROPE_TYPES[self.rope_type].table_width(self.head_dim, self.rotary_dim)
 
     @property
     def n_frequencies(self) -> int:
@@ -143,7 +148,7 @@ def _check_required(rope_type: str, kwargs: dict[str, Any]) -> None:
 
 
 def _resolve_dims(
-    head_dim: Any, partial_rotary_factor: Any, rotary_dim: Any, rope_type: str
+    head_dim: Any, partial_rotary_factor: Any, rotary_dim: Any, rope_type: str, spec: RopeTypeSpec
 ) -> tuple[int, int, float]:
     """(head_dim, rotary_dim, partial_rotary_factor) with transformers' `int()` truncation."""
     head = _integer("head_dim", head_dim, minimum=2)
@@ -160,47 +165,48 @@ def _resolve_dims(
         )
         if prf > 1.0:
             raise ParameterError("partial_rotary_factor", f"must be in (0, 1], got {prf!r}")
-        # proportional: rope_angles = int(prf * head_dim // 2) (float floor-division, then int)
-        rot = 2 * int(prf * head // 2) if rope_type == "proportional" else int(head * prf)
-    if rope_type == "proportional" and head % 2:
-        raise ParameterError("head_dim", f"proportional RoPE needs an even head_dim, got {head}")
+        rot = spec.rotated_channels(head, prf)
+    if spec.whole_head and head % 2:
+        raise ParameterError("head_dim", f"{rope_type} RoPE needs an even head_dim, got {head}")
     if rot % 2:
         raise ParameterError(
             "rotary_dim" if rotary_dim is not None else "partial_rotary_factor",
             f"rotary dim int(head_dim * partial_rotary_factor) = {rot} is odd; RoPE rotates channel pairs",
         )
-    if rot < 2 and rope_type != "proportional":
+    if rot < spec.min_rotary_dim:
         raise ParameterError("partial_rotary_factor", f"rotates {rot} channels; at least 2 are needed")
     return head, rot, prf
 
 
-def _yarn_fields(v: dict[str, Any]) -> dict[str, Any]:
-    """beta_fast / beta_slow with transformers' `or` defaults, optional mscales, truncate (default true)."""
-    out: dict[str, Any] = {
-        "beta_fast": _number("beta_fast", v["beta_fast"]) if v["beta_fast"] else YARN_BETA_FAST_DEFAULT,
-        "beta_slow": _number("beta_slow", v["beta_slow"]) if v["beta_slow"] else YARN_BETA_SLOW_DEFAULT,
-    }
+def _scaling_fields(rope_type: str, v: dict[str, Any], rotary_dim: int) -> dict[str, Any]:
+    """The fields of `v` (those the rope_type reads) beyond the lengths and the factor, each checked on its own.
+
+    beta_fast / beta_slow take transformers' `or` defaults, truncate defaults to true, longrope's factor
+    lists have rotary_dim/2 values, llama3's frequency factors are positive.
+    """
+    out: dict[str, Any] = {}
+    if v.get("attention_factor") is not None:
+        out["attention_factor"] = _number("attention_factor", v["attention_factor"], minimum=0.0)
+    for name, default in _OR_DEFAULTS.items():
+        if name in v:
+            out[name] = _number(name, v[name]) if v[name] else default
     for name in ("mscale", "mscale_all_dim"):
-        if v[name] is not None:
+        if v.get(name) is not None:
             out[name] = _number(name, v[name])
-    truncate = v.get("truncate")  # deepseek_yarn always truncates
-    if truncate is not None and not isinstance(truncate, bool):
-        raise ParameterError("truncate", f"must be true or false, got {truncate!r}")
-    out["truncate"] = True if truncate is None else truncate
+    if "truncate" in v:
+        truncate = v["truncate"]
+        if truncate is not None and not isinstance(truncate, bool):
+            raise ParameterError("truncate", f"must be true or false, got {truncate!r}")
+        out["truncate"] = True if truncate is None else truncate
+    if "alpha" in v:
+        out["alpha"] = _number("alpha", _require(rope_type, "alpha", v["alpha"]), minimum=1.0)
+    for name in ("short_factor", "long_factor"):
+        if name in v:
+            out[name] = _factors(name, _require(rope_type, name, v[name]), rotary_dim // 2)
+    for name in ("low_freq_factor", "high_freq_factor"):
+        if name in v:
+            out[name] = _number(name, _require(rope_type, name, v[name]), minimum=0.0, strict=True)
     return out
-
-
-def _llama3_fields(v: dict[str, Any]) -> dict[str, Any]:
-    """low/high frequency factors: positive and different (the smoothing divides by high - low)."""
-    low = _number("low_freq_factor", _require("llama3", "low_freq_factor", v["low_freq_factor"]),
-                  minimum=0.0, strict=True)
-    high = _number("high_freq_factor", _require("llama3", "high_freq_factor", v["high_freq_factor"]),
-                   minimum=0.0, strict=True)
-    if low == high:
-        raise ParameterError(
-            "high_freq_factor", f"must differ from low_freq_factor ({low!r}); the smoothing divides by their difference"
-        )
-    return {"low_freq_factor": low, "high_freq_factor": high}
 
 
 def make_rope_parameters(**kwargs: Any) -> RopeParameters:
@@ -217,10 +223,10 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
     unknown = sorted(set(kwargs) - known)
     if unknown:
         raise ParameterError(unknown[0], "is not a RoPE parameter")
-    rope_type = kwargs.get("rope_type") or "default"
+    rope_type = kwargs.get("rope_type") or DEFAULT_ROPE_TYPE
     spec = rope_type_spec(rope_type)
     head, rot, prf = _resolve_dims(
-        kwargs.get("head_dim"), kwargs.get("partial_rotary_factor"), kwargs.get("rotary_dim"), rope_type
+        kwargs.get("head_dim"), kwargs.get("partial_rotary_factor"), kwargs.get("rotary_dim"), rope_type, spec
     )
     _check_required(rope_type, kwargs)
     theta_in = kwargs.get("rope_theta")
@@ -248,22 +254,12 @@ def make_rope_parameters(**kwargs: Any) -> RopeParameters:
         # transformers derives a missing factor as max / original (yarn and longrope only)
         factor = max_pos / out["original_max_position_embeddings"]
         out["max_position_embeddings"] = max_pos
-    if rope_type == "proportional" and factor is None:
-        factor = 1.0
+    if factor is None:
+        factor = spec.default_factor
     if "factor" in reads:
         out["factor"] = _number("factor", _require(rope_type, "factor", factor), minimum=1.0)
 
-    if v.get("attention_factor") is not None:
-        out["attention_factor"] = _number("attention_factor", v["attention_factor"], minimum=0.0)
-    if rope_type in ("yarn", "deepseek_yarn"):
-        out.update(_yarn_fields(v))
-    if "alpha" in reads:
-        out["alpha"] = _number("alpha", _require(rope_type, "alpha", v["alpha"]), minimum=1.0)
-    if rope_type == "longrope":
-        for name in ("short_factor", "long_factor"):
-            out[name] = _factors(name, _require(rope_type, name, v[name]), rot // 2)
-    if rope_type == "llama3":
-        out.update(_llama3_fields(v))
-    if rope_type in ("dynamic", "ntk_alpha") and rot <= 2:
-        raise ParameterError("rotary_dim", f"{rope_type} RoPE needs rotary_dim > 2 (exponent d / (d - 2))")
-    return RopeParameters(**out)
+    out.update(_scaling_fields(rope_type, v, rot))
+    params = RopeParameters(**out)
+    spec.check(params)
+    return params

@@ -1,243 +1,91 @@
-"""The rope_type registry: one entry per transformers rope_type, read by everything that knows RoPE.
+"""The rope_type registry: one entry per rope_type, holding every rule in which the types differ.
 
-Each `RopeTypeSpec` holds the fields the type's init function reads, the fields the API requires, the
-keys transformers' `_validate_<type>_rope_parameters` requires in a config.json, whether the table
-depends on the run-time sequence length, and its inverse-frequency and attention-factor functions.
-Validation (`models.rope_params`), the config.json resolver (`models.rope_config`), the table math
-(`models.rope`), the exporter (flags and frozen inv_freq) and the service's query model read it.
+Each `RopeTypeSpec` holds the fields the type's formula reads, the fields the API requires, the keys
+transformers' `_validate_<type>_rope_parameters` requires in a config.json, how wide its table is,
+whether it scales the default frequencies, whether the table depends on the run-time sequence
+length, its consistency checks, and its inverse-frequency and attention-factor functions
+(`models.rope_frequencies`). Everything that knows RoPE reads it: validation (`models.rope_params`),
+the config.json resolver (`models.rope_config`), the table math (`models.rope`, `models.mrope`), the
+check's hypotheses (`models.diagnosis.rope`), the exporter (flags and frozen inv_freq) and the
+service's query model (the `rope_type` choices of the API and OpenAPI are `TransformersRopeType`).
+Nothing outside this module names a rope_type: adding one is an entry here, its formula in
+`models.rope_frequencies` and its tests.
 
 Reference: transformers 5.23.0 `modeling_rope_utils.py` (`ROPE_INIT_FUNCTIONS`, the
-`_validate_*_rope_parameters` functions) and `LlamaRotaryEmbedding.compute_default_rope_parameters`;
-docs/ENCODINGS.md §1.2.
-
-Precision (docs/ENCODINGS.md, precision contract): `inv_freq` is computed in float32 step by step
-as transformers computes it: float32 pow, reciprocal-then-multiply for `scalar / tensor` (torch's
-`Tensor.__rtruediv__`), true division for `tensor / scalar`, python scalars rounded to float32
-before they meet a float32 tensor.
+`_validate_*_rope_parameters` functions, `RotaryEmbeddingConfigMixin`); docs/ENCODINGS.md §1.2, §14.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from models.errors import ParameterError
+from models.rope_frequencies import (
+    F32,
+    YARN_BETA_FAST_DEFAULT,
+    YARN_BETA_SLOW_DEFAULT,
+    deepseek_yarn_attention_factor,
+    default_inv_freq,
+    dynamic_inv_freq,
+    dynamic_rope_theta,
+    linear_inv_freq,
+    llama3_inv_freq,
+    longrope_attention_factor,
+    longrope_factor_set,
+    longrope_inv_freq,
+    ntk_alpha_inv_freq,
+    plain_inv_freq,
+    proportional_inv_freq,
+    unit_attention_factor,
+    yarn_attention_factor,
+    yarn_inv_freq,
+)
 
 if TYPE_CHECKING:
     from models.rope_params import RopeParameters
 
-F32 = np.float32
-# transformers' rope_types (the API's `rope_type` values), and two inference-engine variants that configs and the
-# API spell as one of them plus a parameter (`resolve_variant`): dynamic + alpha, yarn + yarn_mscale=deepseek.
-TransformersRopeType = Literal["default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional"]
-EngineRopeType = Literal["ntk_alpha", "deepseek_yarn"]
-RopeType = Literal[TransformersRopeType, EngineRopeType]
+__all__ = [
+    "CONFIG_ALIASES", "DEFAULT_ROPE_TYPE", "F32", "LLAMA_3_1_ROPE", "ROPE_TYPES", "RUNTIME_DEPENDENT_TYPES",
+    "SCALING_FIELDS", "YARN_BETA_FAST_DEFAULT", "YARN_BETA_SLOW_DEFAULT", "RopeType", "RopeTypeSpec",
+    "TransformersRopeType", "YarnMscale", "default_inv_freq", "resolve_variant", "rope_type_spec",
+    "with_query_defaults",
+]
+
 YarnMscale = Literal["transformers", "deepseek"]
 
-# Defaults transformers substitutes when a value is missing (yarn uses `or`, so 0 also means default).
-YARN_BETA_FAST_DEFAULT = 32.0
-YARN_BETA_SLOW_DEFAULT = 1.0
+
+def _no_check(p: RopeParameters) -> None:
+    """A type whose resolved fields need no check beyond each field's own."""
 
 
-# --- float32 building blocks, each mirroring one torch op --------------------------------------
+def _check_ntk_exponent(p: RopeParameters) -> None:
+    """NTK-scaled bases raise theta to d / (d − 2): d = 2 divides by zero."""
+    if p.rotary_dim <= 2:
+        raise ParameterError("rotary_dim", f"{p.rope_type} RoPE needs rotary_dim > 2 (exponent d / (d - 2))")
 
 
-def _exponents(stop: int, denominator: int) -> np.ndarray:
-    """`torch.arange(0, stop, 2, dtype=int64).float() / denominator` → float32 [ceil(stop/2)]."""
-    return np.arange(0, stop, 2).astype(F32) / F32(denominator)
+def _check_llama3_smoothing(p: RopeParameters) -> None:
+    """llama3's smoothing divides by high_freq_factor − low_freq_factor (transformers divides by zero)."""
+    if p.low_freq_factor == p.high_freq_factor:
+        raise ParameterError("high_freq_factor", f"must differ from low_freq_factor ({p.low_freq_factor!r}); the "
+                                                 "smoothing divides by their difference")
 
 
-def _pow32(base: float | np.ndarray, exponent: float | np.ndarray) -> np.ndarray:
-    """float32 `base ** exponent`, correctly rounded (both operands first rounded to float32).
-
-    torch's float32 pow is within 1 ulp of this; numpy's float32 pow is up to 2 ulp off it.
-    """
-    b = np.asarray(base, dtype=F32).astype(np.float64)
-    e = np.asarray(exponent, dtype=F32).astype(np.float64)
-    return np.power(b, e).astype(F32)
+def _no_batch_info(p: RopeParameters, seq_len: int) -> Mapping[str, Any]:
+    return {}
 
 
-def _rdiv32(numerator: float, x: np.ndarray) -> np.ndarray:
-    """`numerator / x` for a python scalar and a float32 tensor: torch's `x.reciprocal() * numerator`."""
-    return (F32(1.0) / x) * F32(numerator)
+def _dynamic_batch_info(p: RopeParameters, seq_len: int) -> Mapping[str, Any]:
+    return {"dynamic_rope_theta": dynamic_rope_theta(p, seq_len)}
 
 
-def _base_inv_freq(theta: float, stop: int, denominator: int) -> np.ndarray:
-    """`1.0 / (theta ** (arange(0, stop, 2) / denominator))` in float32 → [ceil(stop/2)]."""
-    return _rdiv32(1.0, _pow32(theta, _exponents(stop, denominator)))
-
-
-def default_inv_freq(theta: float, dim: int) -> np.ndarray:
-    """`1.0 / (theta ** (arange(0, dim, 2) / dim))` in float32 → [ceil(dim/2)]: the default RoPE frequencies,
-    also XLNet's relative sinusoid (`XLNetModel.relative_positional_encoding`)."""
-    return _base_inv_freq(theta, dim, dim)
-
-
-def _field(p: RopeParameters, name: str) -> Any:
-    """A field the formula of p.rope_type reads (always set by `make_rope_parameters`)."""
-    value = getattr(p, name)
-    if value is None:
-        raise ParameterError(name, f"is required for rope_type {p.rope_type!r}")
-    return value
-
-
-# --- one function per rope_type: (params, seq_len) → float32 inv_freq --------------------------
-
-
-def _default(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`compute_default_rope_parameters`: theta^(-2i/d)."""
-    return _base_inv_freq(p.rope_theta, p.rotary_dim, p.rotary_dim)
-
-
-def _linear(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`_compute_linear_scaling_rope_parameters`: default inv_freq, then `inv_freq /= factor`."""
-    return _base_inv_freq(p.rope_theta, p.rotary_dim, p.rotary_dim) / F32(_field(p, "factor"))
-
-
-def dynamic_rope_theta(p: RopeParameters, seq_len: int | None) -> float:
-    """Rescaled base of dynamic NTK for a batch of `seq_len` (`_compute_dynamic_ntk_parameters`).
-
-    Up to max_position_embeddings the forward keeps the init-time inverse frequencies, whose base
-    is computed in python float64; beyond it `dynamic_rope_update` passes `seq_len` as an int64
-    tensor, which turns the whole expression into float32 tensor arithmetic.
-    """
-    d, factor, max_pos = p.rotary_dim, _field(p, "factor"), _field(p, "max_position_embeddings")
-    if seq_len is None or seq_len <= max_pos:
-        return p.rope_theta * ((factor * max_pos / max_pos) - (factor - 1)) ** (d / (d - 2))
-    scale = F32(factor) * F32(seq_len) / F32(max_pos) - F32(factor - 1)
-    # a 0-dim float32 tensor ** python float is evaluated in double and rounded once
-    stretch = F32(np.float64(scale) ** (d / (d - 2)))
-    return float(F32(p.rope_theta) * stretch)
-
-
-def _dynamic(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    return _base_inv_freq(dynamic_rope_theta(p, seq_len), p.rotary_dim, p.rotary_dim)
-
-
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
-    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
-
-
-def yarn_attention_factor(p: RopeParameters) -> float:
-    """`attention_factor`, else the mscale ratio (mscale and mscale_all_dim truthy), else 0.1 ln(s) + 1."""
-    factor = _field(p, "factor")
-    if p.attention_factor is not None:
-        return p.attention_factor
-    if p.mscale and p.mscale_all_dim:
-        return float(_yarn_mscale(factor, p.mscale) / _yarn_mscale(factor, p.mscale_all_dim))
-    return _yarn_mscale(factor)
-
-
-def yarn_correction_range(p: RopeParameters) -> tuple[float, float]:
-    """(low, high) pair indices of the YaRN ramp (`find_correction_range`, python float64)."""
-    d, base, orig = p.rotary_dim, p.rope_theta, _field(p, "original_max_position_embeddings")
-
-    def correction_dim(rotations: float) -> float:
-        return (d * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    # `or`: transformers replaces a missing or zero beta by its default
-    low = correction_dim(p.beta_fast or YARN_BETA_FAST_DEFAULT)
-    high = correction_dim(p.beta_slow or YARN_BETA_SLOW_DEFAULT)
-    if p.truncate:
-        low, high = math.floor(low), math.ceil(high)
-    return max(low, 0), min(high, d - 1)
-
-
-def _yarn(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`_compute_yarn_parameters`: blend of interpolated and extrapolated frequencies by a linear ramp."""
-    pos_freqs = _pow32(p.rope_theta, _exponents(p.rotary_dim, p.rotary_dim))  # [d/2]
-    extrapolation = _rdiv32(1.0, pos_freqs)
-    interpolation = _rdiv32(1.0, F32(_field(p, "factor")) * pos_freqs)
-    low, high = yarn_correction_range(p)
-    if low == high:
-        high += 0.001  # transformers' guard against a zero-width ramp
-    ramp = np.clip((np.arange(p.rotary_dim // 2, dtype=F32) - F32(low)) / F32(high - low), F32(0), F32(1))
-    extrapolation_factor = F32(1) - ramp
-    return interpolation * (F32(1) - extrapolation_factor) + extrapolation * extrapolation_factor
-
-
-def ntk_alpha_rope_theta(p: RopeParameters) -> float:
-    """NTK-aware base stretched by a fixed alpha: theta · alpha^(d / (d − 2)) (python float64).
-
-    vLLM `DynamicNTKAlphaRotaryEmbedding` and transformers' HunYuan `compute_ntk_alpha_rope_parameters`
-    (checkpoints label it `dynamic` with an `alpha`); unlike `dynamic` it does not depend on the sequence.
-    """
-    d = p.rotary_dim
-    return float(p.rope_theta * _field(p, "alpha") ** (d / (d - 2)))
-
-
-def _ntk_alpha(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    return _base_inv_freq(ntk_alpha_rope_theta(p), p.rotary_dim, p.rotary_dim)
-
-
-def deepseek_yarn_attention_factor(p: RopeParameters) -> float:
-    """vLLM `DeepseekScalingRotaryEmbedding.mscale`: mscale(s, mscale) / mscale(s, mscale_all_dim) · attn_factor.
-
-    Unlike transformers' yarn the ratio is always taken (mscale defaults to 1, mscale_all_dim to 0, so a
-    missing one does not fall back to 0.1 ln s + 1), and `attention_factor` (vLLM's attn_factor, default 1)
-    multiplies it instead of replacing it.
-    """
-    factor = _field(p, "factor")
-    mscale = 1.0 if p.mscale is None else p.mscale
-    mscale_all_dim = p.mscale_all_dim or 0.0
-    attn_factor = 1.0 if p.attention_factor is None else p.attention_factor
-    return float(_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim) * attn_factor)
-
-
-def longrope_factor_set(p: RopeParameters, seq_len: int | None) -> Literal["short", "long"]:
-    """long_factor iff the batch reaches past original_max_position_embeddings (`seq_len > Lorig`)."""
-    return "long" if seq_len and seq_len > _field(p, "original_max_position_embeddings") else "short"
-
-
-def longrope_attention_factor(p: RopeParameters) -> float:
-    """`attention_factor`, else 1 for factor <= 1, else sqrt(1 + ln(factor) / ln(Lorig))."""
-    factor, original = _field(p, "factor"), _field(p, "original_max_position_embeddings")
-    if p.attention_factor is not None:
-        return p.attention_factor
-    if factor <= 1.0:
-        return 1.0
-    return math.sqrt(1 + math.log(factor) / math.log(original))
-
-
-def _longrope(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`_compute_longrope_parameters`: `1 / (ext_factors * theta ** (arange(0, d, 2) / d))`."""
-    chosen = _field(p, "long_factor" if longrope_factor_set(p, seq_len) == "long" else "short_factor")
-    ext = np.asarray(chosen, dtype=F32)  # [d/2]
-    return _rdiv32(1.0, ext * _pow32(p.rope_theta, _exponents(p.rotary_dim, p.rotary_dim)))
-
-
-def _llama3(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`_compute_llama3_parameters`: keep high frequencies, divide low ones by factor, smooth between."""
-    old_len, low, high = (_field(p, n) for n in ("original_max_position_embeddings", "low_freq_factor",
-                                                  "high_freq_factor"))
-    factor = F32(_field(p, "factor"))
-    inv_freq = _base_inv_freq(p.rope_theta, p.rotary_dim, p.rotary_dim)  # [d/2]
-    wavelen = _rdiv32(2 * math.pi, inv_freq)
-    low_freq_wavelen, high_freq_wavelen = F32(old_len / low), F32(old_len / high)
-    scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (_rdiv32(old_len, wavelen) - F32(low)) / F32(high - low)
-    smoothed = (F32(1) - smooth) * scaled / factor + smooth * scaled
-    is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
-    return np.where(is_medium, smoothed, scaled)
-
-
-def _proportional(p: RopeParameters, seq_len: int | None) -> np.ndarray:
-    """`_compute_proportional_rope_parameters`: head_dim in the exponent, zeros past rope_angles."""
-    rope_angles = p.rotary_dim // 2
-    rotated = _base_inv_freq(p.rope_theta, 2 * rope_angles, p.head_dim)  # [rope_angles]
-    zeros = np.zeros(p.head_dim // 2 - rope_angles, dtype=F32)  # [head_dim/2 - rope_angles]
-    return np.concatenate([rotated, zeros]) / F32(_field(p, "factor"))  # [head_dim/2]
-
-
-def _unit_attention_factor(p: RopeParameters) -> float:
-    return 1.0
-
-
-# --- the registry --------------------------------------------------------------------------------
+def _longrope_batch_info(p: RopeParameters, seq_len: int) -> Mapping[str, Any]:
+    return {"factor_set": longrope_factor_set(p, seq_len)}
 
 
 @dataclass(frozen=True)
@@ -245,11 +93,24 @@ class RopeTypeSpec:
     """What one rope_type is.
 
     reads: `RopeParameters` fields its formula reads besides head_dim / rotary_dim / rope_theta /
-        partial_rotary_factor (parameters it does not read are dropped, so equal tables resolve equally);
+        partial_rotary_factor (parameters it does not read are dropped, so equal tables resolve equally;
+        a config.json's rope dict is read for exactly these);
     required: fields the API requires, in the order a missing-fields message names them;
     config_keys: keys transformers requires in a config.json's rope dict (a KeyError there);
+    inv_freq, attention_factor: its formulas (`models.rope_frequencies`);
     factor_from_lengths: a missing factor is max_position_embeddings / original (yarn, longrope);
+    default_factor: the factor when none is given and none is derived (None: required);
     runtime_dependent: inv_freq depends on the batch's sequence length (transformers recomputes it);
+    scaled: it rescales the default frequencies, so a port may have skipped or doubled the scaling;
+    whole_head: the frequencies span the whole head (Gemma's proportional): the exponent divides by
+        head_dim, rotary_dim = 2·int(partial_rotary_factor·head_dim // 2) may be 0, head_dim must be even
+        and the table is head_dim wide, zero frequencies past rotary_dim;
+    engine_variant: not a transformers rope_type; configs and the API spell it as another type plus a
+        parameter (`resolve_variant`), so it is not one of the API's rope_type choices;
+    check: consistency rules between resolved fields (ParameterError), after each field's own checks;
+    batch_info: `models.rope.RopeInfo` fields the table of a batch of seq_len was computed with;
+    query_defaults: values GET /v1/rope gives a field left out where the formula treats the two alike
+        (one spelling of a table, one cache key);
     missing_hint: appended to the missing-fields message.
     """
 
@@ -257,9 +118,16 @@ class RopeTypeSpec:
     required: tuple[str, ...]
     config_keys: frozenset[str]
     inv_freq: Callable[[RopeParameters, int | None], np.ndarray]
-    attention_factor: Callable[[RopeParameters], float] = _unit_attention_factor
+    attention_factor: Callable[[RopeParameters], float] = unit_attention_factor
     factor_from_lengths: bool = False
+    default_factor: float | None = None
     runtime_dependent: bool = False
+    scaled: bool = False
+    whole_head: bool = False
+    engine_variant: bool = False
+    check: Callable[[RopeParameters], None] = _no_check
+    batch_info: Callable[[RopeParameters, int], Mapping[str, Any]] = _no_batch_info
+    query_defaults: Mapping[str, Any] = field(default_factory=dict)
     missing_hint: str = ""
 
     @property
@@ -267,61 +135,103 @@ class RopeTypeSpec:
         """original_max_position_embeddings defaults to max_position_embeddings (standardize_rope_params)."""
         return "original_max_position_embeddings" in self.reads
 
+    @property
+    def min_rotary_dim(self) -> int:
+        """Fewest rotated channels: a whole-head type may rotate none (all frequencies zero)."""
+        return 0 if self.whole_head else 2
+
+    def rotated_channels(self, head_dim: int, partial_rotary_factor: float) -> int:
+        """rotary_dim from partial_rotary_factor, with transformers' truncation: int(head_dim · factor);
+        whole-head types: 2·rope_angles, rope_angles = int(factor · head_dim // 2) (float floor-division)."""
+        if self.whole_head:
+            return 2 * int(partial_rotary_factor * head_dim // 2)
+        return int(head_dim * partial_rotary_factor)
+
+    def table_width(self, head_dim: int, rotary_dim: int) -> int:
+        """Channels of a full-form cos/sin row: the (even) head_dim for whole-head types, else rotary_dim."""
+        return 2 * (head_dim // 2) if self.whole_head else rotary_dim
+
 
 _DERIVED_HINT = "; with max_position_embeddings, original defaults to it and factor to max / original"
+_ORIGINAL_HINT = "; original_max_position_embeddings defaults to max_position_embeddings"
+
+DEFAULT_ROPE_TYPE = "default"  # the rope_type of a config or a request that names none: unscaled RoPE
 
 ROPE_TYPES: dict[str, RopeTypeSpec] = {
-    "default": RopeTypeSpec(frozenset(), (), frozenset({"rope_type"}), _default),
-    "linear": RopeTypeSpec(frozenset({"factor"}), ("factor",), frozenset({"rope_type", "factor"}), _linear),
+    DEFAULT_ROPE_TYPE: RopeTypeSpec(frozenset(), (), frozenset({"rope_type"}), plain_inv_freq),
+    "linear": RopeTypeSpec(frozenset({"factor"}), ("factor",), frozenset({"rope_type", "factor"}), linear_inv_freq,
+                           scaled=True),
     "dynamic": RopeTypeSpec(
         frozenset({"factor", "max_position_embeddings"}), ("factor", "max_position_embeddings"),
-        frozenset({"rope_type", "factor"}), _dynamic, runtime_dependent=True,
+        frozenset({"rope_type", "factor"}), dynamic_inv_freq, runtime_dependent=True, scaled=True,
+        check=_check_ntk_exponent, batch_info=_dynamic_batch_info,
     ),
     "yarn": RopeTypeSpec(
         frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                    "mscale", "mscale_all_dim", "truncate"}),
         ("factor", "original_max_position_embeddings"),
         frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
-        _yarn, yarn_attention_factor, factor_from_lengths=True, missing_hint=_DERIVED_HINT,
+        yarn_inv_freq, yarn_attention_factor, factor_from_lengths=True, scaled=True,
+        # transformers' yarn treats a missing mscale as 0 (`if mscale and mscale_all_dim`)
+        query_defaults=MappingProxyType({"mscale": 0.0}), missing_hint=_DERIVED_HINT,
     ),
     "longrope": RopeTypeSpec(
         frozenset({"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"}),
         ("short_factor", "long_factor", "original_max_position_embeddings", "factor"),
         frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
-        _longrope, longrope_attention_factor, factor_from_lengths=True, runtime_dependent=True,
-        missing_hint=_DERIVED_HINT,
+        longrope_inv_freq, longrope_attention_factor, factor_from_lengths=True, runtime_dependent=True, scaled=True,
+        batch_info=_longrope_batch_info, missing_hint=_DERIVED_HINT,
     ),
     "llama3": RopeTypeSpec(
         frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
         ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
         frozenset({"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
                    "rope_theta"}),
-        _llama3, missing_hint="; original_max_position_embeddings defaults to max_position_embeddings",
+        llama3_inv_freq, scaled=True, check=_check_llama3_smoothing, missing_hint=_ORIGINAL_HINT,
     ),
-    "proportional": RopeTypeSpec(frozenset({"factor"}), (), frozenset({"rope_type", "rope_theta"}), _proportional),
+    "proportional": RopeTypeSpec(frozenset({"factor"}), (), frozenset({"rope_type", "rope_theta"}),
+                                 proportional_inv_freq, default_factor=1.0, whole_head=True),
     # Inference-engine variants (not transformers rope_types): formulas from vLLM, docs/ENCODINGS.md §14
-    "ntk_alpha": RopeTypeSpec(frozenset({"alpha"}), ("alpha",), frozenset({"rope_type", "alpha"}), _ntk_alpha),
+    "ntk_alpha": RopeTypeSpec(frozenset({"alpha"}), ("alpha",), frozenset({"rope_type", "alpha"}), ntk_alpha_inv_freq,
+                              engine_variant=True, check=_check_ntk_exponent),
     "deepseek_yarn": RopeTypeSpec(
         frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                    "mscale", "mscale_all_dim"}),
         ("factor", "original_max_position_embeddings"),
         frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
-        _yarn, deepseek_yarn_attention_factor, missing_hint="; original_max_position_embeddings defaults to "
-                                                            "max_position_embeddings",
+        yarn_inv_freq, deepseek_yarn_attention_factor, engine_variant=True, missing_hint=_ORIGINAL_HINT,
     ),
 }
 
-if set(ROPE_TYPES) != set(get_args(RopeType)):  # the Literal (for type checkers and OpenAPI) is the registry's keys
-    raise RuntimeError("models.rope_types: RopeType and ROPE_TYPES disagree")
+# config.json spellings that name a registry entry: Qwen2VLConfig / Qwen2_5_VLConfig rename `mrope` to the
+# default when they load (`mrope_section` is M-RoPE's own, models.mrope)
+CONFIG_ALIASES: Mapping[str, str] = MappingProxyType({"mrope": DEFAULT_ROPE_TYPE})
+
+# The API's and the type checker's names for the registry's keys: pydantic and OpenAPI see the Literal of
+# the keys (engine variants excluded from the API's choices); mypy sees str, as the keys are data.
+if TYPE_CHECKING:
+    RopeType = str
+    TransformersRopeType = str
+else:
+    RopeType = Literal[tuple(ROPE_TYPES)]
+    TransformersRopeType = Literal[tuple(name for name, spec in ROPE_TYPES.items() if not spec.engine_variant)]
 
 RUNTIME_DEPENDENT_TYPES: tuple[str, ...] = tuple(name for name, spec in ROPE_TYPES.items() if spec.runtime_dependent)
 # Every field some rope_type reads beyond the geometry: the scaling parameters of the API and the exporter.
 SCALING_FIELDS: frozenset[str] = frozenset().union(*(spec.reads for spec in ROPE_TYPES.values()))
 
+# Llama-3.1's RoPE (config.json `rope_theta` and `rope_scaling`): the shipped llama3_1_attention graph's.
+LLAMA_3_1_ROPE: Mapping[str, Any] = MappingProxyType({
+    "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+})
+
 
 def resolve_variant(rope_type: str, *, alpha: Any = None, yarn_mscale: str | None = None) -> str:
-    """The registry entry a transformers-spelled rope_type names: `dynamic` with a truthy `alpha` is NTK-alpha
-    (HunYuan checkpoints, vLLM `get_rope`); `yarn` with yarn_mscale="deepseek" is vLLM's deepseek_yarn."""
+    """The registry entry a config's or the API's rope_type names: a config alias (`CONFIG_ALIASES`);
+    `dynamic` with a truthy `alpha` is NTK-alpha (HunYuan checkpoints, vLLM `get_rope`); `yarn` with
+    yarn_mscale="deepseek" is vLLM's deepseek_yarn."""
+    rope_type = CONFIG_ALIASES.get(rope_type, rope_type)
     if rope_type == "dynamic" and alpha:
         return "ntk_alpha"
     if rope_type == "yarn" and yarn_mscale == "deepseek":
@@ -335,3 +245,9 @@ def rope_type_spec(rope_type: str) -> RopeTypeSpec:
     if spec is None:
         raise ParameterError("rope_type", f"unknown rope_type {rope_type!r}; known: {', '.join(ROPE_TYPES)}")
     return spec
+
+
+def with_query_defaults(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (with a known `rope_type`) with the type's `query_defaults` for the fields left out (None)."""
+    defaults = rope_type_spec(values["rope_type"]).query_defaults
+    return {**values, **{name: value for name, value in defaults.items() if values.get(name) is None}}

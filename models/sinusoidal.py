@@ -19,6 +19,7 @@ from models.bounds import DEFAULT_SINUSOIDAL_BASE
 from models.errors import ParameterError
 
 SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
+DEFAULT_FAIRSEQ_PADDING_IDX = 1  # fairseq dictionaries' <pad> index
 
 
 def paper_frequencies(count: int, dim: int, base: float) -> np.ndarray:
@@ -53,7 +54,7 @@ def sinusoidal_table(
     variant: SinusoidalVariant = "paper",
     base: float = DEFAULT_SINUSOIDAL_BASE,
     offset: int = 0,
-    padding_idx: int = 1,
+    padding_idx: int = DEFAULT_FAIRSEQ_PADDING_IDX,
     dtype: npt.DTypeLike = np.float32,
 ) -> np.ndarray:
     """Rows for positions offset .. offset + max_position - 1 of the `variant` table.

@@ -13,6 +13,10 @@ from models.dtypes import IntDType, np_dtype
 from models.errors import ParameterError
 from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz, toeplitz_heads_view
 
+# T5Config's relative_attention_num_buckets and relative_attention_max_distance
+DEFAULT_T5_NUM_BUCKETS = 32
+DEFAULT_T5_MAX_DISTANCE = 128
+
 
 def _effective_buckets(bidirectional: bool, num_buckets: int) -> int:
     """Buckets per direction: the reference floors num_buckets / 2 when bidirectional.
@@ -47,8 +51,8 @@ def check_t5_parameters(bidirectional: bool, num_buckets: int, max_distance: int
 def t5_relative_position_bucket(
     relative_position: np.ndarray,
     bidirectional: bool = True,
-    num_buckets: int = 32,
-    max_distance: int = 128,
+    num_buckets: int = DEFAULT_T5_NUM_BUCKETS,
+    max_distance: int = DEFAULT_T5_MAX_DISTANCE,
 ) -> np.ndarray:
     """Bucket of each key − query offset, bit-exact with `T5Attention._relative_position_bucket`.
 
@@ -85,8 +89,8 @@ def t5_buckets(
     query_length: int,
     key_length: int,
     bidirectional: bool = True,
-    num_buckets: int = 32,
-    max_distance: int = 128,
+    num_buckets: int = DEFAULT_T5_NUM_BUCKETS,
+    max_distance: int = DEFAULT_T5_MAX_DISTANCE,
     offset: int = 0,
     dtype: IntDType = "int64",
 ) -> np.ndarray:
@@ -117,8 +121,8 @@ def t5_bias(
     query_length: int,
     key_length: int,
     bidirectional: bool = True,
-    num_buckets: int = 32,
-    max_distance: int = 128,
+    num_buckets: int = DEFAULT_T5_NUM_BUCKETS,
+    max_distance: int = DEFAULT_T5_MAX_DISTANCE,
     offset: int = 0,
 ) -> np.ndarray:
     """Learned relative bias [num_heads, query_length, key_length], in the weight's dtype.

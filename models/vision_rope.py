@@ -37,6 +37,7 @@ VISION_DEFAULTS: dict[str, dict[str, int]] = {
     "pixtral": {"hidden_size": 1024, "num_attention_heads": 16, "image_size": 1024, "patch_size": 16},
     "llama4": {"hidden_size": 768, "num_attention_heads": 16, "image_size": 448, "patch_size": 14},
 }
+DEFAULT_VISION_ROPE_THETA = 10000.0  # PixtralVisionConfig's and Llama4VisionConfig's rope_theta
 
 
 def check_vision_head_dim(head_dim: int) -> None:
@@ -151,7 +152,7 @@ def vision_rope_from_config(config: Mapping[str, Any], tower: Tower | None) -> V
     hidden, heads, image, patch = (_config_int(cfg, name, default) for name, default in defaults.items())
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     theta = rope.get("rope_theta") if isinstance(rope, Mapping) else None
-    theta = cfg.get("rope_theta", 10000.0) if theta is None else theta
+    theta = cfg.get("rope_theta", DEFAULT_VISION_ROPE_THETA) if theta is None else theta
     if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 1:
         raise ParameterError("rope_theta", f"must be a number > 1, got {theta!r}")
     head_dim = hidden // heads

@@ -18,9 +18,9 @@ import numpy as np
 
 from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
 from models.rope import Form, Layout, RopeParameters, inv_freq_and_attention_factor, rope_cos_sin
+from models.rope_types import DEFAULT_ROPE_TYPE, rope_type_spec
 
 F32 = np.float32
-SCALED_TYPES = ("linear", "dynamic", "yarn", "longrope", "llama3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,9 +108,9 @@ def rope_hypotheses(table: RopeTable, observed: Mapping[str, np.ndarray]) -> lis
         out.append(Hypothesis(f"offset_{shift:+d}", f"your rows start at position {table.offset + shift} instead of "
                               f"{table.offset} (off by {shift:+d})",
                               partial(table.build, inv_freq, factor, shift=shift)))
-    if p.rope_type in SCALED_TYPES:
-        default = dataclasses.replace(p, rope_type="default")
-        plain, _ = table.frequencies(default)
+    spec = rope_type_spec(p.rope_type)
+    if spec.scaled:
+        plain, _ = table.frequencies(dataclasses.replace(p, rope_type=DEFAULT_ROPE_TYPE))
         out.append(Hypothesis("scaling_not_applied", f"your table is unscaled RoPE: the {p.rope_type} scaling of "
                               "the frequencies (and its attention factor) was not applied",
                               lambda: table.build(plain, 1.0)))
@@ -120,7 +120,7 @@ def rope_hypotheses(table: RopeTable, observed: Mapping[str, np.ndarray]) -> lis
     if factor != 1.0:
         out.append(Hypothesis("attention_factor_missing", f"cos and sin lack the attention factor {factor:.6g} "
                               f"({p.rope_type} folds it into the tables)", lambda: table.build(inv_freq, 1.0)))
-    if p.rotary_dim < p.head_dim and p.rope_type != "proportional":
+    if p.rotary_dim < p.head_dim and not spec.whole_head:  # whole-head types divide by head_dim already
         spread = (F32(1.0) / np.power(np.float64(p.rope_theta), np.arange(0, p.rotary_dim, 2) / p.head_dim)
                   .astype(F32)).astype(F32)
         out.append(Hypothesis("partial_rotary", f"partial rotary on the wrong channels: your frequencies spread over "
@@ -139,7 +139,8 @@ def rope_hypotheses(table: RopeTable, observed: Mapping[str, np.ndarray]) -> lis
 def _theta_table(table: RopeTable, observed: Mapping[str, np.ndarray], found: dict[str, str]) -> Tables | None:
     p = table.params
     cos, sin = observed.get("cos"), observed.get("sin")
-    if cos is None or sin is None or table.rows < 2 or p.rope_type == "proportional":
+    # the estimate fits theta^(-2i/rotary_dim) to every column: not a whole-head table (head_dim exponent, zeros)
+    if cos is None or sin is None or table.rows < 2 or rope_type_spec(p.rope_type).whole_head:
         return None
     steps = angle_steps(cos, sin, table.form, table.layout, p.n_frequencies)
     theta = estimate_theta(steps, p.rotary_dim, table.rows)

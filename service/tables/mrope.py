@@ -32,6 +32,10 @@ from models.dtypes import np_dtype
 from models.errors import ParameterError
 from models.mrope import (
     DEFAULT_MROPE_SECTION,
+    DEFAULT_PADDING_SIDE,
+    DEFAULT_SECOND_PER_GRID,
+    DEFAULT_SPATIAL_MERGE_SIZE,
+    DEFAULT_TOKENS_PER_SECOND,
     INTERLEAVED_MODELS,
     MropeModel,
     PaddingSide,
@@ -63,7 +67,8 @@ class SegmentBody(BaseModel):
     grid_thw: tuple[GridSide, GridSide, GridSide] | None = Field(None, description=(
         "image/video: patch grid (t, h, w) before the spatial merge, as image_grid_thw / video_grid_thw."))
     second_per_grid: float | None = Field(None, ge=0, le=MAX_SCALE, description=(
-        "video, qwen2_5_vl: seconds per temporal grid step (second_per_grid_ts); default 1."))
+        "video, qwen2_5_vl: seconds per temporal grid step (second_per_grid_ts); "
+        f"default {DEFAULT_SECOND_PER_GRID:g}."))
 
     def segment(self, index: int) -> Segment:
         if self.type == "text":
@@ -74,7 +79,7 @@ class SegmentBody(BaseModel):
             raise ParameterError(f"segments[{index}]", f"an {self.type} segment has `grid_thw` and no `length`")
         if self.type == "image" and self.second_per_grid is not None:
             raise ParameterError(f"segments[{index}].second_per_grid", "applies to video segments only")
-        spg = 1.0 if self.second_per_grid is None else self.second_per_grid
+        spg = DEFAULT_SECOND_PER_GRID if self.second_per_grid is None else self.second_per_grid
         return Segment(self.type, grid_thw=self.grid_thw, second_per_grid=spg)
 
 
@@ -86,7 +91,7 @@ class SequenceBody(BaseModel):
     segments: list[SegmentBody] | None = Field(None, max_length=MAX_SEGMENTS)
     sequence_length: int | None = Field(None, ge=1, le=MAX_SEQUENCE, description=(
         "Tokens in the row, padding included; default: the segments' tokens."))
-    padding_side: PaddingSide = "left"
+    padding_side: PaddingSide = DEFAULT_PADDING_SIDE
     position_ids: list[list[Annotated[int, Field(ge=0, le=MAX_POSITION_ID)]]] | None = Field(
         None, min_length=3, max_length=3, description="Explicit [3, S] position ids (t, h, w rows).")
 
@@ -167,9 +172,11 @@ class MropeSequenceQuery(TableQuery):
     model: MropeModel = Field("qwen2_vl", description=(
         "Model family: qwen2_vl, qwen2_5_vl (videos spaced by tokens_per_second · second_per_grid), qwen3_vl "
         "(one video segment per frame; interleaved sections)."))
-    spatial_merge_size: int = Field(2, ge=1, le=MAX_MERGE, description="vision_config.spatial_merge_size.")
-    tokens_per_second: float = Field(4.0, ge=0, le=MAX_SCALE, description=(
-        "vision_config.tokens_per_second (qwen2_5_vl videos only; transformers' default 4)."))
+    spatial_merge_size: int = Field(DEFAULT_SPATIAL_MERGE_SIZE, ge=1, le=MAX_MERGE,
+                                    description="vision_config.spatial_merge_size.")
+    tokens_per_second: float = Field(DEFAULT_TOKENS_PER_SECOND, ge=0, le=MAX_SCALE, description=(
+        "vision_config.tokens_per_second (qwen2_5_vl videos only; transformers' default "
+        f"{DEFAULT_TOKENS_PER_SECOND:g})."))
 
     @property
     def sequence(self) -> SequenceUpload:

@@ -3,7 +3,12 @@
 from pydantic import Field
 
 from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_RELATIVE_POSITION, MAX_SEQUENCE
-from models.deberta import check_deberta_parameters, deberta_buckets
+from models.deberta import (
+    DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS,
+    DEFAULT_DEBERTA_POSITION_BUCKETS,
+    check_deberta_parameters,
+    deberta_buckets,
+)
 from models.dtypes import np_dtype
 from models.relative import clipped_relative_indices
 from service.arrays import Bundle
@@ -26,9 +31,9 @@ class DebertaBucketsQuery(RelativeQuery):
     endpoint = "deberta/buckets"
     tensors = ("relative_positions",)
 
-    position_buckets: int = Field(256, ge=2, le=MAX_BUCKETS, description=(
+    position_buckets: int = Field(DEFAULT_DEBERTA_POSITION_BUCKETS, ge=2, le=MAX_BUCKETS, description=(
         "position_buckets (bucket_size): |query − key| <= position_buckets // 2 is kept exactly."))
-    max_relative_positions: int = Field(512, ge=3, le=MAX_DISTANCE, description=(
+    max_relative_positions: int = Field(DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS, ge=3, le=MAX_DISTANCE, description=(
         "max_relative_positions (max_position): the distance that maps to ±(position_buckets − 1). "
         "Must exceed position_buckets // 2 + 1."))
     dtype: IntDTypeField = "int64"

@@ -25,7 +25,16 @@ from models.rope import (
     rope_cos_sin,
     rope_parameters_from_config,
 )
-from models.rope_types import ROPE_TYPES, TransformersRopeType, YarnMscale, resolve_variant
+from models.rope_types import (
+    DEFAULT_ROPE_TYPE,
+    ROPE_TYPES,
+    YARN_BETA_FAST_DEFAULT,
+    YARN_BETA_SLOW_DEFAULT,
+    TransformersRopeType,
+    YarnMscale,
+    resolve_variant,
+    with_query_defaults,
+)
 from service.arrays import Bundle
 from service.errors import BadRequest, InvalidParameter
 from service.tables.fields import FloatDTypeField
@@ -38,6 +47,16 @@ MAX_FACTOR_LIST = 1 << 20  # characters of a comma-separated longrope factor lis
 def _read_by(field: str) -> str:
     """`(read by yarn, longrope)`: the rope_types whose formula reads `field`, from the registry."""
     return "(read by " + ", ".join(name for name, spec in ROPE_TYPES.items() if field in spec.reads) + ")"
+
+
+def _factor_rules() -> str:
+    """Which rope_types require a factor, derive it or default it, from the registry."""
+    required = [name for name, spec in ROPE_TYPES.items() if "factor" in spec.required and not spec.factor_from_lengths]
+    derived = [name for name, spec in ROPE_TYPES.items() if spec.factor_from_lengths]
+    defaulted = [f"{name}: {spec.default_factor:g}" for name, spec in ROPE_TYPES.items()
+                 if spec.default_factor is not None]
+    return (f"Required by {', '.join(required)} ({' and '.join(derived)} derive it as max / original from "
+            f"max_position_embeddings; {', '.join(defaulted)}). ")
 
 
 def _factor_list(name: str, text: str | None) -> tuple[float, ...] | None:
@@ -122,12 +141,11 @@ class RopeQuery(RopeTableQuery):
     rotary_dim: int | None = Field(None, ge=2, le=MAX_DIM, description=(
         "Rotated channels (even, <= head_dim), instead of partial_rotary_factor."))
     rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
-    rope_type: TransformersRopeType = Field("default", description=(
+    rope_type: TransformersRopeType = Field(DEFAULT_ROPE_TYPE, description=(
         "Scaling variant, as transformers' rope_type (dynamic with alpha: NTK-alpha; yarn with yarn_mscale=deepseek: "
         "vLLM's DeepSeek-YaRN)."))
     factor: float | None = Field(None, gt=0, le=MAX_SCALE, description=(
-        "Scaling factor, >= 1. Required by linear, dynamic, llama3 and yarn (yarn and longrope derive it as "
-        "max / original from max_position_embeddings; proportional: 1). " + _read_by("factor")))
+        "Scaling factor, >= 1. " + _factor_rules() + _read_by("factor")))
     original_max_position_embeddings: int | None = Field(None, ge=1, le=MAX_CONTEXT, description=(
         "Pre-training context length; not given: max_position_embeddings. "
         + _read_by("original_max_position_embeddings")))
@@ -137,10 +155,10 @@ class RopeQuery(RopeTableQuery):
     attention_factor: float | None = Field(None, ge=0, le=MAX_SCALE, description=(
         "Scale of cos and sin; not given: derived from factor. deepseek_yarn: vLLM's attn_factor, multiplying "
         "the mscale ratio (default 1). " + _read_by("attention_factor")))
-    beta_fast: float = Field(32.0, ge=0, le=MAX_SCALE, description=(
-        "Extrapolation boundary (0 means 32, as in transformers). " + _read_by("beta_fast")))
-    beta_slow: float = Field(1.0, ge=0, le=MAX_SCALE, description=(
-        "Interpolation boundary (0 means 1, as in transformers). " + _read_by("beta_slow")))
+    beta_fast: float = Field(YARN_BETA_FAST_DEFAULT, ge=0, le=MAX_SCALE, description=(
+        f"Extrapolation boundary (0 means {YARN_BETA_FAST_DEFAULT:g}, as in transformers). " + _read_by("beta_fast")))
+    beta_slow: float = Field(YARN_BETA_SLOW_DEFAULT, ge=0, le=MAX_SCALE, description=(
+        f"Interpolation boundary (0 means {YARN_BETA_SLOW_DEFAULT:g}, as in transformers). " + _read_by("beta_slow")))
     mscale: float | None = Field(None, ge=0, le=MAX_SCALE, description=(
         "Attention-factor numerator scale. yarn: used when mscale and mscale_all_dim are both non-zero (not "
         "given: 0); deepseek_yarn: always (not given: 1, as vLLM). " + _read_by("mscale")))
@@ -172,8 +190,7 @@ class RopeQuery(RopeTableQuery):
     def rope(self) -> RopeParameters:
         values = self.model_dump(exclude={"max_position", "offset", "layout", "form", "dtype", "yarn_mscale"})
         values["rope_type"] = resolve_variant(self.rope_type, alpha=self.alpha, yarn_mscale=self.yarn_mscale)
-        if values["rope_type"] == "yarn" and values["mscale"] is None:
-            values["mscale"] = 0.0  # transformers' yarn treats 0 and missing alike; one spelling keeps one cache key
+        values = with_query_defaults(values)  # one spelling of a table keeps one cache key
         values["short_factor"] = _factor_list("short_factor", self.short_factor)
         values["long_factor"] = _factor_list("long_factor", self.long_factor)
         return make_rope_parameters(**values)

@@ -9,7 +9,14 @@ from pydantic import Field
 
 from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
 from models.dtypes import dtype_name, np_dtype
-from models.t5 import check_t5_parameters, check_t5_weight_shape, t5_bias, t5_buckets
+from models.t5 import (
+    DEFAULT_T5_MAX_DISTANCE,
+    DEFAULT_T5_NUM_BUCKETS,
+    check_t5_parameters,
+    check_t5_weight_shape,
+    t5_bias,
+    t5_buckets,
+)
 from service.arrays import Bundle, byte_view
 from service.tables.fields import IntDTypeField
 from service.tables.registry import TableQuery, TensorSpec, float_upload, register_table
@@ -26,11 +33,11 @@ class T5Query(TableQuery):
     bidirectional: bool = Field(True, description=(
         "true: encoder (future keys use the upper half of the buckets); false: decoder/causal (every "
         "future key shares the diagonal's bucket 0)."))
-    num_buckets: int = Field(32, ge=2, le=MAX_BUCKETS, description=(
+    num_buckets: int = Field(DEFAULT_T5_NUM_BUCKETS, ge=2, le=MAX_BUCKETS, description=(
         "relative_attention_num_buckets. As in transformers, bidirectional mode uses num_buckets // 2 per "
         "direction: an odd count is accepted and its last bucket is never produced. Needs >= 4 "
         "(bidirectional) or >= 2 (causal)."))
-    max_distance: int = Field(128, ge=1, le=MAX_DISTANCE, description=(
+    max_distance: int = Field(DEFAULT_T5_MAX_DISTANCE, ge=1, le=MAX_DISTANCE, description=(
         "relative_attention_max_distance: where the log-spaced buckets would reach num_buckets. Must "
         "exceed max_exact = num_buckets/4 (bidirectional) or num_buckets/2 (causal)."))
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description=(

@@ -5,10 +5,11 @@ from typing import Any
 
 from pydantic import Field
 
-from models.bounds import DEFAULT_ROPE_THETA, MAX_DIM, MAX_GRID, MAX_THETA
+from models.bounds import MAX_DIM, MAX_GRID, MAX_THETA
 from models.dtypes import np_dtype
 from models.errors import ParameterError
 from models.vision_rope import (
+    DEFAULT_VISION_ROPE_THETA,
     VISION_DEFAULTS,
     VisionForm,
     VisionRopeModel,
@@ -36,7 +37,7 @@ class VisionRopeQuery(TableQuery):
         "pixtral (rotate_half layout) or llama4 (complex pairs: interleaved layout, CLS row last)."))
     head_dim: int = Field(ge=4, le=MAX_DIM, description=(
         "Vision attention head size (hidden_size // num_attention_heads), a multiple of 4."))
-    rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
+    rope_theta: float = Field(DEFAULT_VISION_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
     image_size: int | None = Field(None, ge=1, le=MAX_GRID * 1024, description=(
         "Largest image side in pixels; not given: the config default (pixtral 1024, llama4 448)."))
     patch_size: int | None = Field(None, ge=1, le=1024, description=(

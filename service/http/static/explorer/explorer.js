@@ -4,42 +4,45 @@
 // no libraries.
 "use strict";
 
-const DTYPES = ["float32", "float16", "bfloat16", "float64"];
+// SERVED as a parameter's value or choices: its `default` or `enum` in the table route's OpenAPI document
+// (rope_type, dtype, num_buckets, ...): the page offers what the service accepts and starts from the
+// service's own defaults, with no copy of its own. Other values are the page's starting points.
+const SERVED = "served";
 const FAMILIES = {
   rope: {
     table: "/v1/rope", properties: "/v1/properties/rope", tensor: "decay_bound",
     parameters: [
-      ["max_position", 512], ["head_dim", 64], ["rope_theta", 10000],
-      ["rope_type", "default", ["default", "linear", "dynamic", "yarn", "llama3"]],
+      ["max_position", 512], ["head_dim", 64], ["rope_theta", SERVED],
+      ["rope_type", SERVED, SERVED],
       ["factor", ""], ["original_max_position_embeddings", ""], ["max_position_embeddings", ""],
-      ["low_freq_factor", ""], ["high_freq_factor", ""], ["dtype", "float32", DTYPES],
+      ["low_freq_factor", ""], ["high_freq_factor", ""], ["short_factor", ""], ["long_factor", ""],
+      ["dtype", SERVED, SERVED],
     ],
   },
   sinusoidal: {
     table: "/v1/sinusoidal", properties: "/v1/properties/sinusoidal", tensor: "dot_product",
     parameters: [
-      ["max_position", 256], ["dim", 64], ["variant", "paper", ["paper", "tensor2tensor", "fairseq", "marian"]],
-      ["base", 10000], ["dtype", "float32", DTYPES],
+      ["max_position", 256], ["dim", 64], ["variant", SERVED, SERVED], ["base", SERVED], ["dtype", SERVED, SERVED],
     ],
   },
   alibi: {
     table: "/v1/alibi/bias", properties: "/v1/properties/alibi", tensor: "slopes",
     parameters: [
       ["num_heads", 8], ["query_length", 64], ["key_length", 64],
-      ["mode", "causal", ["causal", "symmetric", "bloom", "mpt"]], ["dtype", "float32", DTYPES],
+      ["mode", SERVED, SERVED], ["dtype", SERVED, SERVED],
     ],
   },
   t5: {
     table: "/v1/t5/buckets", properties: "/v1/properties/t5", tensor: "boundaries",
     parameters: [
       ["query_length", 64], ["key_length", 64], ["bidirectional", "true", ["true", "false"]],
-      ["num_buckets", 32], ["max_distance", 128],
+      ["num_buckets", SERVED], ["max_distance", SERVED],
     ],
   },
   deberta: {
     table: "/v1/deberta/buckets", properties: "/v1/properties/deberta", tensor: "boundaries",
     parameters: [
-      ["query_length", 64], ["key_length", 512], ["position_buckets", 256], ["max_relative_positions", 512],
+      ["query_length", 64], ["key_length", 512], ["position_buckets", SERVED], ["max_relative_positions", SERVED],
     ],
   },
   relative: {
@@ -49,15 +52,15 @@ const FAMILIES = {
   xlnet: {
     table: "/v1/relative/sinusoidal", properties: "/v1/properties/xlnet", tensor: "omega",
     parameters: [
-      ["qlen", 64], ["klen", 128], ["d_model", 64], ["attn_type", "bi", ["bi", "uni"]],
-      ["bi_data", "false", ["false", "true"]], ["clamp_len", -1], ["dtype", "float32", DTYPES],
+      ["qlen", 64], ["klen", 128], ["d_model", 64], ["attn_type", SERVED, SERVED],
+      ["bi_data", "false", ["false", "true"]], ["clamp_len", SERVED], ["dtype", SERVED, SERVED],
     ],
   },
   vision: {
     table: "/v1/rope/vision", properties: "/v1/properties/rope/vision", tensor: "inv_freq",
     parameters: [
-      ["model", "pixtral", ["pixtral", "llama4"]], ["head_dim", 64], ["rope_theta", 10000],
-      ["image_size", 512], ["patch_size", 16], ["dtype", "float32", DTYPES],
+      ["model", SERVED, SERVED], ["head_dim", 64], ["rope_theta", SERVED],
+      ["image_size", 512], ["patch_size", 16], ["dtype", SERVED, SERVED],
     ],
   },
 };
@@ -65,11 +68,46 @@ const FAMILIES = {
 const $ = (id) => document.getElementById(id);
 let timer = null;
 let generation = 0;
+let served = {};  // table route → parameter → {default, choices} from its OpenAPI schema
+
+function enumOf(schema) {
+  if (!schema) return null;
+  if (Array.isArray(schema.enum)) return schema.enum.map(String);
+  for (const option of schema.anyOf || []) {
+    const found = enumOf(option);
+    if (found) return found;
+  }
+  return null;
+}
+
+async function loadServed() {
+  try {
+    const response = await fetch("/openapi.json");
+    const paths = (await response.json()).paths || {};
+    for (const family of Object.values(FAMILIES)) {
+      const parameters = {};
+      for (const parameter of (paths[family.table] && paths[family.table].get || {}).parameters || []) {
+        const schema = parameter.schema || {};
+        parameters[parameter.name] = {
+          default: schema.default === undefined || schema.default === null ? "" : String(schema.default),
+          choices: enumOf(schema),
+        };
+      }
+      served[family.table] = parameters;
+    }
+  } catch (exc) {
+    served = {};  // fields start empty ("not given": the service's default applies)
+  }
+}
 
 function buildForm(name) {
   const box = $("parameters");
   box.replaceChildren();
-  for (const [param, value, choices] of FAMILIES[name].parameters) {
+  const route = served[FAMILIES[name].table] || {};
+  for (const [param, given, listed] of FAMILIES[name].parameters) {
+    const known = route[param] || {default: "", choices: null};
+    const value = given === SERVED ? known.default : given;
+    const choices = listed === SERVED ? known.choices || [value] : listed;
     const label = document.createElement("label");
     label.textContent = param;
     let input;
@@ -177,7 +215,8 @@ function schedule() {
   timer = setTimeout(redraw, 300);
 }
 
-function start() {
+async function start() {
+  await loadServed();
   const select = $("family");
   for (const name of Object.keys(FAMILIES)) select.add(new Option(name, name));
   const wanted = new URLSearchParams(window.location.search).get("family");
