@@ -4,7 +4,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from models.alibi import AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
+from models.alibi import DEFAULT_ALIBI_BIAS_MAX, AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
 from models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
 from models.dtypes import np_dtype
 from service.arrays import Bundle
@@ -29,7 +29,7 @@ class AlibiSlopesQuery(TableQuery):
     tensors = ("slopes",)
 
     num_heads: NumHeads
-    alibi_bias_max: AlibiBiasMax = 8.0
+    alibi_bias_max: AlibiBiasMax = DEFAULT_ALIBI_BIAS_MAX
     dtype: FloatDTypeField = "float32"
 
     def check(self) -> None:
@@ -61,7 +61,7 @@ class AlibiBiasQuery(TableQuery):
         "to dtype."))
     mask: bool = Field(False, description="Put −inf where a causal query may not attend (keys after the query's "
                                           "position).")
-    alibi_bias_max: AlibiBiasMax = 8.0
+    alibi_bias_max: AlibiBiasMax = DEFAULT_ALIBI_BIAS_MAX
     dtype: FloatDTypeField = "float32"
 
     def check(self) -> None:

@@ -7,7 +7,7 @@ from pydantic import Field
 
 from models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SINUSOIDAL_BASE
 from models.dtypes import np_dtype
-from models.sinusoidal import SinusoidalVariant, sinusoidal_table
+from models.sinusoidal import DEFAULT_FAIRSEQ_PADDING_IDX, SinusoidalVariant, sinusoidal_table
 from service.arrays import Bundle
 from service.tables.fields import FloatDTypeField
 from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
@@ -28,7 +28,8 @@ class SinusoidalQuery(TableQuery):
     base: float = Field(DEFAULT_SINUSOIDAL_BASE, gt=0, le=MAX_SINUSOIDAL_BASE,
                         description="Frequency base (tensor2tensor: max_timescale).")
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
-    padding_idx: int = Field(1, ge=0, le=MAX_OFFSET, description="fairseq only: position whose row is zero.")
+    padding_idx: int = Field(DEFAULT_FAIRSEQ_PADDING_IDX, ge=0, le=MAX_OFFSET,
+                             description="fairseq only: position whose row is zero.")
     dtype: FloatDTypeField = "float32"
 
     def params(self) -> dict[str, Any]:
