@@ -28,8 +28,11 @@ from pathlib import Path
 
 import numpy as np
 
-from service.settings import Settings
-from service.testing import (
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's service and test kit, whatever the environment has installed
+
+from service.settings import Settings  # noqa: E402
+from service.testing import (  # noqa: E402
     HttpRequest,
     LoadGenerator,
     Outcome,
@@ -40,7 +43,6 @@ from service.testing import (
 )
 
 MiB = 1024 * 1024
-ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 SLACK = 2.0  # seconds the server may exit after its graceful timeout
 FAULT_SLACK = 5.0  # seconds a fault client may stay open past its timeout (event loops run late under full load)
