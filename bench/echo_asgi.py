@@ -2,8 +2,9 @@
 
     python -m uvicorn bench.echo_asgi:posenc_with_echo --factory ...
 
-The echo is the transport anchor of bench/infer.py: it reads the request body (N bytes, into one buffer
-sized from Content-Length) and answers `X-Echo-Bytes` bytes (M), with no routing, middleware or parsing.
+The echo is the transport anchor of `python -m bench infer` (bench/infer.py): it reads the request body (N
+bytes, into one buffer sized from Content-Length) and answers `X-Echo-Bytes` bytes (M), with no routing,
+middleware or parsing.
 Run on the same uvicorn, loop, protocol and process as posenc, the difference between the two is what
 posenc itself adds.
 """

@@ -1,55 +1,50 @@
-"""Inference benchmark: the transport anchor, HTTP binary, HTTP shared memory, in-process onnxruntime, torch eager.
+"""infer: one KServe v2 request over HTTP, side by side with the transport alone, shared memory, in-process
+onnxruntime and torch eager.
 
-    python bench/infer.py                      # CPU, small cases (about a minute on 2 cores)
-    python bench/infer.py --device cuda        # every column on the GPU (fails at once without CUDA)
-    python bench/infer.py --throughput         # also requests/s of many clients, batching on and off (CPU)
+    python -m bench infer                          # CPU, 4 small cases (about a minute on 2 cores)
+    python -m bench infer --device cuda            # every column on the GPU (fails at once without CUDA)
+    python -m bench infer --case rope_attention:8:512 --repeat 20
 
-Latency rows: median milliseconds per call for one (B, S) request on the shipped models, every column
-measured side by side in this run, on one device:
+Latency table: median milliseconds per call for one (B, S) request on the shipped models, every column measured
+side by side in this run (each column once per round, the order reversed every other round), on one device:
 * echo: a bare ASGI endpoint in the same server process and uvicorn config that reads the N bytes of the
   binary infer request and answers the M bytes of its response (bench/echo_asgi.py): the transport alone;
-* HTTP binary: the KServe v2 binary request (built once by tritonclient) posted with the same HTTP client,
-  the response's output decoded with np.frombuffer;
+* HTTP binary: the KServe v2 binary request (built once by the test kit) posted with geventhttpclient (the
+  HTTP client tritonclient uses), the output decoded with np.frombuffer (the kit's decoder);
 * HTTP shm: the same request with inputs and output in registered system shared memory (tritonclient's
-  utilities; the inputs are written into the region once, outside the timing, as Triton's perf_analyzer does);
+  shared-memory utilities; the inputs are written into the region once, outside the timing, as Triton's
+  perf_analyzer does);
 * onnxruntime in-process with numpy in/out (and, with --device cuda, with I/O binding: inputs and output as
   OrtValues on the device, bound once);
-* torch eager (the module the models were exported from).
+* torch eager (the module the models were exported from), when torch is installed.
 Ratios: overhead = (HTTP binary − onnxruntime) / echo (target ≤ 1.3), and shm = onnxruntime / HTTP shm
 (target ≥ 0.9), both where B·S ≥ 4096: below that a request's fixed cost (routing, parsing, the hop to an
-inference thread: about 2 ms on a 2-vCPU VM) outweighs its bytes and its run. Needs the test extra (torch,
-tritonclient).
+inference thread: about 2 ms on a 2-vCPU VM) outweighs its bytes and its run. The ratio table gets, per case,
+HTTP binary vs onnxruntime and onnxruntime vs torch eager (informational), and the two targets where they apply.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
 import os
-import platform
-import signal
-import socket
-import statistics
-import subprocess
 import sys
-import threading
-import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
-import torch
-import tritonclient.http as httpclient
-import tritonclient.utils.shared_memory as shm
-from geventhttpclient import HTTPClient
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from models.dtypes import lookup  # noqa: E402
-from models.export_onnx import default_specs  # noqa: E402
-from tests.infer_utils import triton_inputs  # noqa: E402
+from bench.echo_asgi import ECHO_PATH
+from bench.harness import Bench, Report, Row, call_ms, inputs, interleaved, log, med, spread
+from bench.inprocess import io_binding_call, ort_call, ort_session, require_cuda, torch_call, torch_version
+from service.testing import (
+    RequestedOutput,
+    ServerProcess,
+    SharedMemory,
+    decode_response,
+    http_request,
+    kserve_request,
+    shared_memory_inputs,
+)
 
 MiB = 1024 * 1024
 # (model, B, S): the shipped models fix Hq/Hkv/D (rope_attention 8/8/64, llama3_1_attention 32/8/128).
@@ -58,337 +53,171 @@ CASES = {
             ("llama3_1_attention", 1, 512)],
     "cuda": [("rope_attention", 4, 512), ("rope_attention", 8, 2048), ("llama3_1_attention", 8, 2048)],
 }
-THROUGHPUT_CASES = [("rope_attention", 1, 16), ("rope_attention", 1, 256)]
-CUDA = "CUDAExecutionProvider"
+TARGET_ROWS = 4096  # B·S from which the overhead and shm targets hold
+OVERHEAD_TARGET, SHM_TARGET = 1.3, 0.9
 
 
-def _inputs(hq: int, hkv: int, dim: int, batch: int, seq: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(0)
-    return {
-        "query": rng.standard_normal((batch, hq, seq, dim), dtype=np.float32),
-        "key": rng.standard_normal((batch, hkv, seq, dim), dtype=np.float32),
-        "value": rng.standard_normal((batch, hkv, seq, dim), dtype=np.float32),
-        "position_ids": np.tile(np.arange(seq, dtype=np.int64), (batch, 1)),  # [B, S]
-    }
-
-
-def _side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, float]:
-    """Median milliseconds of each call; the columns take turns in every round (a busy moment of the machine
-    hits all of them, not one)."""
-    for call in calls.values():
-        call()  # warm-up
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeat):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
-    return {name: 1000 * statistics.median(values) for name, values in times.items()}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def describe_machine(device: str) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown CPU") \
-        if Path("/proc/cpuinfo").exists() else platform.processor()
-    parts = [f"{cpu}, {len(os.sched_getaffinity(0))} usable CPUs", f"Python {platform.python_version()}",
-             f"onnxruntime {ort.__version__}", f"torch {torch.__version__}", f"device {device}"]
-    if device == "cuda":
-        parts.append(f"GPU {torch.cuda.get_device_name(0)}")
-    return "# " + "; ".join(parts)
-
-
-def require_cuda() -> None:
-    """--device cuda: onnxruntime-gpu with a CUDA provider and a CUDA device for torch, or a clear exit."""
-    problems = []
-    if CUDA not in ort.get_available_providers():
-        problems.append(f"onnxruntime {ort.__version__} has no {CUDA} (install onnxruntime-gpu)")
-    if not torch.cuda.is_available():
-        problems.append("torch sees no CUDA device")
-    if problems:
-        raise SystemExit("--device cuda: " + "; ".join(problems))
-
-
-class Server:
-    """posenc + the echo (bench/echo_asgi.py) in a uvicorn subprocess on loopback, with POSENC_* settings."""
-
-    def __init__(self, **settings: str) -> None:
-        self.port = _free_port()
-        env = {**os.environ, **{f"POSENC_{k.upper()}": v for k, v in settings.items()}, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "bench.echo_asgi:posenc_with_echo", "--factory", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
-            cwd=ROOT, env=env,
-        )
-        self.url = f"127.0.0.1:{self.port}"
-        client = httpclient.InferenceServerClient(self.url)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if client.is_server_ready():
-                    break
-            except Exception:  # not listening yet
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise RuntimeError("posenc server did not become ready")
-            time.sleep(0.2)
-        client.close()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+def parse_case(text: str) -> tuple[str, int, int]:
+    """`MODEL:B:S` of --case."""
+    model, batch, seq = text.split(":")
+    return model, int(batch), int(seq)
 
 
 class Raw:
     """One keep-alive connection posting prepared bodies (the HTTP client tritonclient itself uses)."""
 
-    def __init__(self, url: str) -> None:
-        host, port = url.rsplit(":", 1)
-        self.client = HTTPClient(host, int(port), connection_timeout=300, network_timeout=300, concurrency=1)
+    def __init__(self, server: ServerProcess) -> None:
+        from geventhttpclient import HTTPClient
 
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, Any]:
+        self.client = HTTPClient(server.host, server.port, connection_timeout=300, network_timeout=300,
+                                 concurrency=1)
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         response = self.client.post(path, body=body, headers=headers)
         data = response.read()
         if response.status_code != 200:
             raise RuntimeError(f"{path}: HTTP {response.status_code}: {data[:300]!r}")
-        return data, response
+        return data, dict(response.items())
 
     def close(self) -> None:
         self.client.close()
 
 
-def _binary_call(raw: Raw, model: str, inputs: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int]:
+def binary_call(raw: Raw, model: str, arrays: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int]:
     """(call, request bytes, response bytes): post the binary request, decode the output."""
-    body, json_size = httpclient.InferenceServerClient.generate_request_body(
-        triton_inputs(inputs, binary=True), outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
-    headers = {"Inference-Header-Content-Length": str(json_size)}
+    request = kserve_request(arrays, outputs=[RequestedOutput("output", binary=True)])
     path = f"/v2/models/{model}/infer"
 
     def call() -> np.ndarray:
-        data, response = raw.post(path, body, headers)
-        start = int(response.get("inference-header-content-length"))
-        return np.frombuffer(data, dtype=np.float32, offset=start)
-    response_bytes = len(raw.post(path, body, headers)[0])
-    return call, len(body), response_bytes
+        return decode_response(*raw.post(path, request.body, request.headers)).outputs["output"]
+    return call, len(request.body), len(raw.post(path, request.body, request.headers)[0])
 
 
 class SharedMemoryCase:
     """Inputs and output of one case in two registered system shared-memory regions."""
 
-    def __init__(self, client: httpclient.InferenceServerClient, inputs: dict[str, np.ndarray], tag: str) -> None:
-        self.client, self.tag = client, tag
-        self.in_size = sum(array.nbytes for array in inputs.values())
-        self.out_size = inputs["query"].nbytes
-        self.regions = [(f"in_{tag}", f"/posenc_bench_in_{os.getpid()}_{tag}", self.in_size),
+    def __init__(self, server: ServerProcess, arrays: dict[str, np.ndarray], tag: str) -> None:
+        import tritonclient.utils.shared_memory as shm
+
+        self.shm, self.server = shm, server
+        self.shape, self.out_size = list(arrays["query"].shape), arrays["query"].nbytes
+        in_size = sum(array.nbytes for array in arrays.values())
+        self.regions = [(f"in_{tag}", f"/posenc_bench_in_{os.getpid()}_{tag}", in_size),
                         (f"out_{tag}", f"/posenc_bench_out_{os.getpid()}_{tag}", self.out_size)]
         self.handles = [shm.create_shared_memory_region(name, key, size) for name, key, size in self.regions]
-        shm.set_shared_memory_region(self.handles[0], list(inputs.values()))
+        shm.set_shared_memory_region(self.handles[0], list(arrays.values()))
         for name, key, size in self.regions:
-            client.register_system_shared_memory(name, key, size)
-        self.tensors, offset = [], 0
-        for name, array in inputs.items():
-            tensor = httpclient.InferInput(name, list(array.shape), lookup(array.dtype).kserve)
-            tensor.set_shared_memory(f"in_{tag}", array.nbytes, offset=offset)
-            self.tensors.append(tensor)
-            offset += array.nbytes
-        self.shape = list(inputs["query"].shape)
+            self._post(f"/v2/systemsharedmemory/region/{name}/register",
+                       json.dumps({"key": key, "offset": 0, "byte_size": size}).encode())
+        output = RequestedOutput("output", shared_memory=SharedMemory(f"out_{tag}", self.out_size))
+        self.request = kserve_request(shared_memory_inputs(arrays, f"in_{tag}"), outputs=[output])
+
+    def _post(self, path: str, body: bytes = b"") -> None:
+        status, _, answer = http_request(self.server.port, path, "POST", body)
+        if status != 200:
+            raise RuntimeError(f"{path}: HTTP {status}: {answer[:300]!r}")
 
     def call(self, raw: Raw, model: str) -> Callable[[], np.ndarray]:
-        output = httpclient.InferRequestedOutput("output")
-        output.set_shared_memory(f"out_{self.tag}", self.out_size)
-        body, _ = httpclient.InferenceServerClient.generate_request_body(self.tensors, outputs=[output])
         path = f"/v2/models/{model}/infer"
 
         def call() -> np.ndarray:
-            raw.post(path, body, {})
-            return shm.get_contents_as_numpy(self.handles[1], np.float32, self.shape)  # a view, no copy
+            raw.post(path, self.request.body, self.request.headers)
+            return self.shm.get_contents_as_numpy(self.handles[1], np.float32, self.shape)  # a view, no copy
         return call
 
     def close(self) -> None:
         for name, _, _ in self.regions:
-            self.client.unregister_system_shared_memory(name)
+            self._post(f"/v2/systemsharedmemory/region/{name}/unregister")
         for handle in self.handles:
-            shm.destroy_shared_memory_region(handle)
+            self.shm.destroy_shared_memory_region(handle)
 
 
-def _session(model: str, device: str, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the server's sessions
-    providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(ROOT / "onnx" / model / "model.onnx"), sess_options=options, providers=providers)
-    if device == "cuda" and session.get_providers()[0] != CUDA:
-        raise SystemExit(f"--device cuda: onnxruntime did not put {model} on {CUDA}: {session.get_providers()}")
-    return session
+def side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
+    """Milliseconds of every call in each of `repeat` rounds (after one warm-up call each)."""
+    for call in calls.values():
+        call()
+    rounds = interleaved(repeat, *(call_ms(call) for call in calls.values()))
+    return dict(zip(calls, rounds, strict=True))
 
 
-def _io_binding_call(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> Callable[[], object]:
-    """onnxruntime with inputs and output as OrtValues on the GPU, bound once (no host copies per call)."""
-    binding = session.io_binding()
-    values = {name: ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0) for name, array in inputs.items()}
-    for name, value in values.items():
-        binding.bind_ortvalue_input(name, value)
-    output = ort.OrtValue.ortvalue_from_shape_and_type(list(inputs["query"].shape), np.float32, "cuda", 0)
-    binding.bind_ortvalue_output("output", output)
-
-    def call() -> object:
-        session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
-        return output
-    return call
-
-
-def _torch_call(model: str, inputs: dict[str, np.ndarray], device: str) -> Callable[[], object]:
-    spec = {s.name: s for s in default_specs()}[model]
-    module = spec.module().to(device).eval()
-    tensors = [torch.from_numpy(inputs[k]).to(device) for k in ("query", "key", "value", "position_ids")]
-
-    def call() -> object:
-        with torch.no_grad():
-            out = module(*tensors)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return out
-    return call
-
-
-def latency_table(device: str, repeat: int, threads: int, cases: list[tuple[str, int, int]]) -> list[str]:
-    specs = {spec.name: spec for spec in default_specs()}
-    all_inputs = {case: _inputs(specs[case[0]].num_heads, specs[case[0]].num_kv_heads, specs[case[0]].rope.head_dim,
-                                case[1], case[2]) for case in cases}
-    largest = max(sum(a.nbytes for a in inputs.values()) for inputs in all_inputs.values())
-    server = Server(intra_op_num_threads=str(threads), max_queue_delay_us="0", shared_memory="true",
-                    providers=device, access_log="false", max_request_bytes=str(largest + MiB),
-                    memory_budget_bytes=str(max(1024 * MiB, 4 * largest)))
-    client = httpclient.InferenceServerClient(server.url, connection_timeout=300, network_timeout=300)
-    raw = Raw(server.url)
-    torch.set_num_threads(threads)
-    binding_column = device == "cuda"
-    rows = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm | onnxruntime"
-            + (" | onnxruntime I/O binding" if binding_column else "")
-            + " | torch eager | overhead / echo (≤ 1.3 at B·S ≥ 4096) | onnxruntime / shm (≥ 0.9 at B·S ≥ 4096) |",
-            "|---" * (11 + binding_column) + "|"]
-    try:
-        for index, (model, batch, seq) in enumerate(cases):
-            inputs = all_inputs[(model, batch, seq)]
-            session = _session(model, device, threads)
-            expected = session.run(["output"], inputs)[0]
-            binary, request_bytes, response_bytes = _binary_call(raw, model, inputs)
-            np.testing.assert_allclose(binary().reshape(expected.shape), expected, atol=1e-4, rtol=1e-4)
-            echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
-            shared = SharedMemoryCase(client, inputs, str(index))
-            try:
-                calls: dict[str, Callable[[], object]] = {
-                    "echo": lambda body=echo_body, headers=echo_headers: raw.post("/bench/echo", body, headers),
-                    "binary": binary,
-                    "shm": shared.call(raw, model),
-                    "ort": lambda session=session, inputs=inputs: session.run(["output"], inputs),
-                    "torch": _torch_call(model, inputs, device),
-                }
-                if binding_column:
-                    calls["binding"] = _io_binding_call(session, inputs)
-                np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)  # type: ignore[arg-type]
-                times = _side_by_side(calls, repeat)
-            finally:
-                shared.close()
-            overhead = (times["binary"] - times["ort"]) / times["echo"]
-            shm_ratio = times["ort"] / times["shm"]
-            target = "" if batch * seq >= 4096 else " (n/a)"
-            rows.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
-                        f"| {times['echo']:.2f} ms | {times['binary']:.2f} ms | {times['shm']:.2f} ms "
-                        f"| {times['ort']:.2f} ms" + (f" | {times['binding']:.2f} ms" if binding_column else "")
-                        + f" | {times['torch']:.2f} ms | {overhead:.2f}{target} | {shm_ratio:.2f}{target} |")
-            print(rows[-1], flush=True)
-    finally:
-        raw.close()
-        client.close()
-        server.stop()
+def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], threads: int) -> list[Row]:
+    """The ratio-table rows of one case: informational, plus the two targets where B·S reaches TARGET_ROWS."""
+    where = f"{model} B={batch} S={seq}"
+    binary, ort, echo, shm = times["binary"], times["ort"], times["echo"], times["shm"]
+    rows = [Row(f"HTTP binary infer vs in-process onnxruntime {where}", med(binary), med(ort), "ms", False, None,
+                f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency")]
+    if "torch" in times:
+        rows.append(Row(f"onnxruntime vs torch eager {where}", med(ort), med(times["torch"]), "ms", False, None,
+                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, {threads} threads"))
+    if batch * seq >= TARGET_ROWS:
+        rows.append(Row(f"HTTP shm infer vs in-process onnxruntime {where}", med(shm), med(ort), "ms", False,
+                        SHM_TARGET, spread(shm, ort, False)))
+        rows.append(Row(f"(HTTP binary - onnxruntime) / echo {where}", med(binary) - med(ort), med(echo), "ms", True,
+                        OVERHEAD_TARGET, "overhead: what posenc adds to the run, in echoes", at_most=True))
     return rows
 
 
-def _throughput(case: tuple[str, int, int], batching: bool, clients: int, per_client: int,
-                threads: int) -> tuple[float, float, float]:
-    model, batch, seq = case
-    spec = {s.name: s for s in default_specs()}[model]
-    inputs = _inputs(spec.num_heads, spec.num_kv_heads, spec.rope.head_dim, batch, seq)
-    server = Server(batching=str(batching).lower(), intra_op_num_threads=str(threads), max_queue_delay_us="1000",
-                    max_batch_size="16", inference_threads="4", providers="cpu", access_log="false")
-    latencies: list[float] = []
-    lock = threading.Lock()
-
-    def worker() -> None:
-        raw = Raw(server.url)
-        call, _, _ = _binary_call(raw, model, inputs)  # also warms the connection up
-        for _ in range(per_client):
-            start = time.perf_counter()
-            call()
-            with lock:
-                latencies.append(time.perf_counter() - start)
-        raw.close()
-
-    try:
-        stats_client = httpclient.InferenceServerClient(server.url)
-        workers = [threading.Thread(target=worker) for _ in range(clients)]
-        start = time.perf_counter()
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        elapsed = time.perf_counter() - start
-        stats = stats_client.get_inference_statistics(model)["model_stats"][0]
-        stats_client.close()
-    finally:
-        server.stop()
-    rows_per_run = stats["inference_count"] / max(1, stats["execution_count"])
-    return clients * per_client / elapsed, 1000 * statistics.median(latencies), rows_per_run
-
-
-def throughput_table(clients: int, per_client: int, threads: int) -> list[str]:
-    rows = [f"| {clients} concurrent clients, single requests (CPU) | batching | requests/s | median latency "
-            "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
-    for case in THROUGHPUT_CASES:
-        model, batch, seq = case
-        for batching in (True, False):
-            rps, p50, rows_per_run = _throughput(case, batching, clients, per_client, threads)
-            rows.append(f"| {model} B={batch} S={seq} | {'on' if batching else 'off'} | {rps:.0f} | {p50:.2f} ms "
-                        f"| {rows_per_run:.1f} |")
-            print(rows[-1], flush=True)
-    return rows
-
-
-def _case(text: str) -> tuple[str, int, int]:
-    model, batch, seq = text.split(":")
-    return model, int(batch), int(seq)
-
-
-def main() -> int:
-    # A terminated benchmark still stops its server subprocesses (the `finally` blocks run).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
-                        help="where every column runs: the server (POSENC_PROVIDERS), onnxruntime and torch")
-    parser.add_argument("--case", type=_case, action="append", metavar="MODEL:B:S",
-                        help="a latency case (repeatable); default: a small set per device")
-    parser.add_argument("--repeat", type=int, default=9, help="timed calls per column (median reported)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="intra-op threads")
-    parser.add_argument("--throughput", action="store_true", help="also the concurrent-clients table (CPU)")
-    parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--per-client", type=int, default=20)
-    args = parser.parse_args()
-    if args.device == "cuda":
+def run(bench: Bench) -> Report:
+    args = bench.args
+    device, threads = args.device, args.threads
+    if device == "cuda":
         require_cuda()
-    print(describe_machine(args.device), flush=True)
-    tables = [latency_table(args.device, args.repeat, args.threads, args.case or CASES[args.device])]
-    if args.throughput:
-        tables.append(throughput_table(args.clients, args.per_client, args.threads))
-    print("\n" + "\n\n".join("\n".join(rows) for rows in tables))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    cases: list[tuple[str, int, int]] = args.case or CASES[device]
+    all_inputs = {case: inputs(case[1], case[2], case[0]) for case in cases}
+    largest = max(sum(a.nbytes for a in arrays.values()) for arrays in all_inputs.values())
+    binding_column, has_torch = device == "cuda", torch_version() is not None
+    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on uvicorn, device {device}, {threads} intra-op threads, "
+             f"{args.repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
+    if device == "cuda":
+        import torch
+        notes.append(f"# GPU {torch.cuda.get_device_name(0)}")
+    table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm | onnxruntime"
+             + (" | onnxruntime I/O binding" if binding_column else "")
+             + " | torch eager | overhead / echo (≤ 1.3 at B·S ≥ 4096) | onnxruntime / shm (≥ 0.9 at B·S ≥ 4096) |",
+             "|---" * (11 + binding_column) + "|"]
+    report = Report(notes=notes)
+    settings: dict[str, object] = {
+        "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
+        "access_log": False, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
+    command = [sys.executable, "-m", "uvicorn", "bench.echo_asgi:posenc_with_echo", "--factory", "--host", "{host}",
+               "--port", "{port}", "--log-level", "warning", "--no-access-log"]
+    with bench.servers() as servers:
+        server = servers.start("posenc + echo", settings, command=command)
+        servers.ready("/v2/health/ready", timeout=120)
+        raw = Raw(server)
+        try:
+            for index, (model, batch, seq) in enumerate(cases):
+                arrays = all_inputs[(model, batch, seq)]
+                session = ort_session(model, device, threads)
+                expected = session.run(["output"], arrays)[0]
+                binary, request_bytes, response_bytes = binary_call(raw, model, arrays)
+                np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)
+                echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
+                shared = SharedMemoryCase(server, arrays, str(index))
+                try:
+                    calls: dict[str, Callable[[], Any]] = {
+                        "echo": lambda body=echo_body, headers=echo_headers: raw.post(ECHO_PATH, body, headers),
+                        "binary": binary, "shm": shared.call(raw, model), "ort": ort_call(session, arrays)}
+                    if binding_column:
+                        calls["binding"] = io_binding_call(session, arrays)
+                    eager = torch_call(model, arrays, device, threads)
+                    if eager is not None:
+                        calls["torch"] = eager
+                    np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
+                    times = side_by_side(calls, args.repeat)
+                finally:
+                    shared.close()
+                ms = {name: med(values) for name, values in times.items()}
+                overhead, shm_ratio = (ms["binary"] - ms["ort"]) / ms["echo"], ms["ort"] / ms["shm"]
+                target = "" if batch * seq >= TARGET_ROWS else " (n/a)"
+                table.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
+                             f"| {ms['echo']:.2f} ms | {ms['binary']:.2f} ms | {ms['shm']:.2f} ms | {ms['ort']:.2f} ms"
+                             + (f" | {ms['binding']:.2f} ms" if binding_column else "")
+                             + (f" | {ms['torch']:.2f} ms" if has_torch else " | n/a")
+                             + f" | {overhead:.2f}{target} | {shm_ratio:.2f}{target} |")
+                log(table[-1])
+                report.rows += case_rows(model, batch, seq, times, threads)
+        finally:
+            raw.close()
+    report.tables.append("\n".join(table))
+    return report

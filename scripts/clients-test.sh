@@ -6,7 +6,7 @@
 #
 # 1. the toolchains are installed with apt-get when missing (Debian; needs root, as in CI): a
 #    toolchain that cannot be installed fails the run, no client is skipped;
-# 2. scripts/js_client_fixtures.py writes the numbers the Python side computes (tables, and
+# 2. scripts/client_fixtures.py writes the numbers the Python side computes (tables, and
 #    onnxruntime's output for the shipped model);  3. one server starts on a free loopback port;
 # 4. each client builds into a temporary directory and runs its tests, each step under `timeout`;
 # 5. one summary line per client; the exit status is non-zero when any client failed.
@@ -66,7 +66,7 @@ counts() {
 install_toolchains
 export GOCACHE=${GOCACHE:-"$WORK/go-cache"}
 
-timeout "$STEP_TIMEOUT" "$PYTHON" "$REPO/scripts/js_client_fixtures.py" "$WORK/fixtures.json"
+timeout "$STEP_TIMEOUT" "$PYTHON" "$REPO/scripts/client_fixtures.py" "$WORK/fixtures.json"
 
 start_server
 export POSENC_URL="http://127.0.0.1:$PORT" POSENC_FIXTURES="$WORK/fixtures.json"

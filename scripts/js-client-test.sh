@@ -4,7 +4,7 @@
 #   scripts/js-client-test.sh                                  # uses .venv/bin/python when present
 #   PYTHON=/path/to/venv/bin/python scripts/js-client-test.sh
 #
-# 1. scripts/js_client_fixtures.py writes the numbers the Python side computes (needs the test
+# 1. scripts/client_fixtures.py writes the numbers the Python side computes (needs the test
 #    environment: numpy, onnxruntime);  2. the server starts in the background from the same
 #    interpreter;  3. `node --test` runs clients/js/test against it;  4. the server is stopped (trap).
 NAME=js-client-test
@@ -14,7 +14,7 @@ command -v node >/dev/null || { echo "js-client-test: node (>= 20) is not instal
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' || {
   echo "js-client-test: Node.js >= 20 required, found $(node --version)" >&2; exit 1; }
 
-"$PYTHON" "$REPO/scripts/js_client_fixtures.py" "$WORK/fixtures.json"
+"$PYTHON" "$REPO/scripts/client_fixtures.py" "$WORK/fixtures.json"
 
 start_server
 

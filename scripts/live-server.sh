@@ -4,6 +4,8 @@
 #   apt_install chromium chromium-driver      # Debian packages, when missing (root; failure exits 1)
 #   start_server                              # sets PORT and SERVER_PID; exits 1 with the log if not ready
 #
+# The server is the test kit's (`python -m service.testing.serve start|stop`): POSENC_* settings from the
+# environment, a free loopback port, ready when /readyz answers, stopped by PID (SIGTERM, then SIGKILL).
 # Sets REPO, PYTHON ($PYTHON, else the repository's .venv, else python3), WORK (a temporary folder) and
 # a trap that stops the server and removes WORK on exit; `say` prefixes messages with $NAME.
 set -euo pipefail
@@ -20,11 +22,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 say() { echo "$NAME: $*" >&2; }
 
 cleanup() {
-  if [ -n "$SERVER_PID" ] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill "$SERVER_PID" 2>/dev/null || true
-    for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$SERVER_PID" 2>/dev/null || true
-  fi
+  [ -z "$SERVER_PID" ] || "$PYTHON" -m service.testing.serve stop "$SERVER_PID" --timeout 5 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -52,16 +50,16 @@ apt_install() {
   }
 }
 
-# `posenc serve` on a free loopback port, its output in $WORK/server.log; waits until /readyz answers.
+# `posenc serve [ARGS]` on a free loopback port, its output in $WORK/server.log; waits until /readyz answers.
 start_server() {
-  PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  (cd "$REPO" && exec "$PYTHON" -m service.cli serve --host 127.0.0.1 --port "$PORT" "$@") >"$WORK/server.log" 2>&1 &
-  SERVER_PID=$!
-  if ! "$PYTHON" "$REPO/scripts/container_check.py" wait-ready "http://127.0.0.1:$PORT" --timeout 60; then
+  local started
+  if ! started=$(cd "$REPO" && "$PYTHON" -m service.testing.serve start --log "$WORK/server.log" --timeout 60 \
+      -- "$@"); then
     say "server did not become ready; its log:"
     tail -n 40 "$WORK/server.log" >&2
     exit 1
   fi
+  read -r PORT SERVER_PID <<<"$started"
 }
 
 # The server log's tail after a failure.

@@ -16,7 +16,11 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 TOOLS="$REPO/../shared/tools"
 IMAGE=${POSENC_IMAGE:-localhost/posenc:replicas-test}
-PYTHON=${PYTHON:-python3}
+if [ -z "${PYTHON:-}" ]; then  # the load (scripts/replicas_load.py) uses the test kit: numpy and the repository
+  PYTHON=python3
+  [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
+fi
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 LOAD_SECONDS=${LOAD_SECONDS:-40}
 PREFIX="posenc-rt-$$"
 WORK=$(mktemp -d)
@@ -57,23 +61,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 free_port() {
-  "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  "$PYTHON" -c 'from service.testing import free_port; print(free_port())'
 }
 
 # wait_ready URL SECONDS: until GET URL/readyz answers 200.
 wait_ready() {
-  "$PYTHON" - "$1" "$2" <<'EOF'
-import sys, time, urllib.request
-url, deadline = sys.argv[1] + "/readyz", time.monotonic() + float(sys.argv[2])
-while time.monotonic() < deadline:
-    try:
-        if urllib.request.urlopen(url, timeout=2).status == 200:
-            sys.exit(0)
-    except OSError:
-        pass
-    time.sleep(0.3)
-sys.exit(f"{url}: not ready within {sys.argv[2]} s")
-EOF
+  "$PYTHON" "$REPO/scripts/container_check.py" wait-ready "$1" --timeout "$2"
 }
 
 if [ "${SKIP_BUILD:-0}" = 1 ]; then

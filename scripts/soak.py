@@ -17,16 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import io
-import json
-import os
 import random
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -34,10 +28,21 @@ from pathlib import Path
 
 import numpy as np
 
-from service.settings import Settings
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's service and test kit, whatever the environment has installed
+
+from service.settings import Settings  # noqa: E402
+from service.testing import (  # noqa: E402
+    HttpRequest,
+    LoadGenerator,
+    Outcome,
+    ServerProcess,
+    attention_inputs,
+    kserve_request,
+    read_response,
+)
 
 MiB = 1024 * 1024
-ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 SLACK = 2.0  # seconds the server may exit after its graceful timeout
 FAULT_SLACK = 5.0  # seconds a fault client may stay open past its timeout (event loops run late under full load)
@@ -74,53 +79,22 @@ def uncached_url(rng: random.Random) -> str:
     return f"/v1/{family}?{query}&format={fmt}"
 
 
-def request_bytes(method: str, path: str, body: bytes = b"", **headers: str) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: {HOST}"]
-    if method == "POST":
-        lines.append(f"Content-Length: {len(body)}")
-    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
-
-
-def payloads(seed: int) -> dict[str, list[bytes]]:
-    """Pre-built request bodies (client CPU goes to sending, not to building JSON)."""
+def payloads(seed: int) -> dict[str, list[HttpRequest]]:
+    """Pre-built requests (client CPU goes to sending, not to building JSON)."""
     rng = np.random.default_rng(seed)
-    out: dict[str, list[bytes]] = defaultdict(list)
+    out: dict[str, list[HttpRequest]] = defaultdict(list)
+    infer = "/v2/models/rope_attention/infer"
     for seq in (1, 2, 4, 8):
-        arrays = [rng.standard_normal((1, 8, seq, 64), dtype=np.float32) for _ in range(3)]
-        positions = np.arange(seq, dtype=np.int64)[None] + int(rng.integers(0, 4000))
-        names, types = ["query", "key", "value", "position_ids"], ["FP32"] * 3 + ["INT64"]
-        tensors = [*arrays, positions]
-        doc = {"inputs": [{"name": n, "datatype": t, "shape": list(a.shape), "data": a.ravel().tolist()}
-                          for n, t, a in zip(names, types, tensors, strict=True)]}
-        out["infer-json"].append(request_bytes("POST", "/v2/models/rope_attention/infer", json.dumps(doc).encode(),
-                                               Content_Type="application/json"))
-        header = json.dumps({"inputs": [{"name": n, "datatype": t, "shape": list(a.shape),
-                                         "parameters": {"binary_data_size": a.nbytes}}
-                                        for n, t, a in zip(names, types, tensors, strict=True)],
-                             "parameters": {"binary_data_output": True}}).encode()
-        out["infer-binary"].append(request_bytes(
-            "POST", "/v2/models/rope_attention/infer", header + b"".join(a.tobytes() for a in tensors),
-            Content_Type="application/octet-stream", Inference_Header_Content_Length=str(len(header))))
+        tensors = attention_inputs(8, 8, 64, 1, seq, seed=seed + seq, start=int(rng.integers(0, 4000)))
+        as_json = kserve_request(tensors, binary=False, content_type=True)
+        out["infer-json"].append(HttpRequest("POST", infer, as_json.body, as_json.headers, "infer-json"))
+        binary = kserve_request(tensors, binary_output=True, content_type=True)
+        out["infer-binary"].append(HttpRequest("POST", infer, binary.body, binary.headers, "infer-binary"))
         buffer = io.BytesIO()
         np.save(buffer, rng.standard_normal((32, 8)).astype(np.float32))
-        out["t5-upload"].append(request_bytes("POST", f"/v1/t5/bias?query_length={16 * seq}&key_length=64",
-                                              buffer.getvalue(), Content_Type="application/x-npy"))
+        out["t5-upload"].append(HttpRequest("POST", f"/v1/t5/bias?query_length={16 * seq}&key_length=64",
+                                            buffer.getvalue(), {"Content-Type": "application/x-npy"}, "t5-upload"))
     return out
-
-
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    """Status and headers of one complete response (Content-Length or chunked body read to the end)."""
-    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-    status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if line)}
-    if "content-length" in headers:
-        await reader.readexactly(int(headers["content-length"]))
-    elif headers.get("transfer-encoding", "").lower() == "chunked":
-        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
-            await reader.readexactly(size + 2)
-        await reader.readuntil(b"\r\n")
-    return status, headers
 
 
 @dataclass
@@ -133,11 +107,12 @@ class Result:
 
 
 class Soak:
-    def __init__(self, args: argparse.Namespace, port: int, proc: subprocess.Popen[bytes]) -> None:
-        self.args, self.port, self.proc = args, port, proc
+    def __init__(self, args: argparse.Namespace, server: ServerProcess) -> None:
+        self.args, self.server = args, server
         self.results: list[Result] = []
         self.sigterm_at: float | None = None
         self.bodies = payloads(args.seed)
+        self.rngs = [random.Random(args.seed * 100_003 + index) for index in range(args.concurrency)]
         self.peak_rss = self.peak_hwm = 0
 
     def record(self, kind: str, outcome: str, start: float, sent_at: float | None, violation: str | None = None
@@ -146,57 +121,46 @@ class Soak:
         self.results.append(Result(kind, outcome, time.monotonic() - start, before, violation))
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        reader, writer = await asyncio.open_connection(HOST, self.port)
+        reader, writer = await asyncio.open_connection(HOST, self.server.port)
         writer.transport.set_write_buffer_limits(0)  # drain() returns once every byte is in the kernel
         return reader, writer
 
-    async def load_client(self, index: int) -> None:
-        rng = random.Random(self.args.seed * 100_003 + index)
-        kinds, weights = list(MIX), list(MIX.values())
-        conn = None
-        while self.proc.poll() is None:
-            kind = rng.choices(kinds, weights)[0]
-            if kind == "table-cached":
-                data = request_bytes("GET", rng.choice(CACHED))
-            elif kind == "table-uncached":
-                data = request_bytes("GET", uncached_url(rng))
-            else:
-                data = rng.choice(self.bodies[kind])
-            start, sent_at = time.monotonic(), None
-            try:
-                if conn is None:
-                    conn = await self.connect()
-                conn[1].write(data)
-                await conn[1].drain()
-                sent_at = time.monotonic()
-                status, headers = await asyncio.wait_for(read_response(conn[0]), 60)
-            except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError) as exc:
-                if conn is not None:
-                    conn[1].close()
-                conn = None
-                if self.sigterm_at is not None and sent_at is None:
-                    return  # the server stopped listening: this client is done
-                failed = f"{type(exc).__name__} before SIGTERM" if self.sigterm_at is None and sent_at is None else None
-                self.record(kind, type(exc).__name__, start, sent_at, failed)
-                continue
-            violation = None
-            if status >= 500 and not (status == 503 and "retry-after" in headers):
-                violation = f"{status} answer"
-            elif status >= 300 and status != 503:
-                violation = f"unexpected {status}"
-            self.record(kind, "503+Retry-After" if status == 503 and not violation else str(status), start, sent_at,
-                        violation)
-            if headers.get("connection", "").lower() == "close":
-                conn[1].close()
-                conn = None
+    def next_request(self, index: int, step: int) -> HttpRequest:
+        """Load client `index`'s next request: a kind drawn by the weights of MIX, then one of its requests."""
+        rng = self.rngs[index]
+        kind = rng.choices(list(MIX), list(MIX.values()))[0]
+        if kind == "table-cached":
+            return HttpRequest("GET", rng.choice(CACHED), label=kind)
+        if kind == "table-uncached":
+            return HttpRequest("GET", uncached_url(rng), label=kind)
+        return rng.choice(self.bodies[kind])
+
+    def observe(self, done: Outcome) -> bool:
+        """Record one load request; False ends its client (the server stopped listening after the SIGTERM)."""
+        kind = done.request.label
+        if done.status is None:
+            if self.sigterm_at is not None and done.sent_at is None:
+                return False
+            error = (done.error or "error").split(":")[0]
+            failed = f"{error} before SIGTERM" if self.sigterm_at is None and done.sent_at is None else None
+            self.record(kind, error, done.started, done.sent_at, failed)
+            return True
+        status, violation = done.status, None
+        if status >= 500 and not (status == 503 and "retry-after" in done.headers):
+            violation = f"{status} answer"
+        elif status >= 300 and status != 503:
+            violation = f"unexpected {status}"
+        self.record(kind, "503+Retry-After" if status == 503 and not violation else str(status), done.started,
+                    done.sent_at, violation)
+        return True
 
     async def fault_client(self, kind: str, index: int) -> None:
         rng = random.Random(self.args.seed * 7919 + index)
         a = self.args
-        body = self.bodies["t5-upload"][0]
+        body = self.bodies["t5-upload"][0].encoded
         head, payload = body.split(b"\r\n\r\n", 1)
         head += b"\r\n\r\n"
-        while self.sigterm_at is None and self.proc.poll() is None:
+        while self.sigterm_at is None and self.server.poll() is None:
             start = time.monotonic()
             try:
                 reader, writer = await self.connect()
@@ -216,7 +180,7 @@ class Soak:
                         writer.write(payload[offset:offset + step])
                         await writer.drain()
                     sent_at = time.monotonic()
-                    status, _ = await asyncio.wait_for(read_response(reader), 60)
+                    status, *_ = await asyncio.wait_for(read_response(reader), 60)
                     self.record(kind, str(status), start, sent_at, None if status == 200 else f"trickle got {status}")
                 else:  # half a head, or a stalled body: the server must end it within its timeout
                     stalled = kind == "fault-stalled-body"
@@ -235,8 +199,8 @@ class Soak:
                 writer.close()
 
     async def sample_rss(self) -> None:
-        status = Path(f"/proc/{self.proc.pid}/status")
-        while self.proc.poll() is None:
+        status = Path(f"/proc/{self.server.pid}/status")
+        while self.server.poll() is None:
             try:
                 fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
                 self.peak_rss = max(self.peak_rss, int(fields["VmRSS"].split()[0]) * 1024)
@@ -247,20 +211,23 @@ class Soak:
 
     async def run(self) -> tuple[int | None, float]:
         faults = ["fault-disconnect", "fault-trickle", "fault-partial-head", "fault-stalled-body"]
-        tasks = [asyncio.create_task(self.load_client(i)) for i in range(self.args.concurrency)]
+        limit = self.args.graceful_timeout + SLACK
+        load = LoadGenerator(self.server.port, connections=self.args.concurrency, timeout=60,
+                             seconds=self.args.seconds + limit + 10 + 70)  # the bound: load, drain, last answers
+        tasks = [asyncio.create_task(load.run_async(self.next_request, self.observe,
+                                                    stop=lambda: self.server.poll() is not None))]
         tasks += [asyncio.create_task(self.fault_client(kind, i)) for i, kind in enumerate(faults * 2)]
         sampler = asyncio.create_task(self.sample_rss())
         await asyncio.sleep(self.args.seconds)
         self.sigterm_at = time.monotonic()
-        self.proc.send_signal(signal.SIGTERM)
-        limit = self.args.graceful_timeout + SLACK
-        while self.proc.poll() is None and time.monotonic() < self.sigterm_at + limit + 10:
+        self.server.send_signal(signal.SIGTERM)
+        while self.server.poll() is None and time.monotonic() < self.sigterm_at + limit + 10:
             await asyncio.sleep(0.05)
         exit_after = time.monotonic() - self.sigterm_at
         await asyncio.wait([*tasks, sampler], timeout=70)
         for task in [*tasks, sampler]:
             task.cancel()
-        return self.proc.poll(), exit_after
+        return self.server.poll(), exit_after
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -311,43 +278,24 @@ def main() -> int:
     parser.add_argument("--body-timeout", type=float, default=3.0, help="POSENC_BODY_TIMEOUT for the run")
     parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "POSENC_HOST": HOST, "POSENC_PORT": str(port), "POSENC_WORKERS": "1",
-           "POSENC_LOG_LEVEL": "warning", "POSENC_ACCESS_LOG": "false",
-           "POSENC_HEADER_TIMEOUT": str(args.header_timeout), "POSENC_BODY_TIMEOUT": str(args.body_timeout),
-           "POSENC_GRACEFUL_SHUTDOWN_TIMEOUT": str(args.graceful_timeout)}
+    settings = {"workers": 1, "log_level": "warning", "access_log": False, "header_timeout": args.header_timeout,
+                "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout}
     max_rss = int(args.max_rss_mib * MiB) if args.max_rss_mib else Settings().cache_bytes + 400 * MiB
-    with tempfile.TemporaryFile() as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve"], cwd=ROOT, env=env,
-                                stdout=log_file, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + 120
-            while True:  # ready: models loaded
-                try:
-                    conn = http.client.HTTPConnection(HOST, port, timeout=5)
-                    conn.request("GET", "/readyz")
-                    if conn.getresponse().status == 200:
-                        break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log_file.seek(0)
-                    sys.stderr.write(f"the server did not become ready:\n{log_file.read().decode()}\n")
-                    return 1
-                time.sleep(0.2)
-            print(f"posenc serve on port {port}: {args.seconds:g} s of load, concurrency {args.concurrency}, seed "
-                  f"{args.seed}; header/body/graceful timeouts {args.header_timeout:g}/{args.body_timeout:g}/"
-                  f"{args.graceful_timeout:g} s")
-            soak = Soak(args, port, proc)
-            status, exit_after = asyncio.run(soak.run())
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        log_file.seek(0)
-        log = log_file.read().decode(errors="replace")
+    server = ServerProcess(settings, host=HOST, cwd=ROOT, ready="/readyz", ready_timeout=120)
+    try:
+        server.start()
+    except RuntimeError as exc:
+        sys.stderr.write(f"the server did not become ready: {exc}\n")
+        return 1
+    try:
+        print(f"posenc serve on port {server.port}: {args.seconds:g} s of load, concurrency {args.concurrency}, "
+              f"seed {args.seed}; header/body/graceful timeouts {args.header_timeout:g}/{args.body_timeout:g}/"
+              f"{args.graceful_timeout:g} s")
+        soak = Soak(args, server)
+        status, exit_after = asyncio.run(soak.run())
+    finally:
+        server.stop(signal.SIGKILL, timeout=5)  # already gone after a clean run
+    log = server.log()
     violations = report(soak, status, exit_after, max_rss, log)
     if violations:
         print(f"\nFAILED: {len(violations)} violation(s)")

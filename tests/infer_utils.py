@@ -1,4 +1,4 @@
-"""Helpers shared by the inference tests: random inputs for a model geometry, onnxruntime sessions."""
+"""Helpers shared by the inference tests: random inputs for a model geometry (the kit's), onnxruntime sessions."""
 
 from __future__ import annotations
 
@@ -9,22 +9,11 @@ import onnxruntime as ort
 import tritonclient.http as httpclient
 
 from models.dtypes import lookup
+from service.testing import attention_inputs as random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "onnx"
-
-
-def random_inputs(hq: int, hkv: int, head_dim: int, batch: int, seq: int, *, seed: int = 0,
-                  start: int = 0) -> dict[str, np.ndarray]:
-    """query [B, Hq, S, D], key/value [B, Hkv, S, D] float32, position_ids [B, S] int64 (rows offset)."""
-    rng = np.random.default_rng(seed)
-    positions = np.arange(seq, dtype=np.int64)[None, :] + start + 3 * np.arange(batch, dtype=np.int64)[:, None]
-    return {
-        "query": rng.standard_normal((batch, hq, seq, head_dim), dtype=np.float32),
-        "key": rng.standard_normal((batch, hkv, seq, head_dim), dtype=np.float32),
-        "value": rng.standard_normal((batch, hkv, seq, head_dim), dtype=np.float32),
-        "position_ids": positions,
-    }
+__all__ = ["REPOSITORY", "ROOT", "random_inputs", "run", "session", "triton_inputs"]
 
 
 def session(path: Path) -> ort.InferenceSession:

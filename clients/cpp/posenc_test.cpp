@@ -2,7 +2,7 @@
 //
 //   POSENC_URL=http://127.0.0.1:8000 POSENC_FIXTURES=fixtures.json ./posenc_test
 //
-// POSENC_FIXTURES is written by scripts/js_client_fixtures.py (tables computed by the service
+// POSENC_FIXTURES is written by scripts/client_fixtures.py (tables computed by the service
 // in-process, inference outputs by onnxruntime run on the model file); scripts/clients-test.sh
 // does all of it. Prints one line per test and "N passed, N failed"; exits non-zero on any failure.
 #include <cmath>
@@ -57,7 +57,7 @@ posenc::Tensor fixture_tensor(const json& doc) {
 const char* env(const char* name) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') {
-    std::cerr << "set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/js_client_fixtures.py output)\n";
+    std::cerr << "set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/client_fixtures.py output)\n";
     std::exit(2);
   }
   return v;

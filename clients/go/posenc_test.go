@@ -2,7 +2,7 @@
 //
 //	POSENC_URL=http://127.0.0.1:8000 POSENC_FIXTURES=/tmp/fixtures.json go test ./...
 //
-// POSENC_FIXTURES is written by scripts/js_client_fixtures.py (tables computed by the service
+// POSENC_FIXTURES is written by scripts/client_fixtures.py (tables computed by the service
 // in-process, inference outputs by onnxruntime run on the model file); scripts/clients-test.sh
 // does all of it.
 package posenc
@@ -43,7 +43,7 @@ func setup(t *testing.T) (*Client, *fixtures) {
 	t.Helper()
 	base, path := os.Getenv("POSENC_URL"), os.Getenv("POSENC_FIXTURES")
 	if base == "" || path == "" {
-		t.Fatal("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/js_client_fixtures.py output)")
+		t.Fatal("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/client_fixtures.py output)")
 	}
 	raw, err := os.ReadFile(path)
 	if err != nil {

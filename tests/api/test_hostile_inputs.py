@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from service.testing import RequestedOutput, kserve_request
 from tests.conftest import Request, running_client, send_all
 
 HOSTILE = ["", "0", "-1", "1", "2", "3", "nan", "inf", "-inf", "1e308", "99999999999999999999", "abc", "1.5",
@@ -69,11 +70,8 @@ def _binary_infer_body() -> tuple[bytes, int]:
               "key": rng.standard_normal((1, 8, 4, 64), dtype=np.float32),
               "value": rng.standard_normal((1, 8, 4, 64), dtype=np.float32),
               "position_ids": np.arange(4, dtype=np.int64)[None]}
-    header = json.dumps({"inputs": [
-        {"name": name, "datatype": "INT64" if a.dtype == np.int64 else "FP32", "shape": list(a.shape),
-         "parameters": {"binary_data_size": a.nbytes}} for name, a in arrays.items()],
-        "outputs": [{"name": "output", "parameters": {"binary_data": True}}]}).encode()
-    return header + b"".join(a.tobytes() for a in arrays.values()), len(header)
+    request = kserve_request(arrays, outputs=[RequestedOutput("output", binary=True)])
+    return request.body, request.header_length or 0
 
 
 def _mutate(rng: random.Random, body: bytes, header_length: int) -> tuple[bytes, int]:

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 
 from service.errors import BadRequest
 from service.inference.kserve import parse_infer_request
+from service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs
 
@@ -31,8 +32,7 @@ def client() -> Iterator[TestClient]:
 
 
 def _json_infer_body(inputs: dict[str, np.ndarray]) -> dict[str, Any]:
-    return {"inputs": [{"name": n, "shape": list(a.shape), "datatype": "INT64" if a.dtype == np.int64 else "FP32",
-                        "data": a.reshape(-1).tolist()} for n, a in inputs.items()]}
+    return kserve_request(inputs, binary=False).header
 
 
 def test_deeply_nested_config_is_400(client: TestClient) -> None:

@@ -21,6 +21,7 @@ from service.arrays import encode_safetensors, negotiate_format
 from service.errors import BadRequest
 from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
 from service.inference.kserve_response import encode_infer_response
+from service.testing import decode_response
 
 # --- safetensors header padding -----------------------------------------------------------------------
 
@@ -116,25 +117,13 @@ OUTPUTS = {
     "zeta": np.array([-3, 1 << 40, 7, 0, 5], dtype=np.int64),
 }
 MODEL_ORDER = ["zeta", "alpha"]
-NUMPY_OF = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8")}
 
 
 def _decode(body: bytes, headers: dict[str, str]) -> tuple[list[str], dict[str, np.ndarray]]:
-    """(output names in header order, arrays) of an infer response, binary chunks read in header order."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    length = int(lowered.get("inference-header-content-length", len(body)))
-    head = json.loads(body[:length])
-    arrays, offset = {}, length
-    for entry in head["outputs"]:
-        dtype = NUMPY_OF[entry["datatype"]]
-        if "parameters" in entry and "binary_data_size" in entry["parameters"]:
-            size = entry["parameters"]["binary_data_size"]
-            arrays[entry["name"]] = np.frombuffer(body[offset:offset + size], dtype=dtype).reshape(entry["shape"])
-            offset += size
-        else:
-            arrays[entry["name"]] = np.asarray(entry["data"], dtype=dtype).reshape(entry["shape"])
-    assert offset == len(body), "binary chunks do not add up to the body"
-    return [entry["name"] for entry in head["outputs"]], arrays
+    """(output names in header order, arrays) of an infer response, binary chunks read in header order (the
+    kit's decoder raises when they do not add up to the body)."""
+    response = decode_response(body, headers)
+    return [entry["name"] for entry in response.header["outputs"]], response.outputs
 
 
 def _request(outputs: list[RequestedOutput] | None, binary_output: bool) -> InferRequest:

@@ -6,6 +6,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from service.testing import ServerProcess, http_request
 from tests.infer_utils import ROOT
 
 SHIPPED = "service.shipped_models"
@@ -30,14 +31,12 @@ def test_wheel_serves_the_shipped_models(tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     # as installed: the package alone on the path, run from elsewhere (no source checkout in sight)
-    code = ("from fastapi.testclient import TestClient\n"
-            "from service.http.app import create_app\n"
-            "from service.settings import Settings\n"
+    code = ("from service.settings import Settings\n"
             "settings = Settings()\n"
-            "assert settings.model_repository.parts[-2:] == ('service', 'shipped_models'), settings.model_repository\n"
-            "with TestClient(create_app(settings)) as client:\n"
-            "    assert client.get('/readyz').status_code == 200, client.get('/readyz').text\n"
-            "    assert client.get('/v2/models/llama3_1_attention/ready').status_code == 200\n")
+            "assert settings.model_repository.parts[-2:] == ('service', 'shipped_models'), settings.model_repository\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    with ServerProcess(base_env={}, pythonpath=[site], cwd=tmp_path, ready="/readyz", ready_timeout=120) as server:
+        assert http_request(server.port, "/readyz")[0] == 200
+        assert http_request(server.port, "/v2/models/llama3_1_attention/ready")[0] == 200

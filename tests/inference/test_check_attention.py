@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
 from models.diagnosis.attention import AttentionSpec, attention, attention_tolerance
+from service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -71,9 +72,7 @@ def port(client: TestClient, name: str, inputs: dict[str, np.ndarray], *, causal
 
 def infer_body(inputs: dict[str, np.ndarray], expected: np.ndarray | None) -> dict[str, Any]:
     tensors = {**inputs, **({"expected_output": expected} if expected is not None else {})}
-    datatype = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-    return {"inputs": [{"name": n, "shape": list(a.shape), "datatype": datatype[a.dtype], "data": a.ravel().tolist()}
-                       for n, a in tensors.items()]}
+    return kserve_request(tensors, binary=False).header
 
 
 CASES = [

@@ -10,11 +10,12 @@ import pytest
 from service.errors import BadRequest
 from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
 from service.inference.kserve_response import encode_infer_response
+from service.testing import request_with_header
 
 
 def _binary_body(header: dict, *arrays: np.ndarray, extra: bytes = b"") -> tuple[bytes, str]:
-    head = json.dumps(header).encode()
-    return head + b"".join(a.tobytes() for a in arrays) + extra, str(len(head))
+    request = request_with_header(header, arrays)
+    return request.body + extra, str(request.header_length)
 
 
 def _tensor(name: str, array: np.ndarray, datatype: str = "FP32", binary: bool = True) -> dict:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from models.dtypes import lookup
+from service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -23,16 +23,12 @@ def client() -> Iterator[TestClient]:
 
 
 def _json_body(inputs: dict[str, np.ndarray], **extra: object) -> dict:
-    return {"inputs": [{"name": n, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
-                        "data": a.ravel().tolist()} for n, a in inputs.items()], **extra}
+    return kserve_request(inputs, binary=False, extra=extra).header
 
 
 def _binary_body(inputs: dict[str, np.ndarray], **extra: object) -> tuple[bytes, dict[str, str]]:
-    header = {"inputs": [{"name": n, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
-                          "parameters": {"binary_data_size": a.nbytes}} for n, a in inputs.items()], **extra}
-    head = json.dumps(header).encode()
-    body = head + b"".join(a.tobytes() for a in inputs.values())
-    return body, {"Inference-Header-Content-Length": str(len(head))}
+    request = kserve_request(inputs, extra=extra)
+    return request.body, request.headers
 
 
 def _expected(inputs: dict[str, np.ndarray], model: str = MODEL) -> np.ndarray:

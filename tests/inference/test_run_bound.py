@@ -4,7 +4,6 @@ under the bound, allocation failures as 507 with the session still usable, provi
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Mapping
@@ -21,6 +20,7 @@ from service.inference.engine import Engine, run_model
 from service.inference.repository import LoadedModel, _with_options
 from service.inference.run_bound import AttentionCost, default_run_bytes
 from service.settings import Settings
+from service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -28,12 +28,8 @@ HEADS = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 
 
 def _binary(inputs: Mapping[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    kserve = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-    header = {"inputs": [{"name": n, "datatype": kserve[a.dtype], "shape": list(a.shape),
-                          "parameters": {"binary_data_size": a.nbytes}} for n, a in inputs.items()],
-              "parameters": {"binary_data_output": True}}
-    head = json.dumps(header).encode()
-    return head + b"".join(a.tobytes() for a in inputs.values()), {"Inference-Header-Content-Length": str(len(head))}
+    request = kserve_request(inputs, binary_output=True)
+    return request.body, request.headers
 
 
 def test_attention_cost_matches_onnxruntime_cuda_request() -> None:

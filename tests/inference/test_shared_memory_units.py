@@ -15,13 +15,13 @@ import pytest
 from starlette.requests import ClientDisconnect
 
 import service.inference.engine as engine_module
-from models.dtypes import lookup
 from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
 from service.http.bodies import ALIGNMENT, read_aligned_body
 from service.inference.engine import Engine
 from service.inference.kserve import ShmRef, parse_infer_request
 from service.inference.repository import LoadedModel
 from service.inference.shared_memory import SharedMemoryRegistry
+from service.testing import RequestedOutput, SharedMemory, kserve_request, shared_memory_inputs
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -49,10 +49,8 @@ def big_object() -> Iterator[tuple[str, int]]:
 
 
 def _binary_body(inputs: Mapping[str, np.ndarray], extra: Mapping[str, Any] | None = None) -> tuple[bytes, str]:
-    entries = [{"name": name, "datatype": lookup(a.dtype).kserve, "shape": list(a.shape),
-                "parameters": {"binary_data_size": a.nbytes}} for name, a in inputs.items()]
-    head = json.dumps({"inputs": entries, **(extra or {})}).encode()
-    return head + b"".join(a.tobytes() for a in inputs.values()), str(len(head))
+    request = kserve_request(inputs, extra=extra)
+    return request.body, str(request.header_length)
 
 
 def _root(array: np.ndarray) -> object:
@@ -310,15 +308,8 @@ def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_of
     `out_offset`."""
     register = {"key": f"/{key}", "offset": 0, "byte_size": 32768}
     assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
-    entries, offset = [], 0
-    for name, array in inputs.items():
-        entries.append({"name": name, "datatype": lookup(array.dtype).kserve,
-                        "shape": list(array.shape), "parameters": {"shared_memory_region": "r",
-                        "shared_memory_offset": offset, "shared_memory_byte_size": array.nbytes}})
-        offset += array.nbytes
-    output = {"name": "output", "parameters": {"shared_memory_region": "r", "shared_memory_offset": out_offset,
-                                               "shared_memory_byte_size": inputs["query"].nbytes}}
-    return client.post(URL, content=json.dumps({"inputs": entries, "outputs": [output]}))
+    output = RequestedOutput("output", shared_memory=SharedMemory("r", inputs["query"].nbytes, out_offset))
+    return client.post(URL, content=kserve_request(shared_memory_inputs(inputs, "r"), outputs=[output]).body)
 
 
 @pytest.fixture

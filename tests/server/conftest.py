@@ -1,17 +1,12 @@
 """Real servers on loopback, where the protocol itself is under test: every test here is marked `server`."""
 
-import os
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from service.testing import ServerProcess
 from tests.conftest import mark_folder
-from tests.server.test_serve import free_port
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -20,25 +15,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    port = free_port()
-    env = {**os.environ, "POSENC_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=2):
-                    break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    out = proc.stdout.read().decode() if proc.stdout else ""
-                    raise RuntimeError(f"server did not start:\n{out}") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    """The URL of a `posenc serve` with default settings (log level warning), live for the module."""
+    with ServerProcess({"log_level": "warning"}, ready="/healthz", ready_timeout=60) as process:
+        yield process.url

@@ -9,7 +9,6 @@ retried on another replica; tests/test_replicas*.py and scripts/replicas-test.sh
 from __future__ import annotations
 
 import http.client
-import json
 import signal
 import socket
 import threading
@@ -18,8 +17,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from service.testing import kserve_request, request_head
 from tests.infer_utils import random_inputs
-from tests.server.test_shutdown import head, running_server
+from tests.server.test_shutdown import running_server
 
 QUEUE_DELAY_S = 0.4  # the first request of a batch waits this long for others: the burst sits in the queue
 INFER_CLIENTS, TABLE_CLIENTS = 12, 12
@@ -35,18 +35,12 @@ class Outcome:
 
 
 def infer_request() -> bytes:
-    inputs = random_inputs(8, 8, 64, batch=1, seq=16, seed=3)
-    datatypes = {"float32": "FP32", "int64": "INT64"}
-    header = json.dumps({"inputs": [
-        {"name": name, "shape": list(a.shape), "datatype": datatypes[str(a.dtype)],
-         "parameters": {"binary_data_size": a.nbytes}} for name, a in inputs.items()]}).encode()
-    body = header + b"".join(a.tobytes() for a in inputs.values())
-    return head("POST", "/v2/models/rope_attention/infer", len(body), Content_Type="application/octet-stream",
-                Inference_Header_Content_Length=str(len(header))) + body
+    request = kserve_request(random_inputs(8, 8, 64, batch=1, seq=16, seed=3), content_type=True)
+    return request_head("POST", "/v2/models/rope_attention/infer", len(request.body), **request.headers) + request.body
 
 
 def table_request(i: int) -> bytes:
-    return head("GET", f"/v1/sinusoidal?max_position={4096 + i}&dim=256&format=raw")  # distinct: no cache hits
+    return request_head("GET", f"/v1/sinusoidal?max_position={4096 + i}&dim=256&format=raw")  # distinct: no cache hits
 
 
 def client(port: int, payload: bytes, outcome: Outcome, start: threading.Barrier) -> None:

@@ -8,11 +8,7 @@ prove that both served some of them.
 from __future__ import annotations
 
 import http.client
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from tests.server.test_shutdown import free_port
+from service.testing import ServerProcess
 
 ROUTE = "/v1/alibi/slopes"
 TABLE = f"{ROUTE}?num_heads=8&format=raw"
@@ -62,34 +58,17 @@ def requests_per_worker(shared: Path) -> list[float]:
 def two_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     shared = tmp_path_factory.mktemp("metrics")
     (shared / "counter_1.db").write_bytes(b"stale")  # left by an earlier run: must be removed at start
-    port = free_port()
-    env = {**os.environ, "POSENC_LOG_LEVEL": "warning", "POSENC_ACCESS_LOG": "false",
-           "PROMETHEUS_MULTIPROC_DIR": str(shared)}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--workers", "2"],
-                            env=env)
-    try:
+    server = ServerProcess({"log_level": "warning", "access_log": False}, args=["--workers", "2"],
+                           env={"PROMETHEUS_MULTIPROC_DIR": str(shared)}, ready=None)
+    with server:
         deadline = time.monotonic() + 90
         while len(list(shared.glob("gauge_max_*.db"))) < 2:  # both workers built their app
-            assert proc.poll() is None, f"posenc serve exited with {proc.returncode}"
+            assert server.poll() is None, f"posenc serve exited with {server.poll()}"
             assert time.monotonic() < deadline, "two workers did not start within 90 s"
             time.sleep(0.2)
-        while True:
-            try:
-                if get(port, "/readyz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "not ready within 90 s"
-            time.sleep(0.2)
-        yield port, shared
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(30) == 0
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+        server.wait_ready("/readyz", timeout=max(1.0, deadline - time.monotonic()))
+        yield server.port, shared
+        assert server.stop(timeout=30) == 0
 
 
 @pytest.mark.timeout(180)

@@ -9,8 +9,6 @@ second answer comes from the cache, through the fast path).
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
 from collections.abc import Iterator
 from unittest import mock
@@ -18,6 +16,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
+from service.testing import decode_response, http_request, kserve_request
 from tests.golden_requests import ERROR_REQUESTS, GET_REQUESTS, post_requests
 from tests.infer_utils import random_inputs
 from tests.server.test_shutdown import running_server
@@ -27,13 +26,8 @@ Request = tuple[str, str, bytes, dict[str, str]]  # method, path and query, body
 
 
 def call(port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Answer:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request(method, path, body=body or None, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.getheader("etag"), response.getheader("content-type"), response.read()
-    finally:
-        connection.close()
+    status, answer_headers, answer = http_request(port, path, method, body or None, headers)
+    return status, answer_headers.get("etag"), answer_headers.get("content-type"), answer
 
 
 @pytest.fixture(scope="module")
@@ -73,31 +67,19 @@ def test_tables_are_byte_identical_with_the_same_etag(replicas: tuple[int, int])
             assert revalidated == (304 if method == "GET" else 412)
 
 
-def infer_body(hq: int, hkv: int, head_dim: int) -> tuple[bytes, int]:
-    """A KServe v2 request with binary inputs and a binary output: (JSON header + input bytes, header length)."""
-    inputs = random_inputs(hq, hkv, head_dim, batch=2, seq=5, seed=7)
-    datatypes = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}
-    header = {"id": "replica-check", "parameters": {"binary_data_output": True},
-              "inputs": [{"name": name, "shape": list(array.shape), "datatype": datatypes[array.dtype],
-                          "parameters": {"binary_data_size": array.nbytes}} for name, array in inputs.items()]}
-    encoded = json.dumps(header).encode()
-    return encoded + b"".join(array.tobytes() for array in inputs.values()), len(encoded)
+def infer_body(hq: int, hkv: int, head_dim: int) -> tuple[bytes, dict[str, str]]:
+    """A KServe v2 request with binary inputs and a binary output: its body and headers."""
+    request = kserve_request(random_inputs(hq, hkv, head_dim, batch=2, seq=5, seed=7), request_id="replica-check",
+                             binary_output=True, content_type=True)
+    return request.body, request.headers
 
 
-def infer(port: int, model: str, body: bytes, header_length: int) -> tuple[dict[str, object], bytes]:
+def infer(port: int, model: str, body: bytes, headers: dict[str, str]) -> tuple[dict[str, object], bytes]:
     """The JSON header and the raw output bytes of one binary KServe v2 inference."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        connection.request("POST", f"/v2/models/{model}/infer", body=body,
-                           headers={"Content-Type": "application/octet-stream",
-                                    "Inference-Header-Content-Length": str(header_length)})
-        response = connection.getresponse()
-        answer = response.read()
-        assert response.status == 200, answer[:500]
-        split = int(response.getheader("inference-header-content-length") or len(answer))
-        return json.loads(answer[:split]), answer[split:]
-    finally:
-        connection.close()
+    status, answer_headers, answer = http_request(port, f"/v2/models/{model}/infer", "POST", body, headers)
+    assert status == 200, answer[:500]
+    response = decode_response(answer, answer_headers)
+    return response.header, response.outputs["output"].tobytes()
 
 
 @pytest.mark.timeout(300)
@@ -105,8 +87,8 @@ def infer(port: int, model: str, body: bytes, header_length: int) -> tuple[dict[
                          [("rope_attention", 8, 8, 64), ("llama3_1_attention", 32, 8, 128)])
 def test_inference_outputs_are_identical(replicas: tuple[int, int], model: str, hq: int, hkv: int,
                                          head_dim: int) -> None:
-    body, header_length = infer_body(hq, hkv, head_dim)
-    (header_a, output_a), (header_b, output_b) = (infer(port, model, body, header_length) for port in replicas)
+    body, headers = infer_body(hq, hkv, head_dim)
+    (header_a, output_a), (header_b, output_b) = (infer(port, model, body, headers) for port in replicas)
     assert header_a == header_b
     assert output_a == output_b
     values = np.frombuffer(output_a, dtype=np.float32)

@@ -1,25 +1,15 @@
 """`posenc serve` as a real server: a safetensors response parsed with nothing but JSON and struct."""
 
 import json
-import os
-import socket
 import struct
 import subprocess
-import sys
 import urllib.request
 
 import numpy as np
 import pytest
 
 from models.sinusoidal import sinusoidal_table
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
+from service.testing import free_port, serve_command, serve_env
 
 
 def test_safetensors_header_is_plain_json(server: str) -> None:
@@ -44,8 +34,7 @@ def test_errors_over_the_wire(server: str) -> None:
 
 
 def test_bad_setting_fails_at_startup_naming_the_variable() -> None:
-    env = {**os.environ, "POSENC_CACHE_BYTES": "lots"}
-    proc = subprocess.run([sys.executable, "-m", "service.cli", "serve", "--port", str(free_port())], env=env,
+    proc = subprocess.run(serve_command("--port", str(free_port())), env=serve_env({"cache_bytes": "lots"}),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "POSENC_CACHE_BYTES" in proc.stderr

@@ -1,10 +1,11 @@
 """A wrong POSENC_* value stops start-up with exit status 2 and a message naming the variable."""
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from service.testing import serve_command, serve_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -15,9 +16,8 @@ REPO = Path(__file__).resolve().parents[2]
      ("POSENC_ACCESS_LOG", "maybe"), ("POSENC_LOG_LEVEL", "loud")],
 )
 def test_bad_variable_exits_2_naming_it(variable: str, value: str) -> None:
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), variable: value}
-    result = subprocess.run([sys.executable, "-m", "service.cli", "serve"], env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=60)
+    env = serve_env({variable: value}, base={"PATH": "/usr/bin:/bin"}, pythonpath=[REPO])
+    result = subprocess.run(serve_command(), env=env, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert variable in result.stderr
     assert "Traceback" not in result.stderr

@@ -14,17 +14,16 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from models.dtypes import lookup
-from service.settings import Settings
+from service.testing import ServerProcess
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
-from tests.live_server import live_server
 
 MODEL = "rope_attention"
 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with live_server(Settings(shared_memory=True, max_queue_delay_us=0)) as address:
-        yield address
+    with ServerProcess({"shared_memory": True, "max_queue_delay_us": 0, "log_level": "warning"}) as server:
+        yield server.address
 
 
 @pytest.fixture

@@ -11,11 +11,8 @@ from __future__ import annotations
 import http.client
 import io
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,41 +20,20 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
+from service.testing import ServerProcess, http_request, request_head
+
 HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.5, 1.0, 0.5
 SLACK = 2.0  # scheduling margin on a busy 2-core machine
 T5_PATH = "/v1/t5/bias?query_length=4&key_length=4"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
-def running_server(**settings: object) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """`posenc serve` on a free port with `POSENC_<NAME>` settings; killed at the end if still running."""
-    port = free_port()
-    env = {**os.environ, "POSENC_LOG_LEVEL": "warning", "POSENC_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
-           "POSENC_BODY_TIMEOUT": str(BODY_TIMEOUT), "POSENC_TIMEOUT_KEEP_ALIVE": str(KEEP_ALIVE),
-           **{f"POSENC_{k.upper()}": str(v) for k, v in settings.items()}}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "serve", "--port", str(port)], env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status, _, _ = request(port, "GET", "/healthz")
-                assert status == 200
-                break
-            except OSError:
-                assert proc.poll() is None, f"the server exited with {proc.returncode} at start-up"
-                assert time.monotonic() < deadline, "the server did not start within 60 s"
-                time.sleep(0.2)
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+def running_server(**settings: object) -> Iterator[tuple[ServerProcess, int]]:
+    """`posenc serve` on a free port with the short timeouts and `settings`; stopped at the end if still running."""
+    timeouts = {"log_level": "warning", "header_timeout": HEADER_TIMEOUT, "body_timeout": BODY_TIMEOUT,
+                "timeout_keep_alive": KEEP_ALIVE}
+    with ServerProcess({**timeouts, **settings}, ready="/healthz", ready_timeout=60) as server:
+        yield server, server.port
 
 
 def connect(port: int) -> socket.socket:
@@ -69,20 +45,6 @@ def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     response.begin()
     body = response.read()
     return response.status, {k.lower(): v for k, v in response.getheaders()}, body
-
-
-def request(port: int, method: str, path: str, body: bytes = b"", **headers: str) -> tuple[int, dict[str, str], bytes]:
-    with connect(port) as sock:
-        sock.sendall(head(method, path, len(body) if body or method == "POST" else None, **headers) + body)
-        return read_response(sock)
-
-
-def head(method: str, path: str, content_length: int | None = None, **headers: str) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"]
-    if content_length is not None:
-        lines.append(f"Content-Length: {content_length}")
-    lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
 def weight_npy() -> bytes:
@@ -103,7 +65,7 @@ def seconds_until_closed(sock: socket.socket) -> tuple[float, bytes]:
     return time.monotonic() - start, received
 
 
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, within: float = 10.0) -> tuple[int, float]:
+def stop(proc: ServerProcess, sig: int = signal.SIGTERM, within: float = 10.0) -> tuple[int, float]:
     start = time.monotonic()
     proc.send_signal(sig)
     return proc.wait(within), time.monotonic() - start
@@ -132,7 +94,7 @@ def test_incomplete_request_head_is_closed_after_the_header_timeout(port: int, s
 @pytest.mark.timeout(30)
 def test_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(port: int) -> None:
     with connect(port) as sock:
-        sock.sendall(head("GET", "/healthz"))
+        sock.sendall(request_head("GET", "/healthz"))
         status, headers, _ = read_response(sock)
         assert status == 200 and headers.get("connection") != "close"
         elapsed, received = seconds_until_closed(sock)
@@ -144,9 +106,9 @@ def test_idle_keep_alive_connection_is_closed_after_the_keep_alive_timeout(port:
 def test_stalled_body_gets_408_and_the_server_keeps_serving(port: int) -> None:
     body = weight_npy()
     with connect(port) as stalled:
-        stalled.sendall(head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:50])
+        stalled.sendall(request_head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:50])
         start = time.monotonic()
-        assert request(port, "GET", "/healthz")[0] == 200  # served while the other body stalls
+        assert http_request(port, "/healthz")[0] == 200  # served while the other body stalls
         status, headers, answer = read_response(stalled)
         elapsed = time.monotonic() - start
     assert status == 408 and headers["connection"] == "close"
@@ -154,14 +116,14 @@ def test_stalled_body_gets_408_and_the_server_keeps_serving(port: int) -> None:
     assert json.loads(answer)["type"] == "request_timeout"
     assert "POSENC_BODY_TIMEOUT" in json.loads(answer)["error"]
     assert BODY_TIMEOUT - 0.2 <= elapsed <= BODY_TIMEOUT + SLACK
-    assert request(port, "POST", T5_PATH, body, Content_Type="application/x-npy")[0] == 200
+    assert http_request(port, T5_PATH, "POST", body, {"Content-Type": "application/x-npy"})[0] == 200
 
 
 @pytest.mark.timeout(30)
 def test_trickled_body_within_the_gap_is_answered(port: int) -> None:
     body = weight_npy()
     with connect(port) as sock:
-        sock.sendall(head("POST", T5_PATH, len(body), Content_Type="application/x-npy"))
+        sock.sendall(request_head("POST", T5_PATH, len(body), Content_Type="application/x-npy"))
         for start in range(0, len(body), len(body) // 4 + 1):  # ~4 pieces, each gap under the body timeout
             time.sleep(BODY_TIMEOUT / 2)
             sock.sendall(body[start:start + len(body) // 4 + 1])
@@ -185,7 +147,7 @@ def test_signal_without_traffic_exits_0_promptly(sig: int) -> None:
 def test_sigterm_lets_a_slow_upload_finish_and_exits_0() -> None:
     body = weight_npy()
     with running_server(graceful_shutdown_timeout=10) as (proc, port), connect(port) as sock:
-        sock.sendall(head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
+        sock.sendall(request_head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         time.sleep(0.5)  # the server is draining: the upload goes on, within the body timeout
@@ -200,7 +162,7 @@ def test_sigterm_with_a_stalled_body_answers_408_and_exits_0() -> None:
     """The body timeout (1 s) ends the request before the graceful timeout (10 s): nothing is cut."""
     body = weight_npy()
     with running_server(graceful_shutdown_timeout=10) as (proc, port), connect(port) as sock:
-        sock.sendall(head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
+        sock.sendall(request_head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
         time.sleep(0.3)
         status, elapsed = stop(proc, within=BODY_TIMEOUT + SLACK + 5)
         assert read_response(sock)[0] == 408
@@ -215,7 +177,7 @@ def test_sigterm_cuts_a_trickling_upload_at_the_graceful_timeout_and_exits_1() -
     body = weight_npy()
     with running_server(graceful_shutdown_timeout=graceful, body_timeout=30) as (proc, port), \
             connect(port) as sock:
-        sock.sendall(head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
+        sock.sendall(request_head("POST", T5_PATH, len(body), Content_Type="application/x-npy") + body[:40])
         time.sleep(0.3)
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
@@ -237,7 +199,7 @@ def test_sigterm_cuts_a_download_the_client_stopped_reading_and_exits_1() -> Non
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", port))
         with sock:
-            sock.sendall(head("GET", "/v1/sinusoidal?max_position=32768&dim=256&format=raw"))
+            sock.sendall(request_head("GET", "/v1/sinusoidal?max_position=32768&dim=256&format=raw"))
             time.sleep(1.0)  # the server has computed the table and fills the socket; nobody reads
             status, elapsed = stop(proc, within=graceful + SLACK + 5)
     assert status == 1

@@ -10,9 +10,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from service.settings import Settings
+from service.testing import ServerProcess
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
-from tests.live_server import live_server
 
 MODEL = "rope_attention"
 GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
@@ -20,8 +19,8 @@ GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with live_server(Settings(max_queue_delay_us=2000)) as address:
-        yield address
+    with ServerProcess({"max_queue_delay_us": 2000, "log_level": "warning"}) as server:
+        yield server.address
 
 
 def _expected(inputs: dict[str, np.ndarray], model: str = MODEL) -> np.ndarray:

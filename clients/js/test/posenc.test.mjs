@@ -2,7 +2,7 @@
 //
 //   POSENC_URL=http://127.0.0.1:8000 POSENC_FIXTURES=/tmp/fixtures.json node --test
 //
-// POSENC_FIXTURES is written by scripts/js_client_fixtures.py: the numbers the Python side computes
+// POSENC_FIXTURES is written by scripts/client_fixtures.py: the numbers the Python side computes
 // (tables from the numeric core / the app in-process, inference outputs from onnxruntime run directly
 // on the model file). scripts/js-client-test.sh does all of it: fixtures, server, tests.
 import assert from "node:assert/strict";
@@ -14,7 +14,7 @@ import { PosencClient, PosencError, parseNpy, parseSafetensors, typedArray } fro
 const URL_ = process.env.POSENC_URL;
 const FIXTURES = process.env.POSENC_FIXTURES;
 if (!URL_ || !FIXTURES) {
-  throw new Error("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/js_client_fixtures.py output)");
+  throw new Error("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/client_fixtures.py output)");
 }
 const fixtures = JSON.parse(readFileSync(FIXTURES, "utf8"));
 const client = new PosencClient(URL_);
@@ -48,7 +48,7 @@ function assertJsonValues(values, wanted, dtype, what) {
   }
 }
 
-// Every table case scripts/js_client_fixtures.py defines (its CASES), by endpoint: the fixture script
+// Every table case scripts/client_fixtures.py defines (its CASES), by endpoint: the fixture script
 // fails when one does not answer 200, and this test fails when the fixtures hold any other set, so no
 // case is dropped silently. Add a case there, count it here.
 const EXPECTED_TABLE_CASES = {

@@ -2,7 +2,7 @@
 //!
 //!     POSENC_URL=http://127.0.0.1:8000 POSENC_FIXTURES=fixtures.json cargo test --offline
 //!
-//! POSENC_FIXTURES is written by scripts/js_client_fixtures.py (tables computed by the service
+//! POSENC_FIXTURES is written by scripts/client_fixtures.py (tables computed by the service
 //! in-process, inference outputs by onnxruntime run on the model file); scripts/clients-test.sh
 //! does all of it.
 
@@ -12,7 +12,7 @@ fn env(name: &str) -> String {
     std::env::var(name)
         .ok()
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| panic!("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/js_client_fixtures.py output)"))
+        .unwrap_or_else(|| panic!("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/client_fixtures.py output)"))
 }
 
 fn client() -> Client {

@@ -16,7 +16,7 @@ import java.util.Map;
  * POSENC_URL=http://127.0.0.1:8000 POSENC_FIXTURES=fixtures.json java -cp build posenc.PosencClientTest
  * </pre>
  *
- * POSENC_FIXTURES is written by scripts/js_client_fixtures.py (tables computed by the service in-process,
+ * POSENC_FIXTURES is written by scripts/client_fixtures.py (tables computed by the service in-process,
  * inference outputs by onnxruntime run on the model file); scripts/clients-test.sh does all of it.
  * Prints one line per test and "N passed, N failed"; exits 1 on any failure.
  */
@@ -159,7 +159,7 @@ public final class PosencClientTest {
         String url = System.getenv("POSENC_URL");
         String path = System.getenv("POSENC_FIXTURES");
         if (url == null || path == null) {
-            System.err.println("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/js_client_fixtures.py output)");
+            System.err.println("set POSENC_URL (a running server) and POSENC_FIXTURES (scripts/client_fixtures.py output)");
             System.exit(2);
         }
         client = new PosencClient(url);

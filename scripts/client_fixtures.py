@@ -1,6 +1,6 @@
-"""Expected numbers for the JavaScript client test, computed on the Python side.
+"""Expected numbers for the client tests (JavaScript, C++, Go, Java, Rust), computed on the Python side.
 
-    python scripts/js_client_fixtures.py OUT.json
+    python scripts/client_fixtures.py OUT.json
 
 Writes `{"tables": [...], "infer": {...} | null}`. Each table case has the endpoint, its query
 parameters and the expected tensors as little-endian bytes (base64) with dtype and shape: the
@@ -136,7 +136,7 @@ def infer_case() -> dict[str, Any] | None:
 
 def main() -> int:
     if len(sys.argv) != 2:
-        raise SystemExit("usage: js_client_fixtures.py OUT.json")
+        raise SystemExit("usage: client_fixtures.py OUT.json")
     doc = {"tables": table_cases(), "infer": infer_case()}
     Path(sys.argv[1]).write_text(json.dumps(doc))
     print(f"js fixtures: {len(doc['tables'])} table cases, infer: "

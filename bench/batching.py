@@ -1,0 +1,95 @@
+"""batching: concurrent clients of single-row binary infer, posenc with batching on vs off; and what one row costs
+onnxruntime by batch size (where batching pays).
+
+    python -m bench batching                       # S = 16, 64, 256 (about 1.5 minutes on 2 cores)
+    python -m bench batching --seq 64 --rounds 3
+
+Two servers, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
+each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off, target >= 0.97),
+median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). Then
+onnxruntime's milliseconds per row in-process for B = 1, 2, 4, 8, 16 at S = 64 and 256 (every B in every
+round; ratio: the per-row speed-up over B=1).
+"""
+
+from __future__ import annotations
+
+from bench.harness import (
+    MODEL,
+    Bench,
+    Report,
+    Row,
+    infer_target,
+    inputs,
+    interleaved,
+    log,
+    med,
+    model_stats,
+    spread,
+    timed_ms,
+)
+from bench.inprocess import ort_session
+from service.testing import ServerProcess
+
+SEQS = (16, 64, 256)
+PER_ROW_BATCHES, PER_ROW_SEQS = (1, 2, 4, 8, 16), (64, 256)
+TARGET = 0.97
+
+
+def rows_per_run(server: ServerProcess, before: tuple[int, int]) -> float:
+    """Mean rows per onnxruntime run since `before` (the model's statistics then)."""
+    rows, runs = model_stats(server.port)
+    return (rows - before[0]) / max(1, runs - before[1])
+
+
+def on_off(bench: Bench, report: Report) -> None:
+    args, load = bench.args, bench.load
+    rounds, clients = args.rounds or 5, args.clients
+    table = [f"| {clients} concurrent clients, single requests ({MODEL}) | batching | requests/s | median latency "
+             "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
+    with bench.servers() as servers:
+        on = servers.start("posenc")
+        off = servers.start("posenc batching off", {"batching": False})
+        servers.ready("/readyz")
+        for seq in args.seq or SEQS:
+            target = infer_target(inputs(1, seq), bench.work_dir)
+            load.round(on.port, target, 1, clients), load.round(off.port, target, 1, clients)  # warm-up
+            before = {server.name: model_stats(server.port) for server in (on, off)}
+            a, b = interleaved(rounds, lambda t=target: load.round(on.port, t, args.seconds, clients),
+                               lambda t=target: load.round(off.port, t, args.seconds, clients))
+            per_run = {server.name: rows_per_run(server, before[server.name]) for server in (on, off)}
+            va, vb = [r.rps for r in a], [r.rps for r in b]
+            p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b])
+            report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, batching on vs off", med(va), med(vb),
+                                   "req/s", True, TARGET, f"{spread(va, vb)}; p50 {p50[0]:.2f}/{p50[1]:.2f} ms; "
+                                   f"{per_run[on.name]:.2f} rows/run batched", sum(r.errors for r in a + b)))
+            for server, state, values, latency in ((on, "on", va, p50[0]), (off, "off", vb, p50[1])):
+                table.append(f"| B=1 S={seq} | {state} | {med(values):.0f} | {latency:.2f} ms "
+                             f"| {per_run[server.name]:.1f} |")
+            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+    report.tables.append("\n".join(table))
+
+
+def per_row(bench: Bench, report: Report) -> None:
+    """onnxruntime ms per row for each batch size (every B in every round), on a session built like the server's."""
+    args = bench.args
+    session = ort_session(MODEL)
+    for seq in PER_ROW_SEQS:
+        cases = [inputs(batch, seq) for batch in PER_ROW_BATCHES]
+        for arrays in cases:
+            session.run(["output"], arrays)  # warm-up
+        per_call = interleaved(args.rounds or 5, *(lambda x=arrays: timed_ms(lambda: session.run(["output"], x),
+                                                                             args.seconds / 8) for arrays in cases))
+        rows = [[ms / batch for ms in calls] for batch, calls in zip(PER_ROW_BATCHES, per_call, strict=True)]
+        for batch, values in zip(PER_ROW_BATCHES, rows, strict=True):
+            report.rows.append(Row(f"onnxruntime per row B={batch} S={seq} (anchor: B=1)", med(values), med(rows[0]),
+                                   "ms/row", False, None, "ratio = per-row speed-up over B=1"))
+        log(f"onnxruntime per-row cost S={seq} done")
+
+
+def run(bench: Bench) -> Report:
+    report = Report(notes=["# batching: posenc serve with POSENC_BATCHING=true vs false (otherwise POSENC_* unset), "
+                           f"{bench.args.clients} connections; onnxruntime per row in-process (a session built "
+                           "like the server's)"])
+    on_off(bench, report)
+    per_row(bench, report)
+    return report

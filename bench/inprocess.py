@@ -1,0 +1,94 @@
+"""The in-process anchors of the inference benchmarks: onnxruntime sessions built like the server's, I/O binding
+on CUDA, and torch eager (the module the graphs were exported from; optional)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+import onnxruntime as ort
+
+from bench.harness import ROOT
+
+CUDA = "CUDAExecutionProvider"
+
+
+def require_cuda() -> None:
+    """--device cuda: onnxruntime-gpu with a CUDA provider and a CUDA device for torch, or a clear exit."""
+    problems = []
+    if CUDA not in ort.get_available_providers():
+        problems.append(f"onnxruntime {ort.__version__} has no {CUDA} (install onnxruntime-gpu)")
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            problems.append("torch sees no CUDA device")
+    except ImportError:
+        problems.append("torch is not installed (the torch eager column runs on the device too)")
+    if problems:
+        raise SystemExit("--device cuda: " + "; ".join(problems))
+
+
+def ort_session(model: str, device: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
+    """A session built like posenc's (service/inference/repository.py): intra-op threads (default: the usable
+    cores), one inter-op thread, no spinning; the CUDA provider first with device cuda."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
+    options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    session = ort.InferenceSession(str(ROOT / "onnx" / model / "model.onnx"), sess_options=options, providers=providers)
+    if device == "cuda" and session.get_providers()[0] != CUDA:
+        raise SystemExit(f"--device cuda: onnxruntime did not put {model} on {CUDA}: {session.get_providers()}")
+    return session
+
+
+def ort_call(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> Callable[[], object]:
+    """One `session.run` with numpy in and out."""
+    return lambda: session.run(["output"], inputs)
+
+
+def io_binding_call(session: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> Callable[[], object]:
+    """onnxruntime with inputs and output as OrtValues on the GPU, bound once (no host copies per call)."""
+    binding = session.io_binding()
+    values = {name: ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0) for name, array in inputs.items()}
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    output = ort.OrtValue.ortvalue_from_shape_and_type(list(inputs["query"].shape), np.float32, "cuda", 0)
+    binding.bind_ortvalue_output("output", output)
+
+    def call() -> object:
+        session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return output
+    return call
+
+
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
+def torch_call(model: str, inputs: dict[str, np.ndarray], device: str, threads: int) -> Callable[[], object] | None:
+    """The torch module `model` was exported from, eager, on `device` with `threads` threads; None without torch."""
+    try:
+        import torch
+
+        from models.export_onnx import default_specs
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    spec = {s.name: s for s in default_specs()}[model]
+    module = spec.module().to(device).eval()
+    tensors = [torch.from_numpy(inputs[k]).to(device) for k in ("query", "key", "value", "position_ids")]
+
+    def call() -> object:
+        with torch.no_grad():
+            out = module(*tensors)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
+    return call

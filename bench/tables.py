@@ -1,0 +1,77 @@
+"""tables: cached tables and /healthz against a bare FastAPI endpoint serving the same bytes.
+
+posenc (`python -m service.cli serve`, default settings: access log and metrics on) and the anchor (a bare
+FastAPI app on the same uvicorn, loop and HTTP implementation, access log off, serving from `async def` the
+bytes and headers captured from posenc: bench/anchor.py), each on a free loopback port, measured in
+interleaved rounds:
+  small    req/s of the cached `/v1/alibi/slopes?num_heads=32` (16 connections), target >= 0.80
+  healthz  req/s of `/healthz` vs the anchor returning the same JSON (16 connections), target >= 0.85
+  large    GB/s of the cached 64 MiB `/v1/rope?max_position=65536&head_dim=128` safetensors table, whole
+           bodies read (`--large-connections`), target >= 0.90
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.harness import CLIENTS, LARGE, SMALL, Bench, Report, Row, Target, interleaved, log, med, spread
+from service.testing import LoadResult, ServerProcess, http_request
+
+
+def capture_tables(posenc: ServerProcess, work_dir: Path) -> tuple[Path, str]:
+    """Fill posenc's cache (first request of a table is a miss), check the second one hits, and write the
+    anchor's spec: the same bytes, media type and headers (date/server/content-length are the server's)."""
+    spec: dict[str, Any] = {"raw": {}, "json": {}}
+    notes = []
+    for name, path in (("small", SMALL), ("large", LARGE)):
+        status = http_request(posenc.port, path)[0]
+        status2, headers, body = http_request(posenc.port, path)
+        if status != 200 or status2 != 200:
+            raise RuntimeError(f"posenc answered {status}/{status2} to {path}")
+        notes.append(f"{name} {len(body)} B x-cache={headers.get('x-cache', '?')}")
+        (work_dir / f"{name}.bin").write_bytes(body)
+        copied = {k: v for k, v in headers.items() if k not in ("date", "server", "content-length", "content-type")}
+        spec["raw"][path.split("?")[0]] = {"file": str(work_dir / f"{name}.bin"),
+                                           "media_type": headers["content-type"], "headers": copied}
+    spec["json"]["/healthz"] = json.loads(http_request(posenc.port, "/healthz")[2])
+    spec_path = work_dir / "anchor.json"
+    spec_path.write_text(json.dumps(spec))
+    return spec_path, ", ".join(notes)
+
+
+def run(bench: Bench) -> Report:
+    args, load = bench.args, bench.load
+    rounds = args.rounds or 5
+    report = Report(notes=["# tables: posenc serve (POSENC_* unset) vs the anchor: bare FastAPI async def endpoints "
+                           "on uvicorn --loop uvloop --http httptools --no-access-log, same bytes, media type and "
+                           f"headers; {rounds} x {args.seconds} s rounds per side, interleaved"])
+    with bench.servers() as servers:
+        posenc = servers.start("posenc")
+        servers.ready("/readyz")
+        spec_path, cache_note = capture_tables(posenc, bench.work_dir)
+        report.notes.append(f"# tables: {cache_note}")
+        anchor = servers.start("anchor", command=[
+            sys.executable, "-m", "uvicorn", "bench.anchor:create_app", "--factory", "--host", "{host}", "--port",
+            "{port}", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"],
+            env={"BENCH_ANCHOR_SPEC": str(spec_path)})
+        anchor.wait_ready("/healthz")
+        cases = [(f"cached small table {SMALL}", SMALL, CLIENTS, False, 0.80),
+                 ("/healthz", "/healthz", CLIENTS, False, 0.85),
+                 ("cached 64 MiB table /v1/rope (65536x128, safetensors)", LARGE, args.large_connections, True, 0.90)]
+        for what, path, conns, gbps, goal in cases:
+            target = Target(path)  # the same URL to both
+            load.round(posenc.port, target, 1, conns), load.round(anchor.port, target, 1, conns)  # warm-up
+            a, b = interleaved(rounds, lambda t=target, c=conns: load.round(posenc.port, t, args.seconds, c),
+                               lambda t=target, c=conns: load.round(anchor.port, t, args.seconds, c))
+            metric: Callable[[LoadResult], float] = (lambda r: r.gbps) if gbps else (lambda r: r.rps)
+            va, vb = [metric(r) for r in a], [metric(r) for r in b]
+            report.rows.append(Row(
+                f"{what}, {conns} conn", med(va), med(vb), "GB/s" if gbps else "req/s", True, goal,
+                f"{spread(va, vb)}; p50 {med([r.p50_ms for r in a]):.2f}/{med([r.p50_ms for r in b]):.2f} ms",
+                sum(r.errors for r in a + b)))
+            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+    return report

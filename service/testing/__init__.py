@@ -1,0 +1,42 @@
+"""posenc's test kit: what tests, benchmarks and scripts need to drive a real posenc, in one place.
+
+    from service.testing import ServerProcess, LoadGenerator, kserve_request, decode_response
+
+* `free_port`, `require_loopback` (ports.py): a free loopback port; everything here stays on this host.
+* `ServerProcess` (server.py): `posenc serve` (or another server command) in a subprocess with POSENC_*
+  settings, ready when a path answers 200, its output in a log file, stopped by PID (SIGTERM, then SIGKILL
+  after a bound). `python -m service.testing.serve` starts one for shell scripts.
+* `kserve_request`, `decode_response` (kserve.py): KServe v2 infer requests, JSON and binary tensors,
+  shared-memory inputs and outputs, with datatype names from models/dtypes.py; responses back to arrays.
+* `LoadGenerator` (load.py): bounded closed-loop load over keep-alive connections, every body read.
+* `request_head`, `request_bytes`, `http_request`, `read_response` (http.py): plain HTTP/1.1 on loopback.
+* `attention_inputs` (inputs.py): seeded inputs for the shipped RoPE-attention graphs.
+
+Imports only the standard library, numpy and posenc's own modules: it ships with the service.
+"""
+
+from service.testing.http import http_request, read_response, request_bytes, request_head
+from service.testing.inputs import attention_inputs
+from service.testing.kserve import (
+    HEADER_LENGTH,
+    KServeRequest,
+    KServeResponse,
+    RequestedOutput,
+    SharedMemory,
+    SharedMemoryInput,
+    decode_response,
+    kserve_request,
+    request_with_header,
+    shared_memory_inputs,
+)
+from service.testing.load import HttpRequest, LoadGenerator, LoadResult, Outcome
+from service.testing.ports import LOOPBACK, free_port, require_loopback
+from service.testing.server import ServerProcess, serve_command, serve_env, setting_variable, without_posenc
+
+__all__ = [
+    "HEADER_LENGTH", "LOOPBACK", "HttpRequest", "KServeRequest", "KServeResponse", "LoadGenerator", "LoadResult",
+    "Outcome", "RequestedOutput", "ServerProcess", "SharedMemory", "SharedMemoryInput", "attention_inputs",
+    "decode_response", "free_port", "http_request", "kserve_request", "read_response", "request_bytes",
+    "request_head", "request_with_header", "require_loopback", "serve_command", "serve_env", "setting_variable",
+    "shared_memory_inputs", "without_posenc",
+]

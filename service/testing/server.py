@@ -1,0 +1,201 @@
+"""`posenc serve` (or another ASGI server command) in a subprocess on loopback, for tests, benchmarks and scripts.
+
+One class for every caller: settings as a mapping of `POSENC_*` values (or Settings field names), extra
+arguments and environment, a free loopback port unless one is given, readiness by polling a path, the
+output in a log file, and a stop by PID: a signal, then SIGKILL (of the whole process group: workers too)
+after a bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import service
+from service.testing.http import http_request
+from service.testing.ports import LOOPBACK, free_port, require_loopback
+
+SOURCE_ROOT = Path(service.__file__).resolve().parent.parent  # what holds `service` and `models`
+
+
+def setting_variable(name: str) -> str:
+    """`POSENC_MAX_QUEUE_DELAY_US` for `max_queue_delay_us` (a name already spelled as a variable stays)."""
+    return name if name.startswith("POSENC_") else f"POSENC_{name.upper()}"
+
+
+def setting_value(value: object) -> str:
+    """A setting as its environment value: booleans as `true`/`false`, anything else as `str()`."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def serve_command(*args: str) -> list[str]:
+    """`python -m service.cli serve ARGS` with this interpreter."""
+    return [sys.executable, "-m", "service.cli", "serve", *args]
+
+
+def serve_env(settings: Mapping[str, object] | None = None, *, base: Mapping[str, str] | None = None,
+              env: Mapping[str, str] | None = None, pythonpath: Sequence[str | Path] | None = None) -> dict[str, str]:
+    """The environment of a server: `base` (default: this process's), then `env`, then the settings as
+    `POSENC_*`; PYTHONPATH starts with `pythonpath` (default: the source root of this `service`, so the
+    server runs the code the caller imported)."""
+    out = dict(os.environ if base is None else base)
+    out.update(env or {})
+    out.update({setting_variable(k): setting_value(v) for k, v in (settings or {}).items()})
+    paths = [str(p) for p in ([SOURCE_ROOT] if pythonpath is None else pythonpath)]
+    if out.get("PYTHONPATH"):
+        paths.append(out["PYTHONPATH"])
+    if paths:
+        out["PYTHONPATH"] = os.pathsep.join(paths)
+    return out
+
+
+def without_posenc(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`environ` (default: this process's) less every `POSENC_*` variable: a server with the defaults."""
+    return {k: v for k, v in (os.environ if environ is None else environ).items() if not k.startswith("POSENC_")}
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group `pid` leads (a server started here leads its own: its workers go too)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+class ServerProcess:
+    """A server subprocess on `host:port` (loopback); a context manager that starts it and stops it.
+
+    `command` defaults to `posenc serve`; its parts may hold `{host}` and `{port}` (e.g. a bare uvicorn app).
+    POSENC_HOST and POSENC_PORT are always set to the server's. `ready`: the path polled until it answers
+    200 (None: do not wait). The process gets its own session, so a Ctrl-C meant for the caller does not
+    reach it: only `stop` (or `send_signal`) does.
+    """
+
+    def __init__(self, settings: Mapping[str, object] | None = None, *, args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, base_env: Mapping[str, str] | None = None,
+                 command: Sequence[str] | None = None, host: str = LOOPBACK, port: int | None = None,
+                 ready: str | None = "/readyz", ready_timeout: float = 90.0, stop_timeout: float = 15.0,
+                 cwd: str | Path | None = None, log_path: str | Path | None = None,
+                 pythonpath: Sequence[str | Path] | None = None, name: str = "posenc serve") -> None:
+        self.host, self.name = require_loopback(host), name
+        self.port = port if port is not None else free_port(host)
+        self.ready, self.ready_timeout, self.stop_timeout = ready, ready_timeout, stop_timeout
+        self.argv = [part.replace("{host}", host).replace("{port}", str(self.port))
+                     for part in (command if command is not None else serve_command())] + list(args)
+        self.env = serve_env(settings, base=base_env, pythonpath=pythonpath,
+                             env={**(env or {}), "POSENC_HOST": host, "POSENC_PORT": str(self.port)})
+        self.cwd = cwd
+        self._own_log = log_path is None
+        if log_path is None:
+            fd, log_path = tempfile.mkstemp(prefix=f"posenc-server-{self.port}-", suffix=".log")
+            os.close(fd)
+        self.log_path = Path(log_path)
+        self._log_text: str | None = None
+        self._signalled = False
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    # -- where it is
+
+    @property
+    def address(self) -> str:
+        """`host:port` (what tritonclient takes)."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self._started().pid
+
+    # -- life cycle
+
+    def start(self) -> ServerProcess:
+        """Start the process; wait for `ready` (a failure stops it and raises RuntimeError with the log's tail)."""
+        if self.proc is not None:
+            raise RuntimeError(f"{self.name} was started already")
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        if self.ready is not None:
+            try:
+                self.wait_ready()
+            except BaseException:
+                self.stop(signal.SIGKILL)
+                raise
+        return self
+
+    def wait_ready(self, path: str | None = None, timeout: float | None = None) -> None:
+        """Poll `path` (default: `ready`) until it answers 200; RuntimeError if the process ends or time runs out."""
+        proc, path = self._started(), path or self.ready or "/healthz"
+        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        while True:
+            try:
+                if http_request(self.port, path, timeout=5, host=self.host)[0] == 200:
+                    return
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                state = f"exited with {proc.returncode}" if proc.returncode is not None else "timed out"
+                raise RuntimeError(f"{self.name} on port {self.port} not ready on {path} ({state}); log tail:\n"
+                                   f"{self.log()[-3000:]}")
+            time.sleep(0.1)
+
+    def poll(self) -> int | None:
+        return self._started().poll()
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the server's own process (its workers get it from there)."""
+        proc = self._started()
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            self._signalled = True
+
+    def terminate(self) -> None:
+        """SIGTERM without waiting (stop several servers at once: terminate each, then `stop` each)."""
+        self.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status; subprocess.TimeoutExpired after `timeout` seconds."""
+        return self._started().wait(timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float | None = None) -> int | None:
+        """Signal it (unless signalled already), wait up to `timeout` (default `stop_timeout`), then SIGKILL its
+        process group; keep the log's text. The exit status (None: it never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None and not self._signalled:
+            self.send_signal(sig)
+        try:
+            self.proc.wait(self.stop_timeout if timeout is None else timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(self.proc.pid)
+            self.proc.wait()
+        if self._own_log and self.log_path.exists():
+            self._log_text = self.log_path.read_text(errors="replace")
+            self.log_path.unlink()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        """Everything the server wrote (stdout and stderr) so far."""
+        if self._log_text is not None:
+            return self._log_text
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> ServerProcess:
+        return self if self.proc is not None else self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self.proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self.proc

@@ -1,0 +1,89 @@
+"""The test kit itself (service.testing): its KServe requests agree with the service's codec for every dtype,
+its load is bounded and stays on loopback, its servers report a failed start and are stopped within a bound."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+
+from models.dtypes import DTYPES, DType
+from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from service.inference.kserve_response import encode_infer_response
+from service.testing import (
+    HttpRequest,
+    LoadGenerator,
+    ServerProcess,
+    decode_response,
+    kserve_request,
+)
+
+
+def _array(dtype: np.dtype) -> np.ndarray:
+    return (np.arange(6) % 2 == 1).reshape(2, 3) if dtype == np.bool_ else np.arange(6).astype(dtype).reshape(2, 3)
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("row", DTYPES, ids=[row.name for row in DTYPES])
+def test_requests_and_responses_agree_with_the_service_codec(row: DType, binary: bool) -> None:
+    array = _array(row.numpy)
+    request = kserve_request({"x": array}, binary=binary, request_id="r")
+    parsed = parse_infer_request(request.body, request.headers.get("Inference-Header-Content-Length"))
+    assert parsed.id == "r" and parsed.inputs[0].array.dtype == array.dtype
+    np.testing.assert_array_equal(parsed.inputs[0].array, array)
+    body, headers = encode_infer_response("m", "1", InferRequest(id="r", inputs=[], outputs=None,
+                                                                 binary_output=binary), {"y": array}, ["y"])
+    decoded = decode_response(body, headers)
+    assert decoded.outputs["y"].dtype == array.dtype
+    np.testing.assert_array_equal(decoded.outputs["y"], array)
+
+
+def test_decoder_refuses_binary_sections_that_do_not_add_up() -> None:
+    body, headers = encode_infer_response("m", "1", InferRequest(id=None, inputs=[], outputs=[RequestedOutput(
+        "y", True)], binary_output=False), {"y": np.arange(4, dtype=np.float32)}, ["y"])
+    with pytest.raises(ValueError, match="the body has"):
+        decode_response(body + b"\0", headers)
+    with pytest.raises(ValueError, match="pass the end of the body"):
+        decode_response(body[:-1], headers)
+
+
+def test_load_is_bounded_and_stays_on_loopback() -> None:
+    with pytest.raises(ValueError, match="bounded"):
+        LoadGenerator(80)
+    with pytest.raises(ValueError, match="not a loopback address"):
+        LoadGenerator(80, host="192.0.2.1", seconds=1)
+    with pytest.raises(ValueError, match="seconds"):
+        LoadGenerator(80, seconds=10**6)
+
+
+@pytest.mark.timeout(60)
+def test_load_counts_every_answer_and_stops_at_the_count(server: str) -> None:
+    port = urlsplit(server).port or 0
+    plan = [HttpRequest(path="/healthz"), HttpRequest(path="/no/such/route")]
+    seen: list[int | None] = []
+    result = LoadGenerator(port, connections=2, requests=20).run(plan, lambda outcome: seen.append(outcome.status))
+    assert result.requests == len(seen) == 20
+    assert result.statuses == {200: 10, 404: 10} and result.errors == 10 and result.socket_errors == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_start_says_why_with_the_log() -> None:
+    with pytest.raises(RuntimeError, match="POSENC_CACHE_BYTES") as info:
+        ServerProcess({"cache_bytes": "lots"}, ready_timeout=30).start()
+    assert "exited with 2" in str(info.value)
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_ignores_sigterm_is_killed_after_the_bound() -> None:
+    ignore = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); "
+              "time.sleep(60)")
+    server = ServerProcess(command=[sys.executable, "-c", ignore], ready=None, stop_timeout=1).start()
+    while "up" not in server.log():  # the handler is in place
+        assert server.poll() is None
+        time.sleep(0.05)
+    assert server.stop() == -signal.SIGKILL
+    assert server.log() == "up\n"
