@@ -1,11 +1,12 @@
 """Application factory: `create_app(settings)`; nothing here reads the environment at import."""
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 
 import service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from service import __version__
@@ -27,6 +28,14 @@ from service.tables.http import table_router
 
 log = logging.getLogger("posenc.http.app")
 
+
+
+@functools.cache
+def _registry_routers() -> tuple[APIRouter, APIRouter]:
+    """The table and check routers, built from the registry once per process: FastAPI analyses every route's
+    signature when it is added to a router and again when the router is included in an app, and these are
+    the 185 routes whose analysis dominates building an app."""
+    return table_router(), check_router()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -68,12 +77,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory)
     install_error_handlers(app)
     install_openapi(app)
-    tables = table_router()
+    tables, checks = _registry_routers()
     # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
     for router in (health.router, inference_routes.router, repository_routes.router, shared_memory_routes.router,
                    tables, docs.router, explorer.router):
         app.include_router(router)
-    app.include_router(check_router())
+    app.include_router(checks)
     app.include_router(check_inference_router)
     # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
     app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
