@@ -35,17 +35,36 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "pytest -m \"not torch\"")
 
 
+# The markers each folder gives its tests (a folder not named here gives none).
+FOLDER_MARKS: dict[str, tuple[str, ...]] = {"parity": ("torch",), "server": ("server",)}
+
+
+def _top_folder(path: Path) -> str | None:
+    """The folder directly below tests/ that `path` lies in, if any."""
+    try:
+        parts = path.resolve().relative_to(TESTS).parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 or path.is_dir() else None
+
+
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    """Without torch, parity/ is not imported (its imports would fail)."""
-    return True if not HAS_TORCH and collection_path.resolve() == TESTS / "parity" else None
+    """Folders that cannot hold a selected test are not imported: parity/ without torch (its imports would
+    fail), and, under `-m NAME` for a folder marker, every folder that does not give NAME."""
+    if not collection_path.is_dir() or collection_path.resolve().parent != TESTS:
+        return None
+    marks = FOLDER_MARKS.get(collection_path.name, ())
+    if not HAS_TORCH and "torch" in marks:
+        return True
+    selected = (config.option.markexpr or "").strip()
+    folder_marks = {mark for names in FOLDER_MARKS.values() for mark in names}
+    return True if selected in folder_marks and selected not in marks else None
 
 
-def mark_folder(items: Sequence[pytest.Item], folder: Path, *marks: pytest.MarkDecorator) -> None:
-    """Give every test collected below `folder` the `marks` (a folder's conftest calls it with its own)."""
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if folder in item.path.parents:
-            for mark in marks:
-                item.add_marker(mark)
+        for mark in FOLDER_MARKS.get(_top_folder(item.path) or "", ()):
+            item.add_marker(getattr(pytest.mark, mark))
 
 
 @contextmanager

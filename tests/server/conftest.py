@@ -1,16 +1,11 @@
-"""Real servers on loopback, where the protocol itself is under test: every test here is marked `server`."""
+"""Real servers on loopback, where the protocol itself is under test: every test here is marked `server`
+(FOLDER_MARKS in tests/conftest.py)."""
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from service.testing import ServerProcess
-from tests.conftest import mark_folder
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    mark_folder(items, Path(__file__).parent, pytest.mark.server)
 
 
 @pytest.fixture(scope="module")
