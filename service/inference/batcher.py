@@ -11,7 +11,7 @@ one run); the requests that arrive meanwhile form the next batch.
 So batching never waits by default (`max_queue_delay_us=0`): a request that finds the model idle runs
 at once, alone, and batches form only from requests that are actually waiting. A positive delay makes
 the first request of a batch wait up to that long for a full batch — only worth it where a bigger batch
-costs less per row (a GPU; `bench/ratios.py` prints onnxruntime's per-row cost by batch size).
+costs less per row (a GPU; `python -m bench batching` prints onnxruntime's per-row cost by batch size).
 
 Right-padding is exact for the valid rows of a causal model: query i only attends keys 0..i, so keys
 appended after a request's last token never reach its queries; the padded output rows are dropped.

@@ -3,7 +3,7 @@ answered (including inference requests still waiting in the batcher's queue), ne
 and the process exits 0 within the graceful timeout.
 
 Connections refused after the signal are expected: a client behind a load balancer (deploy/nginx) gets them
-retried on another replica; tests/test_replicas*.py and scripts/replicas-test.sh cover that part.
+retried on another replica; tests/server/test_replicas.py and scripts/replicas-test.sh cover that part.
 """
 
 from __future__ import annotations
