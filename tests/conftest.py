@@ -20,7 +20,9 @@ from pathlib import Path
 import httpx2
 import pytest
 from fastapi.testclient import TestClient
+from safetensors.numpy import save_file
 
+from models.rope import make_rope_parameters, rope_cos_sin
 from service.http.app import create_app
 from service.settings import Settings
 
@@ -65,6 +67,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         for mark in FOLDER_MARKS.get(_top_folder(item.path) or "", ()):
             item.add_marker(getattr(pytest.mark, mark))
+
+
+CHECK_ROPE = "/v1/rope?max_position=48&head_dim=16"  # the golden table of the `posenc check` tests
+
+
+@pytest.fixture
+def gptj_pairs(tmp_path: Path) -> Path:
+    """cos and sin of CHECK_ROPE in GPT-J's interleaved layout: a table with the layout mistake planted."""
+    cos, sin, _ = rope_cos_sin(make_rope_parameters(head_dim=16), 48, layout="interleaved")
+    path = tmp_path / "mine.safetensors"
+    save_file({"cos": cos, "sin": sin}, str(path))
+    return path
 
 
 @contextmanager

@@ -3,20 +3,9 @@
 from pathlib import Path
 
 import pytest
-from safetensors.numpy import save_file
 
-from models.rope import make_rope_parameters, rope_cos_sin
 from service.cli.main import main
-
-ROPE = "/v1/rope?max_position=48&head_dim=16"
-
-
-@pytest.fixture
-def gptj_pairs(tmp_path: Path) -> Path:
-    cos, sin, _ = rope_cos_sin(make_rope_parameters(head_dim=16), 48, layout="interleaved")
-    path = tmp_path / "mine.safetensors"
-    save_file({"cos": cos, "sin": sin}, str(path))
-    return path
+from tests.conftest import CHECK_ROPE as ROPE
 
 
 def test_against_a_running_server(server: str, gptj_pairs: Path, capsys: pytest.CaptureFixture[str]) -> None:
