@@ -1,10 +1,15 @@
 """`GET /v1/properties/...`: what a family's table does (docs/PROPERTIES.md), as named curves and a summary.
 
 Importing this package registers every properties endpoint in `service.tables.TABLES`, beside the tables
-whose query models they extend.
+whose query models they extend; every module here is imported, in name order.
 """
 
-from service.properties import axes, families, learned, relative  # noqa: F401
+import importlib
+import pkgutil
+
 from service.tables import TABLES
+
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["TABLES"]

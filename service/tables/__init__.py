@@ -1,10 +1,21 @@
 """Table endpoints: one query model per family, registered once (`service.tables.registry.register_table`).
 
-Importing this package registers every table family; `TABLES` maps each path to its `TableRoute`. The
-properties endpoints register into the same map when `service.properties` is imported.
+Importing this package registers every table family; `TABLES` maps each path to its `TableRoute`. Every
+module here other than the shared machinery is a family, imported in name order: adding a family is adding
+its module (its query model), its math in models/ and its tests. The properties endpoints register into the
+same map when `service.properties` is imported.
 """
 
-from service.tables import alibi, from_config, mrope, relative, rope, sinusoidal, t5, vision_rope, xlnet  # noqa: F401
+import importlib
+import pkgutil
+
 from service.tables.registry import TABLES
+
+# The machinery every family shares; every other module of this package is a family.
+MACHINERY = frozenset({"answer", "cache", "fields", "http", "png", "registry"})
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in MACHINERY:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["TABLES"]
