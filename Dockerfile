@@ -18,11 +18,12 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python3 -m venv /opt/posenc
 WORKDIR /src
 
-# Dependency layer: depends only on pyproject.toml (and the build arg), so a source change reuses it.
-COPY pyproject.toml ./
+# Dependency layer: the flavour's lock file (every package pinned, with its hashes: scripts/lock.py writes
+# it from pyproject), so a rebuild installs the same stack; a source change reuses this layer.
+COPY requirements/ requirements/
 COPY scripts/runtime_requirements.py scripts/
-RUN python3 scripts/runtime_requirements.py pyproject.toml "${ONNXRUNTIME}" > /tmp/requirements.txt \
- && /opt/posenc/bin/pip install -r /tmp/requirements.txt
+RUN lock=$(python3 scripts/runtime_requirements.py --lock "${ONNXRUNTIME}") \
+ && /opt/posenc/bin/pip install --require-hashes -r "$lock"
 
 # Source layer: the package itself, without dependencies (they are all above).
 COPY . .

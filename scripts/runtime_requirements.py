@@ -23,15 +23,20 @@ def normalized(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(1)).lower() if match else ""
 
 
+def runtime_requirements_name_check(runtime: str) -> None:
+    """Refuse anything but onnxruntime / onnxruntime-gpu with optional extras (the build arg is free text)."""
+    if normalized(runtime) not in RUNTIMES or not re.fullmatch(r"[A-Za-z0-9._-]+(\[[A-Za-z0-9_,-]+\])?", runtime):
+        raise SystemExit(f"ONNXRUNTIME must be one of {', '.join(RUNTIMES)}, optionally with extras "
+                         f"such as onnxruntime-gpu[cuda,cudnn] (got {runtime!r})")
+
+
 def runtime_requirements(pyproject: str, runtime: str) -> list[str]:
     """pyproject's dependencies with the onnxruntime entry swapped for `runtime`.
 
     `runtime` is `onnxruntime` or `onnxruntime-gpu`, optionally with extras
     (`onnxruntime-gpu[cuda,cudnn]` also installs NVIDIA's CUDA and cuDNN wheels).
     """
-    if normalized(runtime) not in RUNTIMES or not re.fullmatch(r"[A-Za-z0-9._-]+(\[[A-Za-z0-9_,-]+\])?", runtime):
-        raise SystemExit(f"ONNXRUNTIME must be one of {', '.join(RUNTIMES)}, optionally with extras "
-                         f"such as onnxruntime-gpu[cuda,cudnn] (got {runtime!r})")
+    runtime_requirements_name_check(runtime)
     with open(pyproject, "rb") as fh:
         deps: list[str] = tomllib.load(fh)["project"]["dependencies"]
     out = []
@@ -47,7 +52,18 @@ def runtime_requirements(pyproject: str, runtime: str) -> list[str]:
     return out
 
 
+def lock_path(runtime: str) -> str:
+    """The lock file of an image flavour, relative to the repository (`onnxruntime-gpu[cuda,cudnn]` ->
+    `requirements/onnxruntime-gpu-cuda-cudnn.txt`); scripts/lock.py writes it, the Dockerfile installs it."""
+    runtime_requirements_name_check(runtime)
+    return "requirements/" + re.sub(r"[\[\],]+", "-", runtime).strip("-") + ".txt"
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: runtime_requirements.py PYPROJECT onnxruntime|onnxruntime-gpu")
-    print("\n".join(runtime_requirements(sys.argv[1], sys.argv[2])))
+    if len(sys.argv) == 3 and sys.argv[1] == "--lock":
+        print(lock_path(sys.argv[2]))
+    elif len(sys.argv) == 3:
+        print("\n".join(runtime_requirements(sys.argv[1], sys.argv[2])))
+    else:
+        raise SystemExit("usage: runtime_requirements.py PYPROJECT RUNTIME | --lock RUNTIME  "
+                         "(RUNTIME: onnxruntime or onnxruntime-gpu, optionally with extras)")

@@ -28,7 +28,9 @@ def shipped_model_repository() -> Path:
 class Settings(BaseSettings):
     """Every knob of the service; the env variable is `POSENC_<FIELD NAME IN UPPER CASE>`."""
 
-    model_config = SettingsConfigDict(env_prefix="POSENC_", extra="ignore", frozen=True)
+    # protected_namespaces: older pydantic-settings reserve every `model_` name, and `model_repository` is ours.
+    model_config = SettingsConfigDict(env_prefix="POSENC_", extra="ignore", frozen=True,
+                                      protected_namespaces=("settings_",))
 
     host: str = Field("127.0.0.1", description="Address `posenc serve` binds to.")
     port: int = Field(8000, ge=1, le=65535, description="Port `posenc serve` listens on.")
