@@ -37,6 +37,7 @@ from bench.echo_asgi import ECHO_PATH
 from bench.harness import Bench, Report, Row, call_ms, inputs, interleaved, log, med, spread
 from bench.inprocess import io_binding_call, ort_call, ort_session, require_cuda, torch_call, torch_version
 from service.testing import (
+    SHARED_MEMORY_HEADERS,
     RequestedOutput,
     ServerProcess,
     SharedMemory,
@@ -44,6 +45,7 @@ from service.testing import (
     http_request,
     kserve_request,
     shared_memory_inputs,
+    shared_memory_key_settings,
 )
 
 MiB = 1024 * 1024
@@ -113,15 +115,17 @@ class SharedMemoryCase:
         self.request = kserve_request(shared_memory_inputs(arrays, f"in_{tag}"), outputs=[output])
 
     def _post(self, path: str, body: bytes = b"") -> None:
-        status, _, answer = http_request(self.server.port, path, "POST", body)
+        status, _, answer = http_request(self.server.port, path, "POST", body, headers=SHARED_MEMORY_HEADERS)
         if status != 200:
             raise RuntimeError(f"{path}: HTTP {status}: {answer[:300]!r}")
 
     def call(self, raw: Raw, model: str) -> Callable[[], np.ndarray]:
         path = f"/v2/models/{model}/infer"
 
+        headers = {**self.request.headers, **SHARED_MEMORY_HEADERS}
+
         def call() -> np.ndarray:
-            raw.post(path, self.request.body, self.request.headers)
+            raw.post(path, self.request.body, headers)
             return self.shm.get_contents_as_numpy(self.handles[1], np.float32, self.shape)  # a view, no copy
         return call
 
@@ -178,6 +182,7 @@ def run(bench: Bench) -> Report:
     report = Report(notes=notes)
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
+        **shared_memory_key_settings(),
         "access_log": False, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
     command = [sys.executable, "-m", "uvicorn", "bench.echo_asgi:posenc_with_echo", "--factory", "--host", "{host}",
                "--port", "{port}", "--log-level", "warning", "--no-access-log"]

@@ -38,6 +38,14 @@ class InvalidParameter(ServiceError):
     error_type = "invalid_parameter"
 
 
+class Forbidden(ServiceError):
+    """The request needs a right it does not carry (403): a restricted protocol group's header
+    (POSENC_RESTRICTED_API), or, for shared memory, a Unix-socket peer that may open the object itself."""
+
+    status_code = 403
+    error_type = "forbidden"
+
+
 class NotFound(ServiceError):
     status_code = 404
     error_type = "not_found"

@@ -4,15 +4,41 @@ Nothing reads the environment at import time: `Settings()` is constructed by the
 factory and passed into `create_app(settings)`.
 """
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.export_args import SOURCE_REPOSITORY
 
 MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+# Triton's protocol groups (`--http-restricted-api`); service.http.restricted maps each to its routes.
+RESTRICTED_API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+                         "statistics", "trace", "logging")
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP token
+
+
+def parse_restricted_api(text: str) -> dict[str, tuple[str, str]]:
+    """Triton's `GROUP[,GROUP...]:HEADER=VALUE` specs, several joined by `;`: group -> (header name in lower
+    case, value). Raises ValueError naming what is wrong (a group twice, an unknown group, no `=`)."""
+    restrictions: dict[str, tuple[str, str]] = {}
+    for spec in filter(None, (part.strip() for part in text.split(";"))):
+        groups, sep, pair = spec.partition(":")
+        header, eq, value = pair.partition("=")
+        if not (sep and eq and _HEADER_NAME.fullmatch(header.strip()) and value):
+            raise ValueError("each restriction is GROUP[,GROUP...]:HEADER=VALUE (Triton's --http-restricted-api), "
+                             "several separated by ';'")
+        for group in (g.strip() for g in groups.split(",")):
+            if group not in RESTRICTED_API_GROUPS:
+                raise ValueError(f"unknown protocol group {group!r}; groups: {', '.join(RESTRICTED_API_GROUPS)}")
+            if group in restrictions:
+                raise ValueError(f"protocol group {group!r} is restricted twice")
+            restrictions[group] = (header.strip().lower(), value)
+    return restrictions
 
 
 
@@ -29,8 +55,10 @@ class Settings(BaseSettings):
     """Every knob of the service; the env variable is `POSENC_<FIELD NAME IN UPPER CASE>`."""
 
     # protected_namespaces: older pydantic-settings reserve every `model_` name, and `model_repository` is ours.
+    # hide_input_in_errors: a rejected value may be a secret (POSENC_RESTRICTED_API); `settings_or_exit` shows
+    # the others itself.
     model_config = SettingsConfigDict(env_prefix="POSENC_", extra="ignore", frozen=True,
-                                      protected_namespaces=("settings_",))
+                                      protected_namespaces=("settings_",), hide_input_in_errors=True)
 
     host: str = Field("127.0.0.1", description="Address `posenc serve` binds to.")
     port: int = Field(8000, ge=1, le=65535, description="Port `posenc serve` listens on.")
@@ -120,7 +148,26 @@ class Settings(BaseSettings):
     shared_memory: bool = Field(
         False,
         description="Triton/KServe system shared-memory extension: clients on this host may register POSIX "
-        "shared-memory regions and pass tensors through them instead of the socket (see README \"Shared memory\").",
+        "shared-memory regions and pass tensors through them instead of the socket: over the Unix socket "
+        "(`POSENC_UDS`), or over TCP with the `shared-memory` key of `POSENC_RESTRICTED_API`.",
+    )
+    restricted_api: SecretStr | None = Field(
+        None,
+        description="Protocol groups a request may use only with a header, in Triton's syntax: "
+        "`GROUP[,GROUP...]:HEADER=VALUE`, several separated by `;` (groups: " + ", ".join(RESTRICTED_API_GROUPS)
+        + "). A request without the header gets 403. Over TCP, shared memory (registering regions and naming "
+        "them in infer requests) is refused unless the `shared-memory` group is restricted here and the header "
+        "is sent.",
+    )
+    uds: Path | None = Field(
+        None,
+        description="Also listen on this Unix-domain socket (`posenc serve` replaces a stale socket file). The "
+        "server learns each peer's uid and groups from the socket (SO_PEERCRED) and registers a shared-memory "
+        "object for it only if that peer could open the object itself with the access the region needs.",
+    )
+    shared_memory_max_bytes: int = Field(
+        16 * GiB, ge=1, le=1 << 50,
+        description="Total bytes of all registered shared-memory regions; a register past it gets 413.",
     )
     max_queue_size: int = Field(
         256, ge=1, le=1_000_000,
@@ -146,3 +193,18 @@ class Settings(BaseSettings):
         description="Seconds requests in flight get after SIGTERM/SIGINT before their connections are closed "
         "(the exit status is then 1).",
     )
+
+    @field_validator("restricted_api")
+    @classmethod
+    def _restricted_api_syntax(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            parse_restricted_api(value.get_secret_value())  # a ValueError names the mistake, never the value
+        return value
+
+    def restrictions(self) -> dict[str, tuple[str, str]]:
+        """POSENC_RESTRICTED_API parsed: protocol group -> (header name, value)."""
+        return parse_restricted_api(self.restricted_api.get_secret_value()) if self.restricted_api else {}
+
+
+# Settings whose value is a secret: never repeated in a log or an error.
+SECRET_SETTINGS = frozenset(name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation))

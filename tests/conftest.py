@@ -13,9 +13,11 @@ skipping the parity suites.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -24,7 +26,10 @@ from safetensors.numpy import save_file
 
 from models.rope import make_rope_parameters, rope_cos_sin
 from service.http.app import create_app
+from service.http.restricted import SharedMemoryCaller
+from service.http.unix import PEER_SCOPE_KEY, Peer
 from service.settings import Settings
+from service.testing import SHARED_MEMORY_HEADERS, shared_memory_key_settings
 
 TESTS = Path(__file__).resolve().parent
 HAS_TORCH = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "onnx"))
@@ -85,6 +90,40 @@ def gptj_pairs(tmp_path: Path) -> Path:
 def running_client(**overrides: object) -> Iterator[TestClient]:
     """A TestClient on `create_app(Settings(**overrides))` with its lifespan run (models loaded)."""
     with TestClient(create_app(Settings(**overrides))) as client:  # type: ignore[arg-type]
+        yield client
+
+
+# Shared-memory callers for the registry's own tests: a TCP client with the key, and this very process as a
+# Unix-socket peer (so that `fd:N` keys name this process's descriptors).
+TRUSTED = SharedMemoryCaller(None, has_key=True)
+SELF_PEER = SharedMemoryCaller(Peer(os.getpid(), os.getuid(), frozenset(os.getgroups()) | {os.getgid()}),
+                               has_key=False)
+
+
+class AsPeer:
+    """An ASGI app seen from a Unix-socket peer: every request's scope carries `peer`, as the server's
+    protocol puts it there on the socket."""
+
+    def __init__(self, app: Any, peer: Peer) -> None:
+        self.app, self.peer, self.state = app, peer, app.state
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app({**scope, PEER_SCOPE_KEY: self.peer} if scope["type"] == "http" else scope, receive, send)
+
+
+@contextmanager
+def shared_memory_client(peer: SharedMemoryCaller | None = None, **overrides: object) -> Iterator[TestClient]:
+    """A running TestClient with shared memory on: a TCP client sending the test kit's key, or (`peer`) a
+    Unix-socket peer with that caller's credentials and no key."""
+    settings = Settings(shared_memory=True, **shared_memory_key_settings(), **overrides)  # type: ignore[arg-type]
+    app = create_app(settings)
+    if peer is not None:
+        assert peer.peer is not None
+        with TestClient(AsPeer(app, peer.peer)) as client:  # type: ignore[arg-type]
+            yield client
+        return
+    with TestClient(app) as client:
+        client.headers.update(SHARED_MEMORY_HEADERS)
         yield client
 
 

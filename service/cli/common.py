@@ -6,7 +6,7 @@ import sys
 
 from pydantic import ValidationError
 
-from service.settings import Settings
+from service.settings import SECRET_SETTINGS, Settings
 
 
 def settings_or_exit(**overrides: object) -> Settings:
@@ -17,6 +17,7 @@ def settings_or_exit(**overrides: object) -> Settings:
         lines = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  POSENC_{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+            got = "a secret, not shown" if field in SECRET_SETTINGS else repr(err.get("input"))
+            lines.append(f"  POSENC_{field.upper()}: {err['msg']} (got {got})")
         sys.stderr.write("posenc: invalid configuration:\n" + "\n".join(lines) + "\n")
         raise SystemExit(2) from None

@@ -17,6 +17,7 @@ from service.http.errors import install_error_handlers
 from service.http.fastpath import FastPath, Spellings
 from service.http.metrics import install_metrics
 from service.http.openapi import install_openapi
+from service.http.restricted import RestrictedApi
 from service.inference import repository_routes, shared_memory_routes
 from service.inference import routes as inference_routes
 from service.inference.check_routes import router as check_inference_router
@@ -74,7 +75,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                            wait_seconds=settings.memory_wait_seconds)
     limit_malloc_arenas(settings.malloc_arenas)
     app.state.readiness_problems = ["starting"]
-    app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory)
+    app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory,
+                                                   max_bytes=settings.shared_memory_max_bytes)
     install_error_handlers(app)
     install_openapi(app)
     tables, checks = _registry_routers()
@@ -87,6 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
     app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
                        routes=[*health.router.routes, *tables.routes])
+    # Restricted protocol groups refused before anything answers them (the fast path included).
+    app.add_middleware(RestrictedApi, restrictions=settings.restrictions())
     # Observability: GET /metrics, per-route request metrics, the access log.
     install_metrics(app, access_log_enabled=settings.access_log)
     return app

@@ -43,6 +43,7 @@ from uvicorn.server import HANDLED_SIGNALS, ServerState
 
 from service.http.logs import log_config
 from service.http.metrics import shared_metrics_dir
+from service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
 from service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
@@ -110,13 +111,20 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
         self.cut_timer: asyncio.TimerHandle | None = None
+        self.peer: Peer | None = None  # set on the Unix socket: who connected (service.http.unix)
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.peer = peer_of(transport.get_extra_info("socket"))
         # uvicorn arms no timer on a fresh connection: one that never sends a byte would stay open forever.
         self.head_timer = self.loop.call_later(self.timeouts.header, self._head_timed_out)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()  # a fresh scope for this request
+        if self.peer is not None:
+            self.scope[PEER_SCOPE_KEY] = self.peer  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         _cancel(self.head_timer)
@@ -325,15 +333,17 @@ def serve(settings: Settings) -> int:
     The workers share one metrics directory, so `/metrics` reports totals over all of them.
     """
     config = build_config(settings)
+    # With a Unix socket the server listens on both: uvicorn takes ready sockets instead of host and port.
+    sockets = [config.bind_socket(), bind_unix_socket(settings.uds)] if settings.uds else None
     if config.workers > 1:
         from uvicorn.supervisors import Multiprocess
 
-        supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+        supervisor = Multiprocess(config, sockets=sockets or [config.bind_socket()])
         with shared_metrics_dir():  # uvicorn spawns its workers: they import prometheus_client afresh
             supervisor.run()
         failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
         return EXIT_STARTUP_FAILURE if failed else EXIT_OK
     server = Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C before the signal handlers are installed
-        server.run()
+        server.run(sockets=sockets)
     return server.exit_status

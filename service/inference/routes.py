@@ -23,12 +23,13 @@ from service.budget import MemoryBudget
 from service.errors import Unavailable, error_response
 from service.http.bodies import declared_length, read_aligned_body
 from service.http.deps import EngineDep, MemoryBudgetDep, ReadinessDep, SettingsDep, SharedMemoryDep
+from service.http.restricted import shared_memory_caller
 from service.inference.engine import Engine
 from service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput, extensions, parse_infer_request
 from service.inference.kserve_response import encode_infer_response_parts, requested_outputs
 from service.inference.model_inputs import check_inputs, check_outputs, model_metadata
 from service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
-from service.inference.shared_memory import SharedMemoryRegistry
+from service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
 from service.settings import Settings
 
 router = APIRouter(tags=["inference"])
@@ -172,7 +173,7 @@ def _header_length(value: str | None) -> int:
 
 
 def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
-                      registry: SharedMemoryRegistry | None) -> dict[str, np.ndarray]:
+                      registry: RegionsFor | None) -> dict[str, np.ndarray]:
     """Views of the regions that requested outputs go to, for the model to write into directly (400 up front
     when one is too small). Outputs whose shape is known only after the run, or that cannot be written in
     place (see `SharedMemoryRegistry.output_array`), are copied there afterwards."""
@@ -199,7 +200,7 @@ def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mappi
             if out.shm is not None and outputs[out.name] is not written.get(out.name)]
 
 
-def _answer(model_name: str, registry: SharedMemoryRegistry | None, parsed: InferRequest,
+def _answer(model_name: str, registry: RegionsFor | None, parsed: InferRequest,
             outputs: dict[str, Any], copies: Sequence[RequestedOutput],
             order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
     """Copy the `copies` into their regions, encode the rest: the body parts and headers."""
@@ -225,7 +226,7 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     json_length = _header_length(header_length)
     body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
                                    align_at=json_length)
-    shm = registry if registry.enabled else None
+    shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
     parsed = await _maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:

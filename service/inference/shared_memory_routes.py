@@ -17,6 +17,7 @@ from fastapi.responses import Response
 from service.errors import BadRequest
 from service.http.bodies import read_body
 from service.http.deps import SharedMemoryDep
+from service.http.restricted import shared_memory_caller
 from service.inference.shared_memory import SharedMemoryRegistry, parse_register
 
 router = APIRouter(tags=["shared memory"])
@@ -25,9 +26,11 @@ REGISTER_BODY_LIMIT = 64 * 1024
 RegionParam = Annotated[str, Path(description="Name the region is registered under.")]
 
 
-async def _enabled_registry(registry: SharedMemoryDep) -> SharedMemoryRegistry:
-    """The registry, or 400 saying how to turn the extension on."""
+async def _enabled_registry(request: Request, registry: SharedMemoryDep) -> SharedMemoryRegistry:
+    """The registry, or 400 saying how to turn the extension on; 403 for a caller that may not use shared
+    memory at all (over TCP without the shared-memory key)."""
     registry.require_enabled()
+    shared_memory_caller(request.scope).require(request.url.path)
     return registry
 
 
@@ -51,7 +54,7 @@ async def register(request: Request, registry: EnabledRegistryDep, name: RegionP
         parsed = pydantic_core.from_json(body)
     except ValueError as exc:
         raise BadRequest(f"register: the body is not valid JSON: {exc}") from None
-    registry.register(name, *parse_register(parsed))
+    registry.register(name, *parse_register(parsed), caller=shared_memory_caller(request.scope))
     return Response(status_code=200)
 
 

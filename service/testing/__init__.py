@@ -9,13 +9,16 @@
 * `kserve_request`, `decode_response` (kserve.py): KServe v2 infer requests, JSON and binary tensors,
   shared-memory inputs and outputs, with datatype names from models/dtypes.py; responses back to arrays.
 * `LoadGenerator` (load.py): bounded closed-loop load over keep-alive connections, every body read.
-* `request_head`, `request_bytes`, `http_request`, `read_response` (http.py): plain HTTP/1.1 on loopback.
+* `request_head`, `request_bytes`, `http_request`, `read_response`, `unix_http_request` (http.py): plain
+  HTTP/1.1 on loopback, or on the server's Unix socket.
+* `shared_memory_key_settings`, `SHARED_MEMORY_HEADERS`, `sealed_memfd` (shared_memory.py): the restricted-API
+  key TCP clients need for shared memory, and zero-copy memfds for Unix-socket clients.
 * `attention_inputs` (inputs.py): seeded inputs for the shipped RoPE-attention graphs.
 
 Imports only the standard library, numpy and posenc's own modules: it ships with the service.
 """
 
-from service.testing.http import http_request, read_response, request_bytes, request_head
+from service.testing.http import http_request, read_response, request_bytes, request_head, unix_http_request
 from service.testing.inputs import attention_inputs
 from service.testing.kserve import (
     HEADER_LENGTH,
@@ -32,11 +35,48 @@ from service.testing.kserve import (
 from service.testing.load import HttpRequest, LoadGenerator, LoadResult, Outcome
 from service.testing.ports import LOOPBACK, free_port, require_loopback
 from service.testing.server import ServerProcess, serve_command, serve_env, setting_variable, without_posenc
+from service.testing.shared_memory import (
+    SHARED_MEMORY_HEADERS,
+    SHARED_MEMORY_KEY,
+    SHARED_MEMORY_KEY_HEADER,
+    memfd_key,
+    sealed_memfd,
+    shared_memory_key_settings,
+)
 
 __all__ = [
-    "HEADER_LENGTH", "LOOPBACK", "HttpRequest", "KServeRequest", "KServeResponse", "LoadGenerator", "LoadResult",
-    "Outcome", "RequestedOutput", "ServerProcess", "SharedMemory", "SharedMemoryInput", "attention_inputs",
-    "decode_response", "free_port", "http_request", "kserve_request", "read_response", "request_bytes",
-    "request_head", "request_with_header", "require_loopback", "serve_command", "serve_env", "setting_variable",
-    "shared_memory_inputs", "without_posenc",
+    "HEADER_LENGTH",
+    "LOOPBACK",
+    "SHARED_MEMORY_HEADERS",
+    "SHARED_MEMORY_KEY",
+    "SHARED_MEMORY_KEY_HEADER",
+    "HttpRequest",
+    "KServeRequest",
+    "KServeResponse",
+    "LoadGenerator",
+    "LoadResult",
+    "Outcome",
+    "RequestedOutput",
+    "ServerProcess",
+    "SharedMemory",
+    "SharedMemoryInput",
+    "attention_inputs",
+    "decode_response",
+    "free_port",
+    "http_request",
+    "kserve_request",
+    "memfd_key",
+    "read_response",
+    "request_bytes",
+    "request_head",
+    "request_with_header",
+    "require_loopback",
+    "sealed_memfd",
+    "serve_command",
+    "serve_env",
+    "setting_variable",
+    "shared_memory_inputs",
+    "shared_memory_key_settings",
+    "unix_http_request",
+    "without_posenc",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import socket
 from collections.abc import Mapping
 
 from service.testing.ports import LOOPBACK, require_loopback
@@ -35,6 +36,32 @@ def http_request(port: int, path: str, method: str = "GET", body: bytes | None =
                  headers: Mapping[str, str] | None = None, timeout: float = 60, host: str = LOOPBACK) -> Response:
     """One request on a fresh connection (no proxy, whatever the environment says): status, headers, body."""
     conn = http.client.HTTPConnection(require_loopback(host), port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=dict(headers or {}))
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a Unix-domain socket (the server's POSENC_UDS listener)."""
+
+    def __init__(self, socket_path: str, timeout: float = 60) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
+def unix_http_request(socket_path: str, path: str, method: str = "GET", body: bytes | None = None,
+                      headers: Mapping[str, str] | None = None, timeout: float = 60) -> Response:
+    """One request over the Unix socket at `socket_path`: status, headers, body."""
+    conn = UnixHTTPConnection(socket_path, timeout)
     try:
         conn.request(method, path, body=body, headers=dict(headers or {}))
         response = conn.getresponse()

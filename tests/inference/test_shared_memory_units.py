@@ -1,5 +1,6 @@
 """Shared memory switched off, the registry's checks, and the no-copy claims of the lean binary path:
-inputs reach onnxruntime as views of the one body buffer or of the mapped region."""
+inputs reach onnxruntime as views of the one body buffer or of the mapped region (a sealed memfd, registered
+by a same-host peer)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from service.inference.engine import Engine
 from service.inference.kserve import ShmRef, parse_infer_request
 from service.inference.repository import LoadedModel
 from service.inference.shared_memory import SharedMemoryRegistry
-from service.testing import RequestedOutput, SharedMemory, kserve_request, shared_memory_inputs
-from tests.conftest import running_client
+from service.testing import RequestedOutput, SharedMemory, kserve_request, memfd_key, sealed_memfd, shared_memory_inputs
+from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 URL = "/v2/models/rope_attention/infer"
@@ -38,9 +39,26 @@ def _shm_object(size: int) -> Iterator[tuple[str, int]]:
     os.unlink(f"/dev/shm/{key}")
 
 
+def _memfd(size: int) -> Iterator[tuple[str, int]]:
+    """A sealed memfd of `size` bytes (mapped by the server: zero copy): (key, fd) for this process as a peer."""
+    fd = sealed_memfd(size)
+    yield memfd_key(fd), fd
+    os.close(fd)
+
+
 @pytest.fixture
 def shm_object() -> Iterator[tuple[str, int]]:
     yield from _shm_object(8192)
+
+
+@pytest.fixture
+def memfd() -> Iterator[tuple[str, int]]:
+    yield from _memfd(8192)
+
+
+@pytest.fixture
+def big_memfd() -> Iterator[tuple[str, int]]:
+    yield from _memfd(32768)
 
 
 @pytest.fixture
@@ -174,8 +192,8 @@ def test_the_route_hands_views_of_the_body_to_the_engine(captured: dict[str, np.
 
 
 def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
-        captured: dict[str, np.ndarray], shm_object: tuple[str, int]) -> None:
-    key, fd = shm_object
+        captured: dict[str, np.ndarray], memfd: tuple[str, int]) -> None:
+    key, fd = memfd
     query = random_inputs(8, 8, 64, 1, 2)["query"]  # 4096 bytes
     os.pwrite(fd, query.tobytes(), 128)
     rest = {k: v for k, v in random_inputs(8, 8, 64, 1, 2).items() if k != "query"}
@@ -184,9 +202,9 @@ def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
     head["inputs"].insert(0, {"name": "query", "datatype": "FP32", "shape": [1, 8, 2, 64], "parameters": {
         "shared_memory_region": "q", "shared_memory_byte_size": 4096, "shared_memory_offset": 64}})
     new_head = json.dumps(head).encode()
-    with running_client(shared_memory=True) as client:
+    with shared_memory_client(peer=SELF_PEER) as client:
         assert "system_shared_memory" in client.get("/v2").json()["extensions"]
-        register = {"key": f"/{key}", "offset": 64, "byte_size": 8192 - 64}
+        register = {"key": key, "offset": 64, "byte_size": 8192 - 64}
         assert client.post("/v2/systemsharedmemory/region/q/register", content=json.dumps(register)).status_code == 200
         answer = client.post(URL, content=new_head + body[int(length):],
                              headers={"Inference-Header-Content-Length": str(len(new_head))})
@@ -200,19 +218,20 @@ def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
 # --- the registry on its own -----------------------------------------------------------------------------------
 
 
-def test_registry_checks_every_range(shm_object: tuple[str, int]) -> None:
-    key, fd = shm_object
+def test_registry_checks_every_range(memfd: tuple[str, int]) -> None:
+    key, fd = memfd
     registry = SharedMemoryRegistry(enabled=True)
-    registry.register("r", key, 4100, 4092)  # an offset that is no multiple of the page size
+    registry.register("r", key, 4100, 4092, caller=SELF_PEER)  # an offset that is no multiple of the page size
     os.pwrite(fd, np.arange(4, dtype=np.float32).tobytes(), 4100 + 8)
-    view = registry.input_array(ShmRef("r", 8, 16), np.dtype(np.float32), (2, 2), "input 'x'")
+    regions = registry.for_caller(SELF_PEER)
+    view = regions.input_array(ShmRef("r", 8, 16), np.dtype(np.float32), (2, 2), "input 'x'")
     np.testing.assert_array_equal(view, np.arange(4, dtype=np.float32).reshape(2, 2))
     with pytest.raises(BadRequest, match="past the end of region 'r' \\(4092 bytes\\)"):
-        registry.input_array(ShmRef("r", 4080, 16), np.dtype(np.float32), (4,), "input 'x'")
-    registry.write_output(ShmRef("r", 32, 64), np.full(3, 7, np.int64), "output 'y'")
+        regions.input_array(ShmRef("r", 4080, 16), np.dtype(np.float32), (4,), "input 'x'")
+    regions.write_output(ShmRef("r", 32, 64), np.full(3, 7, np.int64), "output 'y'")
     assert np.frombuffer(os.pread(fd, 24, 4100 + 32), np.int64).tolist() == [7, 7, 7]
     with pytest.raises(BadRequest, match="shared_memory_byte_size is 16 bytes, the output \\[3\\] int64 needs 24"):
-        registry.write_output(ShmRef("r", 32, 16), np.full(3, 7, np.int64), "output 'y'")
+        regions.write_output(ShmRef("r", 32, 16), np.full(3, 7, np.int64), "output 'y'")
     registry.unregister("r")  # the view above still exports the mapping: closed once it is gone
     assert len(registry._retired) == 1 and view[1, 1] == 3
     del view
@@ -224,10 +243,10 @@ def test_registry_checks_every_range(shm_object: tuple[str, int]) -> None:
 def test_registry_limits_the_number_of_regions(shm_object: tuple[str, int]) -> None:
     key, _ = shm_object
     registry = SharedMemoryRegistry(enabled=True, max_regions=2)
-    registry.register("a", key, 0, 8)
-    registry.register("b", key, 8, 8)
+    registry.register("a", key, 0, 8, TRUSTED)
+    registry.register("b", key, 8, 8, TRUSTED)
     with pytest.raises(BadRequest, match="2 shared-memory regions are registered"):
-        registry.register("c", key, 16, 8)
+        registry.register("c", key, 16, 8, TRUSTED)
     registry.close()
     assert registry.status() == []
 
@@ -243,7 +262,7 @@ def test_registry_limits_the_number_of_regions(shm_object: tuple[str, int]) -> N
     (b'{"key": "/k", "byte_size": 8, "path": "/etc"}', "unknown keys ['path']"),
 ])
 def test_register_body_is_checked(body: bytes, message: str) -> None:
-    with running_client(shared_memory=True) as client:
+    with shared_memory_client() as client:
         answer = client.post("/v2/systemsharedmemory/region/r/register", content=body)
         assert answer.status_code == 400 and message in answer.json()["error"]
         assert client.get("/v2/systemsharedmemory/status").json() == []
@@ -258,20 +277,20 @@ def test_symbolic_links_and_folders_under_dev_shm_are_refused(tmp_path: Any) -> 
         os.symlink(target, f"/dev/shm/{name}_link")
         os.mkdir(f"/dev/shm/{name}_dir")
         with pytest.raises(BadRequest, match="it is a symbolic link"):
-            registry.register("link", f"/{name}_link", 0, 16)
-        with pytest.raises(BadRequest, match=f"cannot open shared-memory object '/{name}_dir'"):
-            registry.register("dir", f"/{name}_dir", 0, 16)
+            registry.register("link", f"/{name}_link", 0, 16, TRUSTED)
+        with pytest.raises(BadRequest, match=f"shared-memory object '/{name}_dir' is not a regular"):
+            registry.register("dir", f"/{name}_dir", 0, 16, TRUSTED)
         with pytest.raises(BadRequest, match="printable characters"):
-            registry.register("x" * 256, f"/{name}_dir", 0, 16)
+            registry.register("x" * 256, f"/{name}_dir", 0, 16, TRUSTED)
     finally:
         os.unlink(f"/dev/shm/{name}_link")
         os.rmdir(f"/dev/shm/{name}_dir")
     assert registry.status() == []
 
 
-def test_regions_are_unmapped_at_shutdown(shm_object: tuple[str, int]) -> None:
-    key, _ = shm_object
-    with running_client(shared_memory=True) as client:
+def test_regions_are_unmapped_at_shutdown(memfd: tuple[str, int]) -> None:
+    key, _ = memfd
+    with shared_memory_client(peer=SELF_PEER) as client:
         register = {"key": key, "offset": 0, "byte_size": 8192}
         assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
         region = client.app.state.shared_memory._regions["r"]  # type: ignore[attr-defined]
@@ -282,31 +301,32 @@ def test_regions_are_unmapped_at_shutdown(shm_object: tuple[str, int]) -> None:
 # --- outputs written in place ----------------------------------------------------------------------------------
 
 
-def test_output_views_only_where_the_model_can_write_directly(shm_object: tuple[str, int]) -> None:
-    key, _ = shm_object
+def test_output_views_only_where_the_model_can_write_directly(memfd: tuple[str, int]) -> None:
+    key, _ = memfd
     registry = SharedMemoryRegistry(enabled=True)
-    registry.register("a", key, 0, 4096)
-    registry.register("b", key, 4096, 4096)
-    registry.register("c", key, 2048, 4096)  # the same object: its bytes 2048..6143 alias "a" and "b"
+    registry.register("a", key, 0, 4096, SELF_PEER)
+    registry.register("b", key, 4096, 4096, SELF_PEER)
+    registry.register("c", key, 2048, 4096, SELF_PEER)  # the same object: its bytes 2048..6143 alias "a" and "b"
+    regions = registry.for_caller(SELF_PEER)
     f32 = np.dtype(np.float32)
-    view = registry.output_array(ShmRef("b", 0, 4096), f32, (2, 512), "output 'y'", [ShmRef("a", 0, 4096)])
+    view = regions.output_array(ShmRef("b", 0, 4096), f32, (2, 512), "output 'y'", [ShmRef("a", 0, 4096)])
     assert view is not None and view.flags.writeable and view.shape == (2, 512)
     view[:] = 3
-    assert registry.input_array(ShmRef("b", 0, 16), f32, (4,), "x").tolist() == [3.0] * 4
+    assert regions.input_array(ShmRef("b", 0, 16), f32, (4,), "x").tolist() == [3.0] * 4
     del view
     overlapping = [ShmRef("b", 1024, 1024), ShmRef("c", 2048, 64)]  # c at 2048 = object byte 4096 = b's first
     for other in overlapping:
-        assert registry.output_array(ShmRef("b", 0, 4096), f32, (1024,), "output 'y'", [other]) is None
-    assert registry.output_array(ShmRef("b", 2, 4094), f32, (8,), "output 'y'", []) is None  # misaligned
+        assert regions.output_array(ShmRef("b", 0, 4096), f32, (1024,), "output 'y'", [other]) is None
+    assert regions.output_array(ShmRef("b", 2, 4094), f32, (8,), "output 'y'", []) is None  # misaligned
     with pytest.raises(BadRequest, match="shared_memory_byte_size is 64 bytes, the output \\[32\\] float32 needs 128"):
-        registry.output_array(ShmRef("b", 0, 64), f32, (32,), "output 'y'", [])
+        regions.output_array(ShmRef("b", 0, 64), f32, (32,), "output 'y'", [])
     registry.close()
 
 
 def _shm_request(client: Any, key: str, inputs: Mapping[str, np.ndarray], out_offset: int) -> Any:
     """Register the whole object as region 'r', with `inputs` back to back from its start and the output at
     `out_offset`."""
-    register = {"key": f"/{key}", "offset": 0, "byte_size": 32768}
+    register = {"key": key if key.startswith("fd:") else f"/{key}", "offset": 0, "byte_size": 32768}
     assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
     output = RequestedOutput("output", shared_memory=SharedMemory("r", inputs["query"].nbytes, out_offset))
     return client.post(URL, content=kserve_request(shared_memory_inputs(inputs, "r"), outputs=[output]).body)
@@ -329,14 +349,14 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> list[Mapping[str, np.ndarray] | Non
 
 @pytest.mark.parametrize(("out_offset", "in_place"), [(16384, True), (0, False), (16386, False)])
 def test_shared_memory_outputs_are_written_in_place_unless_they_overlap_an_input(
-        big_object: tuple[str, int], runs: list[Any], out_offset: int, in_place: bool) -> None:
+        big_memfd: tuple[str, int], runs: list[Any], out_offset: int, in_place: bool) -> None:
     """At 16384 the model writes into the mapping itself; over the inputs (0: over the query the run reads)
     or misaligned (16386) the output is copied in after the run; the answer is right every time."""
-    key, fd = big_object
+    key, fd = big_memfd
     inputs = random_inputs(8, 8, 64, 1, 2)  # 12,304 bytes; the output 4096
     os.pwrite(fd, b"".join(a.tobytes() for a in inputs.values()), 0)
     expected = run(session(REPOSITORY / "rope_attention" / "model.onnx"), inputs)
-    with running_client(shared_memory=True) as client:
+    with shared_memory_client(peer=SELF_PEER) as client:
         answer = _shm_request(client, key, inputs, out_offset)
         mapping = client.app.state.shared_memory._regions["r"].mapping  # type: ignore[attr-defined]
         assert answer.status_code == 200, answer.text
@@ -350,7 +370,7 @@ def test_an_output_region_too_small_is_a_400_before_anything_runs(big_object: tu
                                                                   runs: list[Any]) -> None:
     key, _ = big_object
     inputs = random_inputs(8, 8, 64, 1, 2)
-    with running_client(shared_memory=True) as client:
+    with shared_memory_client() as client:
         answer = _shm_request(client, key, inputs, 32768 - 2048)  # 2048 bytes left in the region
     assert answer.status_code == 400 and "past the end of region 'r'" in answer.json()["error"]
     assert runs == []

@@ -1,11 +1,13 @@
-"""System shared memory through tritonclient, unchanged, against a real uvicorn server on loopback:
-Triton's own example flow, and the bad inputs (missing key, regions too small, unregistering, truncation)."""
+"""System shared memory through tritonclient, unchanged but for the restricted-API header it passes on every
+call (`headers=`), against a real uvicorn server on loopback: Triton's own example flow, and the bad inputs
+(missing key, regions too small, unregistering, truncation)."""
 
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from models.dtypes import lookup
-from service.testing import ServerProcess
+from service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"
@@ -22,16 +24,48 @@ MODEL = "rope_attention"
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    with ServerProcess({"shared_memory": True, "max_queue_delay_us": 0, "log_level": "warning"}) as server:
+    settings = {"shared_memory": True, "max_queue_delay_us": 0, "log_level": "warning", **shared_memory_key_settings()}
+    with ServerProcess(settings) as server:
         yield server.address
+
+
+class WithHeaders:
+    """A tritonclient client whose every call carries `headers` (tritonclient takes them per call, and writes
+    into the dict it gets: each call gets a fresh copy)."""
+
+    def __init__(self, client: httpclient.InferenceServerClient, headers: dict[str, str]) -> None:
+        self.client, self.headers = client, headers
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.client, name)
+        if name == "close":
+            return method
+        return lambda *args, **kwargs: method(*args, headers=dict(self.headers), **kwargs)
 
 
 @pytest.fixture
 def client(url: str) -> Iterator[httpclient.InferenceServerClient]:
     client = httpclient.InferenceServerClient(url)
-    yield client
-    client.unregister_system_shared_memory()
+    yield WithHeaders(client, SHARED_MEMORY_HEADERS)  # type: ignore[misc]
+    client.unregister_system_shared_memory(headers=dict(SHARED_MEMORY_HEADERS))
     client.close()
+
+
+def test_without_the_key_shared_memory_is_refused_over_tcp(url: str, raw_object: tuple[str, int]) -> None:
+    """The probe's read: a client reaching the port registers another process's object. Refused with a 403
+    that says what is needed (and never the key); the same with a wrong key."""
+    plain = httpclient.InferenceServerClient(url)
+    try:
+        for headers in (None, {"posenc-shared-memory-key": "guess"}):
+            status, message = _status_and_message(plain.register_system_shared_memory, "stolen", raw_object[0],
+                                                  4096, headers=headers)
+            assert status == "403" and "posenc-shared-memory-key" in message and "POSENC_RESTRICTED_API" in message
+            assert "posenc-test-kit" not in message
+        status, _ = _status_and_message(plain.get_system_shared_memory_status)
+        assert status == "403"
+        assert plain.is_server_live()
+    finally:
+        plain.close()
 
 
 def _name(prefix: str) -> str:

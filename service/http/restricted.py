@@ -1,0 +1,110 @@
+"""Restricted protocol groups (`POSENC_RESTRICTED_API`, Triton's `--http-restricted-api`) and who may use
+shared memory.
+
+A restricted group's routes answer 403 unless the request carries the configured header with the configured
+value (compared in constant time; the value is never echoed). Shared memory lets a client make the server
+read and write memory on the server's host, so it needs more than reaching the port:
+
+* over the Unix socket (`POSENC_UDS`), the peer's credentials decide, object by object
+  (`service.inference.shared_memory_guard`), whether or not the shared-memory group is restricted (a peer
+  that sends the key as well is trusted like a TCP client with it);
+* over TCP, only a request that carries the `shared-memory` group's header may use it, and without that group
+  in POSENC_RESTRICTED_API nobody may: the server cannot tell who is at the other end.
+
+The middleware puts a `SharedMemoryCaller` in every request's scope; the shared-memory routes and the infer
+route read it with `shared_memory_caller`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import Forbidden, error_response
+from service.http.unix import PEER_SCOPE_KEY, Peer
+
+CALLER_SCOPE_KEY = "posenc.shared_memory_caller"
+SHARED_MEMORY_GROUP = "shared-memory"
+
+_MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
+# The routes of each protocol group (Triton's grouping); a path in none of them is never restricted.
+GROUP_ROUTES: dict[str, re.Pattern[str]] = {
+    "health": re.compile(rf"/v2/health/(?:live|ready)|{_MODEL}/ready"),
+    "metadata": re.compile(rf"/v2/?|{_MODEL}"),
+    "inference": re.compile(rf"{_MODEL}/infer"),
+    "shared-memory": re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/.*)?"),
+    "model-config": re.compile(rf"{_MODEL}/config"),
+    "model-repository": re.compile(r"/v2/repository(?:/.*)?"),
+    "statistics": re.compile(rf"(?:{_MODEL}|/v2/models)/stats"),
+    "trace": re.compile(r"/v2(?:/models/[^/]+)?/trace/setting"),
+    "logging": re.compile(r"/v2/logging"),
+}
+
+
+def group_of(path: str) -> str | None:
+    """The protocol group of a request path, or None."""
+    return next((group for group, routes in GROUP_ROUTES.items() if routes.fullmatch(path)), None)
+
+
+@dataclass(frozen=True)
+class SharedMemoryCaller:
+    """Who asks to use shared memory: a Unix-socket peer (judged by its credentials), a TCP client that sent
+    the shared-memory key (trusted as the operator configured), or neither (refused)."""
+
+    peer: Peer | None
+    has_key: bool
+
+    def require(self, what: str) -> None:
+        """403 unless this caller may use shared memory at all (`what`: the action, for the message)."""
+        if self.peer is None and not self.has_key:
+            raise Forbidden(f"{what}: shared memory over TCP needs the header of the '{SHARED_MEMORY_GROUP}' group "
+                            "of POSENC_RESTRICTED_API (and the server has to be configured with one); clients on "
+                            "the server's host can use the Unix socket (POSENC_UDS) instead")
+
+
+def _header(scope: Scope, name: str) -> bytes | None:
+    encoded = name.encode("latin-1")
+    return next((value for key, value in scope.get("headers", ()) if key.lower() == encoded), None)
+
+
+def _carries(scope: Scope, restriction: tuple[str, str]) -> bool:
+    value = _header(scope, restriction[0])
+    return value is not None and hmac.compare_digest(value, restriction[1].encode())
+
+
+class RestrictedApi:
+    """ASGI middleware: 403 for a restricted group's routes without their header; the shared-memory caller
+    of every request in its scope."""
+
+    def __init__(self, app: ASGIApp, restrictions: Mapping[str, tuple[str, str]]) -> None:
+        self.app = app
+        self.restrictions = dict(restrictions)
+        self.shared_memory = self.restrictions.get(SHARED_MEMORY_GROUP)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            group = group_of(scope["path"]) if self.restrictions else None
+            peer = scope.get(PEER_SCOPE_KEY)
+            # On the Unix socket the peer's credentials stand in for the shared-memory key: every object is
+            # judged by them. Every other restricted group needs its header on both listeners.
+            exempt = group == SHARED_MEMORY_GROUP and peer is not None
+            if group in self.restrictions and not exempt and not _carries(scope, self.restrictions[group]):
+                header = self.restrictions[group][0]
+                message = (f"{scope['path']} is in the restricted protocol group '{group}': send the header "
+                           f"'{header}' with the value this server is configured with (POSENC_RESTRICTED_API)")
+                response = error_response(Forbidden.status_code, Forbidden.error_type, message)
+                await response(scope, receive, send)
+                return
+            has_key = self.shared_memory is not None and _carries(scope, self.shared_memory)
+            scope[CALLER_SCOPE_KEY] = SharedMemoryCaller(peer, has_key)
+        await self.app(scope, receive, send)
+
+
+def shared_memory_caller(scope: Scope) -> SharedMemoryCaller:
+    """The caller the middleware recorded (none recorded: an app without it, treated as an unknown TCP client)."""
+    caller = scope.get(CALLER_SCOPE_KEY)
+    return caller if isinstance(caller, SharedMemoryCaller) else SharedMemoryCaller(scope.get(PEER_SCOPE_KEY), False)

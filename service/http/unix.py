@@ -1,0 +1,70 @@
+"""The Unix-domain-socket listener (`POSENC_UDS`): who the peer is, and the socket itself.
+
+Over TCP the server cannot tell who a client is. On a Unix socket the kernel tells it (SO_PEERCRED: the pid,
+uid and gid of the process that connected); the supplementary groups come from /proc/<pid>/status. The
+protocol (`service.http.server`) reads them once per connection and puts them in every request's scope under
+`PEER_SCOPE_KEY`; shared memory judges access by them (`service.inference.shared_memory_guard`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PEER_SCOPE_KEY = "posenc.peer"
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+@dataclass(frozen=True)
+class Peer:
+    """The process at the other end of a Unix-socket connection, as the kernel saw it when it connected."""
+
+    pid: int
+    uid: int
+    gids: frozenset[int]  # primary and supplementary groups
+
+    def describe(self) -> str:
+        return f"uid {self.uid} (pid {self.pid})"
+
+
+def supplementary_groups(pid: int) -> frozenset[int]:
+    """The `Groups:` of /proc/<pid>/status; empty when the process is gone or /proc is not readable."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Groups:"):
+                return frozenset(int(gid) for gid in line.split()[1:])
+    return frozenset()
+
+
+def peer_of(sock: Any) -> Peer | None:
+    """The peer of a connected Unix socket (None for any other socket)."""
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
+        return None
+    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return Peer(pid, uid, frozenset({gid}) | supplementary_groups(pid))
+
+
+def bind_unix_socket(path: Path, backlog: int = 2048) -> socket.socket:
+    """A listening Unix socket at `path`, mode 0666: any local user may connect, since the server judges each
+    peer by its credentials (a directory's mode can still narrow who reaches it). A stale socket file left by
+    an earlier run is replaced; any other file at `path` is an error, never removed."""
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SystemExit(f"POSENC_UDS: {path} exists and is not a socket; choose another path")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        os.chmod(path, 0o666)
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"POSENC_UDS: cannot listen on {path}: {exc.strerror}") from None
+    sock.set_inheritable(True)  # uvicorn's worker processes receive it
+    return sock
