@@ -11,6 +11,12 @@ Retry-After (overload: allowed, counted apart); any other non-2xx answer to the 
 sent before the SIGTERM that got no complete answer (a lost response); a fault client the server did not
 end within its timeout (+5 s); an ERROR line in the server log; a server exit status other than 0, or later than
 the graceful timeout (+2 s); a peak RSS (VmHWM) over --max-rss-mib. The request mix is seeded.
+
+Shared memory is on (with the test kit's restricted-API key) and the server runs under a 1,024-descriptor
+limit (systemd's default): shared-memory clients register an object, send an infer that reads it and write
+into it, and truncate the object while the request runs (answers: 200 or a 400 naming the shrink, never a
+5xx or a dead server); one client registers 1,100 regions, more than the descriptors allow (200, then 503
+with Retry-After or the region-count 400; never a 500).
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import json
+import os
 import random
+import resource
 import signal
 import sys
 import time
@@ -33,13 +42,19 @@ sys.path.insert(0, str(ROOT))  # this checkout's service and test kit, whatever 
 
 from service.settings import Settings  # noqa: E402
 from service.testing import (  # noqa: E402
+    SHARED_MEMORY_HEADERS,
     HttpRequest,
     LoadGenerator,
     Outcome,
+    RequestedOutput,
     ServerProcess,
+    SharedMemory,
     attention_inputs,
     kserve_request,
     read_response,
+    request_bytes,
+    shared_memory_inputs,
+    shared_memory_key_settings,
 )
 
 MiB = 1024 * 1024
@@ -59,6 +74,8 @@ CACHED = [  # the same URLs again and again: answered from the LRU cache after t
     "/v1/deberta/buckets?query_length=128&key_length=128&dtype=int32&format=raw",
     "/v1/relative/clipped?query_length=16&key_length=16&max_relative_position=4&format=json",
 ]
+DESCRIPTOR_LIMIT = 1024  # the server's RLIMIT_NOFILE during the soak (systemd's default soft limit)
+REGISTER_FLOOD = 1100  # regions one client tries to register: more than the descriptors allow
 MIX = {"table-cached": 35, "table-uncached": 25, "infer-json": 15, "infer-binary": 15, "t5-upload": 10}
 
 
@@ -198,6 +215,84 @@ class Soak:
             finally:
                 writer.close()
 
+    async def exchange(self, method: str, path: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+        """One request with the shared-memory key on a fresh connection: status, headers, body."""
+        reader, writer = await self.connect()
+        try:
+            writer.write(request_bytes(method, path, body, SHARED_MEMORY_HEADERS))
+            await writer.drain()
+            status, headers, answer, _ = await asyncio.wait_for(read_response(reader), 60)
+            return status, headers, answer or b""
+        finally:
+            writer.close()
+
+    async def shared_memory_truncation(self, index: int) -> None:
+        """Register an object, infer from it, truncate it while the request runs; again and again."""
+        rng = random.Random(self.args.seed * 104_729 + index)
+        inputs = attention_inputs(8, 8, 64, 4, 256)
+        data = b"".join(array.tobytes() for array in inputs.values())
+        size, region = len(data) + inputs["query"].nbytes, f"soak-truncated-{index}"
+        path = Path(f"/dev/shm/posenc_soak_{os.getpid()}_{index}")
+        output = RequestedOutput("output", shared_memory=SharedMemory(region, inputs["query"].nbytes, len(data)))
+        body = kserve_request(shared_memory_inputs(inputs, region), outputs=[output]).body
+        register = json.dumps({"key": f"/{path.name}", "byte_size": size}).encode()
+        try:
+            while self.sigterm_at is None and self.server.poll() is None:
+                path.write_bytes(data.ljust(size, b"\0"))
+                start = time.monotonic()
+                try:
+                    # unregistering first is idempotent (Triton): a round cut short left nothing behind
+                    await self.exchange("POST", f"/v2/systemsharedmemory/region/{region}/unregister")
+                    status, _, answer = await self.exchange("POST", f"/v2/systemsharedmemory/region/{region}/register",
+                                                            register)
+                    if status != 200:
+                        self.record("shm-truncated", f"register {status}", start, None,
+                                    None if status == 503 else f"register got {status}: {answer[:200]!r}")
+                        await asyncio.sleep(0.2)
+                        continue
+                    infer = asyncio.create_task(self.exchange("POST", "/v2/models/rope_attention/infer", body))
+                    if rng.random() < 0.5:  # else left alone: the same request must then succeed
+                        await asyncio.sleep(rng.uniform(0, 0.03))
+                        os.truncate(path, rng.choice([0, 4096]))
+                    status, headers, answer = await infer
+                    shrank = status == 400 and b"now has" in answer
+                    overload = status == 503 and "retry-after" in headers
+                    violation = None if status == 200 or shrank or overload else f"got {status}: {answer[:200]!r}"
+                    self.record("shm-truncated", str(status), start, time.monotonic(), violation)
+                except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                    if self.sigterm_at is None and self.server.poll() is None:
+                        self.record("shm-truncated", type(exc).__name__, start, None, f"no answer: {exc}")
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def shared_memory_register_flood(self) -> None:
+        """More registers than the server has descriptors: 200s, then 503 with Retry-After, never a 500."""
+        path = Path(f"/dev/shm/posenc_soak_flood_{os.getpid()}")
+        path.write_bytes(b"\0" * 4096)
+        register = json.dumps({"key": f"/{path.name}", "byte_size": 4096}).encode()
+
+        async def one(index: int) -> None:
+            start = time.monotonic()
+            status, headers, answer = await self.exchange(
+                "POST", f"/v2/systemsharedmemory/region/flood-{index}/register", register)
+            allowed = status == 200 or (status == 503 and "retry-after" in headers) or (
+                status == 400 and b"regions are registered" in answer)
+            self.record("shm-register-flood", str(status), start, time.monotonic(),
+                        None if allowed else f"got {status}: {answer[:200]!r}")
+
+        try:
+            await asyncio.sleep(self.args.seconds / 4)
+            for first in range(0, REGISTER_FLOOD, 10):  # ten at a time
+                if self.sigterm_at is not None:
+                    return
+                await asyncio.gather(*(one(index) for index in range(first, min(first + 10, REGISTER_FLOOD))))
+            await self.exchange("POST", "/v2/systemsharedmemory/unregister")
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            if self.sigterm_at is None:
+                self.record("shm-register-flood", type(exc).__name__, time.monotonic(), None, f"no answer: {exc}")
+        finally:
+            path.unlink(missing_ok=True)
+
     async def sample_rss(self) -> None:
         status = Path(f"/proc/{self.server.pid}/status")
         while self.server.poll() is None:
@@ -217,6 +312,8 @@ class Soak:
         tasks = [asyncio.create_task(load.run_async(self.next_request, self.observe,
                                                     stop=lambda: self.server.poll() is not None))]
         tasks += [asyncio.create_task(self.fault_client(kind, i)) for i, kind in enumerate(faults * 2)]
+        tasks += [asyncio.create_task(self.shared_memory_truncation(i)) for i in range(2)]
+        tasks.append(asyncio.create_task(self.shared_memory_register_flood()))
         sampler = asyncio.create_task(self.sample_rss())
         await asyncio.sleep(self.args.seconds)
         self.sigterm_at = time.monotonic()
@@ -257,7 +354,7 @@ def report(soak: Soak, status: int | None, exit_after: float, max_rss: int, log:
                           f"{soak.args.graceful_timeout:g} s + {SLACK:g} s)")
     if soak.peak_hwm > max_rss:
         violations.append(f"peak RSS {soak.peak_hwm / MiB:.0f} MiB over --max-rss-mib {max_rss / MiB:.0f}")
-    for kind in MIX:
+    for kind in [*MIX, "shm-truncated", "shm-register-flood"]:
         if not any(r.outcome == "200" for r in by_kind[kind]):
             violations.append(f"{kind}: no successful request at all")
     print(f"\nrequests: {len(soak.results)}; 503 with Retry-After (allowed): {overload}; "
@@ -279,7 +376,11 @@ def main() -> int:
     parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
     args = parser.parse_args()
     settings = {"workers": 1, "log_level": "warning", "access_log": False, "header_timeout": args.header_timeout,
-                "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout}
+                "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout,
+                "shared_memory": True, **shared_memory_key_settings()}
+    # The server inherits this process's descriptor limit: systemd's default, whatever the shell allows.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(DESCRIPTOR_LIMIT, hard), hard))
     max_rss = int(args.max_rss_mib * MiB) if args.max_rss_mib else Settings().cache_bytes + 400 * MiB
     server = ServerProcess(settings, host=HOST, cwd=ROOT, ready="/readyz", ready_timeout=120)
     try:

@@ -207,4 +207,5 @@ class Settings(BaseSettings):
 
 
 # Settings whose value is a secret: never repeated in a log or an error.
-SECRET_SETTINGS = frozenset(name for name, field in Settings.model_fields.items() if "SecretStr" in str(field.annotation))
+SECRET_SETTINGS = frozenset(name for name, field in Settings.model_fields.items()
+                            if "SecretStr" in str(field.annotation))

@@ -30,20 +30,24 @@ ERROR_SCHEMA = {
     "additionalProperties": True,
 }
 ERROR_MEANING = {
-    400: "Malformed request or body", 404: "Unknown route or model", 406: "Unsupported format",
+    400: "Malformed request or body", 403: "A restricted protocol group without its header, or shared memory "
+    "without the right to it", 404: "Unknown route or model", 406: "Unsupported format",
     412: "If-None-Match matched (POST)", 413: "Request or response over a configured limit",
     415: "Unsupported upload media type", 422: "Invalid parameter value (the message names it)",
-    503: "Not ready, or overloaded (Retry-After)", 507: "The model ran out of memory for this request",
+    503: "Not ready, or overloaded (Retry-After)", 507: "Out of memory for this request (the model's device, "
+    "or shared-memory mappings)",
 }
 TABLE_ERRORS = (400, 406, 413, 422, 503)
 UPLOAD_ERRORS = (*TABLE_ERRORS, 412, 415)
-V2_ERRORS = (404, 503)
-INFER_ERRORS = (400, 404, 413, 503, 507)
+# 403: a protocol group restricted by POSENC_RESTRICTED_API, or shared memory used without the right to.
+V2_ERRORS = (403, 404, 503)
+INFER_ERRORS = (400, 403, 404, 413, 503, 507)
 READINESS_ERRORS = (503,)
 CHECK_ERRORS = UPLOAD_ERRORS  # /v1/check/...: the table's own parameters and an upload
 MODEL_CHECK_ERRORS = (*INFER_ERRORS, 422)
-SHARED_MEMORY_ERRORS = (400, 404)  # off, bad key or range; unknown region
-INDEX_ERRORS = (400, 422)  # a body that is not JSON; `ready` not a boolean
+# off, bad key or range; no right to the object; unknown region; over the bound; no descriptor or mapping left
+SHARED_MEMORY_ERRORS = (400, 403, 404, 413, 503, 507)
+INDEX_ERRORS = (400, 403, 422)  # a body that is not JSON; restricted; `ready` not a boolean
 
 _BINARY = {"type": "string", "format": "binary"}
 _JSON_TABLE = {
@@ -167,7 +171,8 @@ def _describe(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
             elif path.startswith("/v2/models/"):
                 operation["responses"].update(_errors(V2_ERRORS))
             elif path in ("/readyz", "/v2/health/ready"):
-                operation["responses"].update(_errors(READINESS_ERRORS))
+                restricted = (403,) if path.startswith("/v2/") else ()  # the health group may be restricted
+                operation["responses"].update(_errors((*restricted, *READINESS_ERRORS)))
             if any(p["in"] == "path" for p in operation.get("parameters", [])):
                 _path_enums(operation, models)
                 operation["responses"].update(_errors((404,)))  # an unknown model or version

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import stat
 from dataclasses import dataclass
 
@@ -41,8 +42,27 @@ def may_access(peer: Peer, info: os.stat_result, write: bool) -> bool:
 
 
 def out_of_descriptors(what: str) -> Unavailable:
-    return Unavailable(f"{what}: the server has no file descriptor left (its open-files limit is reached); "
-                       "unregister regions or retry later", retry_after=1)
+    return Unavailable(f"{what}: the server has no file descriptor left for another region (its open-files "
+                       "limit, less what it keeps for connections); unregister regions or retry later", retry_after=1)
+
+
+def descriptor_reserve(soft_limit: int) -> int:
+    """Descriptors regions may never take: connections need them (a server out of descriptors cannot accept
+    one, and its clients see resets instead of answers)."""
+    return max(64, soft_limit // 4)
+
+
+def require_descriptor_room(what: str) -> None:
+    """503 when one more region would eat into the descriptors kept for connections."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return  # no /proc: EMFILE at open is still a 503
+    if open_now + 1 > soft - descriptor_reserve(soft):
+        raise out_of_descriptors(what)
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,7 @@ def open_object(key: str, path: str, caller: SharedMemoryCaller, *, follow: bool
     peer could not read it itself, 503 when the server is out of descriptors. Writable when the caller may
     write it (and the server can)."""
     caller.require("register")
+    require_descriptor_room(f"register {echo(key)}")
     flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)

@@ -217,28 +217,33 @@ import json, os, resource, sys
 from service.errors import ServiceError
 from service.inference.shared_memory import SharedMemoryRegistry
 from tests.conftest import TRUSTED
-resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+open_before = len(os.listdir("/proc/self/fd"))
 registry = SharedMemoryRegistry(enabled=True)
 answers = []
-for index in range(100):
+for index in range(150):
     try:
         registry.register(f"r{index}", sys.argv[1], 0, 8192, TRUSTED)
         answers.append(200)
     except ServiceError as error:
         answers.append((error.status_code, error.message, error.headers))
-print(json.dumps(answers))
+print(json.dumps({"answers": answers, "open_before": open_before, "open_after": len(os.listdir("/proc/self/fd"))}))
 """
 
 
 def test_out_of_descriptors_is_a_503_never_a_500(shm_path: Path) -> None:
-    """Under a 64-descriptor limit: regions until the descriptors run out, then 503 with Retry-After."""
+    """Under a 128-descriptor limit: regions until only the descriptors kept for connections are left (64),
+    then 503 with Retry-After."""
     done = subprocess.run([sys.executable, "-c", DESCRIPTOR_LIMIT_SCRIPT, f"/{shm_path.name}"], capture_output=True,
                           text=True, timeout=60, cwd=Path(__file__).parents[2], check=True)
-    answers = json.loads(done.stdout)
+    seen = json.loads(done.stdout)
+    answers = seen["answers"]
     accepted = answers.count(200)
-    assert 20 < accepted < 64 and answers[:accepted] == [200] * accepted
+    assert accepted == 128 - 64 - seen["open_before"] and answers[:accepted] == [200] * accepted
+    assert seen["open_after"] == 128 - 64  # one descriptor per region, the reserve untouched
     for status, message, headers in answers[accepted:]:
         assert status == 503 and "no file descriptor left" in message and headers == {"Retry-After": "1"}
+    assert len(answers) - accepted == 150 - accepted
 
 
 # --- objects that shrink ----------------------------------------------------------------------------------------------
