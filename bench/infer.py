@@ -11,14 +11,16 @@ side by side in this run (each column once per round, the order reversed every o
   binary infer request and answers the M bytes of its response (bench/echo_asgi.py): the transport alone;
 * HTTP binary: the KServe v2 binary request (built once by the test kit) posted with geventhttpclient (the
   HTTP client tritonclient uses), the output decoded with np.frombuffer (the kit's decoder);
-* HTTP shm: the same request with inputs and output in registered system shared memory (tritonclient's
-  shared-memory utilities; the inputs are written into the region once, outside the timing, as Triton's
-  perf_analyzer does);
+* HTTP shm zero-copy: the same request with inputs and output in two sealed memfds registered as `fd:N` over
+  `posenc serve`'s Unix socket (the server maps them: inputs are views, the output is written in place);
+  the inputs are written once, outside the timing, as Triton's perf_analyzer does;
+* HTTP shm copied: the same with /dev/shm objects (tritonclient's shared-memory utilities) over TCP with the
+  restricted-API key: objects that may shrink are read with pread before the run and written with pwrite;
 * onnxruntime in-process with numpy in/out (and, with --device cuda, with I/O binding: inputs and output as
   OrtValues on the device, bound once);
 * torch eager (the module the models were exported from), when torch is installed.
 Ratios: overhead = (HTTP binary − onnxruntime) / echo (target ≤ 1.3), and shm = onnxruntime / HTTP shm
-(target ≥ 0.9), both where B·S ≥ 4096: below that a request's fixed cost (routing, parsing, the hop to an
+zero-copy (target ≥ 0.9), both where B·S ≥ 4096: below that a request's fixed cost (routing, parsing, the hop to an
 inference thread: about 2 ms on a 2-vCPU VM) outweighs its bytes and its run. The ratio table gets, per case,
 HTTP binary vs onnxruntime and onnxruntime vs torch eager (informational), and the two targets where they apply.
 """
@@ -26,6 +28,7 @@ HTTP binary vs onnxruntime and onnxruntime vs torch eager (informational), and t
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import sys
 from collections.abc import Callable
@@ -41,9 +44,12 @@ from service.testing import (
     RequestedOutput,
     ServerProcess,
     SharedMemory,
+    UnixHTTPConnection,
     decode_response,
     http_request,
     kserve_request,
+    memfd_key,
+    sealed_memfd,
     shared_memory_inputs,
     shared_memory_key_settings,
 )
@@ -136,6 +142,49 @@ class SharedMemoryCase:
             self.shm.destroy_shared_memory_region(handle)
 
 
+class ZeroCopyCase:
+    """Inputs and output in two sealed memfds, registered over the server's Unix socket as `fd:N`: the server
+    maps them (they cannot shrink), so the inputs reach onnxruntime as views and the output is written in
+    place. The request goes over the socket too (one keep-alive connection)."""
+
+    def __init__(self, socket_path: str, arrays: dict[str, np.ndarray], tag: str) -> None:
+        self.shape, out_size = arrays["query"].shape, arrays["query"].nbytes
+        data = b"".join(np.ascontiguousarray(array).tobytes() for array in arrays.values())
+        self.fds = [sealed_memfd(len(data)), sealed_memfd(out_size)]
+        os.pwrite(self.fds[0], data, 0)
+        self.conn = UnixHTTPConnection(socket_path, timeout=300)
+        self.names = [f"zin_{tag}", f"zout_{tag}"]
+        for name, fd, size in zip(self.names, self.fds, (len(data), out_size), strict=True):
+            self._post(f"/v2/systemsharedmemory/region/{name}/register",
+                       json.dumps({"key": memfd_key(fd), "byte_size": size}).encode())
+        self.output = np.frombuffer(mmap.mmap(self.fds[1], out_size, prot=mmap.PROT_READ), np.float32)
+        output = RequestedOutput("output", shared_memory=SharedMemory(self.names[1], out_size))
+        self.request = kserve_request(shared_memory_inputs(arrays, self.names[0]), outputs=[output])
+
+    def _post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
+        self.conn.request("POST", path, body=body, headers=headers or {})
+        response = self.conn.getresponse()
+        answer = response.read()
+        if response.status != 200:
+            raise RuntimeError(f"{path}: HTTP {response.status}: {answer[:300]!r}")
+        return answer
+
+    def call(self, model: str) -> Callable[[], np.ndarray]:
+        path = f"/v2/models/{model}/infer"
+
+        def call() -> np.ndarray:
+            self._post(path, self.request.body, self.request.headers)
+            return self.output.reshape(self.shape)  # a view of the mapped output, no copy
+        return call
+
+    def close(self) -> None:
+        for name in self.names:
+            self._post(f"/v2/systemsharedmemory/region/{name}/unregister", b"")
+        self.conn.close()
+        for fd in self.fds:
+            os.close(fd)
+
+
 def side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
     """Milliseconds of every call in each of `repeat` rounds (after one warm-up call each)."""
     for call in calls.values():
@@ -147,15 +196,18 @@ def side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[st
 def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], threads: int) -> list[Row]:
     """The ratio-table rows of one case: informational, plus the two targets where B·S reaches TARGET_ROWS."""
     where = f"{model} B={batch} S={seq}"
-    binary, ort, echo, shm = times["binary"], times["ort"], times["echo"], times["shm"]
+    binary, ort, echo, shm, copied = times["binary"], times["ort"], times["echo"], times["shm"], times["shm copied"]
     rows = [Row(f"HTTP binary infer vs in-process onnxruntime {where}", med(binary), med(ort), "ms", False, None,
                 f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency")]
     if "torch" in times:
         rows.append(Row(f"onnxruntime vs torch eager {where}", med(ort), med(times["torch"]), "ms", False, None,
                         f"{spread(ort, times['torch'], False)}; torch {torch_version()}, {threads} threads"))
+    rows.append(Row(f"HTTP shm copied (/dev/shm, TCP) vs in-process onnxruntime {where}", med(copied), med(ort), "ms",
+                    False, None, f"{spread(copied, ort, False)}; objects that may shrink are read and written with "
+                    "pread/pwrite"))
     if batch * seq >= TARGET_ROWS:
-        rows.append(Row(f"HTTP shm infer vs in-process onnxruntime {where}", med(shm), med(ort), "ms", False,
-                        SHM_TARGET, spread(shm, ort, False)))
+        rows.append(Row(f"HTTP shm zero-copy (sealed memfd, Unix socket) vs in-process onnxruntime {where}", med(shm),
+                        med(ort), "ms", False, SHM_TARGET, spread(shm, ort, False)))
         rows.append(Row(f"(HTTP binary - onnxruntime) / echo {where}", med(binary) - med(ort), med(echo), "ms", True,
                         OVERHEAD_TARGET, "overhead: what posenc adds to the run, in echoes", at_most=True))
     return rows
@@ -175,10 +227,10 @@ def run(bench: Bench) -> Report:
     if device == "cuda":
         import torch
         notes.append(f"# GPU {torch.cuda.get_device_name(0)}")
-    table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm | onnxruntime"
+    table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm zero-copy | HTTP shm copied | onnxruntime"
              + (" | onnxruntime I/O binding" if binding_column else "")
              + " | torch eager | overhead / echo (≤ 1.3 at B·S ≥ 4096) | onnxruntime / shm (≥ 0.9 at B·S ≥ 4096) |",
-             "|---" * (11 + binding_column) + "|"]
+             "|---" * (12 + binding_column) + "|"]
     report = Report(notes=notes)
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
@@ -186,8 +238,11 @@ def run(bench: Bench) -> Report:
         "access_log": False, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
     command = [sys.executable, "-m", "uvicorn", "bench.echo_asgi:posenc_with_echo", "--factory", "--host", "{host}",
                "--port", "{port}", "--log-level", "warning", "--no-access-log"]
+    socket_path = str(bench.work_dir / "posenc.sock")
     with bench.servers() as servers:
         server = servers.start("posenc + echo", settings, command=command)
+        # the zero-copy column: `posenc serve` itself, whose Unix socket tells it who the client is
+        servers.start("posenc serve (unix socket)", {**settings, "uds": socket_path})
         servers.ready("/v2/health/ready", timeout=120)
         raw = Raw(server)
         try:
@@ -199,24 +254,29 @@ def run(bench: Bench) -> Report:
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)
                 echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
                 shared = SharedMemoryCase(server, arrays, str(index))
+                zero_copy = ZeroCopyCase(socket_path, arrays, str(index))
                 try:
                     calls: dict[str, Callable[[], Any]] = {
                         "echo": lambda body=echo_body, headers=echo_headers: raw.post(ECHO_PATH, body, headers),
-                        "binary": binary, "shm": shared.call(raw, model), "ort": ort_call(session, arrays)}
+                        "binary": binary, "shm": zero_copy.call(model), "shm copied": shared.call(raw, model),
+                        "ort": ort_call(session, arrays)}
                     if binding_column:
                         calls["binding"] = io_binding_call(session, arrays)
                     eager = torch_call(model, arrays, device, threads)
                     if eager is not None:
                         calls["torch"] = eager
                     np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
+                    np.testing.assert_allclose(calls["shm copied"](), expected, atol=1e-4, rtol=1e-4)
                     times = side_by_side(calls, args.repeat)
                 finally:
                     shared.close()
+                    zero_copy.close()
                 ms = {name: med(values) for name, values in times.items()}
                 overhead, shm_ratio = (ms["binary"] - ms["ort"]) / ms["echo"], ms["ort"] / ms["shm"]
                 target = "" if batch * seq >= TARGET_ROWS else " (n/a)"
                 table.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
-                             f"| {ms['echo']:.2f} ms | {ms['binary']:.2f} ms | {ms['shm']:.2f} ms | {ms['ort']:.2f} ms"
+                             f"| {ms['echo']:.2f} ms | {ms['binary']:.2f} ms | {ms['shm']:.2f} ms "
+                             f"| {ms['shm copied']:.2f} ms | {ms['ort']:.2f} ms"
                              + (f" | {ms['binding']:.2f} ms" if binding_column else "")
                              + (f" | {ms['torch']:.2f} ms" if has_torch else " | n/a")
                              + f" | {overhead:.2f}{target} | {shm_ratio:.2f}{target} |")

@@ -18,7 +18,14 @@
 Imports only the standard library, numpy and posenc's own modules: it ships with the service.
 """
 
-from service.testing.http import http_request, read_response, request_bytes, request_head, unix_http_request
+from service.testing.http import (
+    UnixHTTPConnection,
+    http_request,
+    read_response,
+    request_bytes,
+    request_head,
+    unix_http_request,
+)
 from service.testing.inputs import attention_inputs
 from service.testing.kserve import (
     HEADER_LENGTH,
@@ -60,6 +67,7 @@ __all__ = [
     "ServerProcess",
     "SharedMemory",
     "SharedMemoryInput",
+    "UnixHTTPConnection",
     "attention_inputs",
     "decode_response",
     "free_port",
