@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from models.dtypes import FloatDType, np_dtype
+from models.dtypes import FloatDType, cast, np_dtype
 from models.errors import ParameterError
 from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
 
@@ -143,13 +143,13 @@ def alibi_bias(
         slopes = alibi_slopes(num_heads, alibi_bias_max)  # float64 [num_heads]
         for heads in head_blocks(num_heads, query_length, key_length):
             # the same float64 slope × distance products as one head at a time, then the one cast
-            per_offset = (slopes[heads, None] * distance[None, :]).astype(out_dtype)  # [block, q + k − 1]
+            per_offset = cast(slopes[heads, None] * distance[None, :], out_dtype)  # [block, q + k − 1]
             out[heads] = toeplitz_heads_view(per_offset, query_length, key_length)  # [block, q, k]
     else:
         slopes, keys = _key_only_factors(num_heads, key_length, mode, alibi_bias_max)
         # rows do not depend on the query: cast [block, key_length] once, broadcast over the q rows
         for heads in head_blocks(num_heads, 1, key_length):
-            out[heads] = _key_only_rows(slopes[heads], keys).astype(out_dtype, copy=False)[:, None, :]
+            out[heads] = cast(_key_only_rows(slopes[heads], keys), out_dtype)[:, None, :]
     if mask:
         future = toeplitz_view(key_minus_position > 0, query_length, key_length)  # [q, k] bool
         np.copyto(out, out_dtype.type(-np.inf), where=future[None, :, :])  # broadcast over heads

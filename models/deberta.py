@@ -8,7 +8,7 @@ Sign convention is query − key, the opposite of T5.
 
 import numpy as np
 
-from models.dtypes import IntDType, np_dtype
+from models.dtypes import IntDType, cast, np_dtype
 from models.errors import ParameterError
 from models.relative import check_lengths, key_minus_query, toeplitz
 
@@ -78,6 +78,6 @@ def deberta_buckets(
     check_deberta_parameters(position_buckets, max_relative_positions)
     query_minus_key = -key_minus_query(query_length, key_length)  # [q + k − 1]
     per_offset = deberta_log_bucket_position(query_minus_key, position_buckets, max_relative_positions)
-    return toeplitz(per_offset.astype(np_dtype(dtype)), query_length, key_length)
+    return toeplitz(cast(per_offset, np_dtype(dtype)), query_length, key_length)
 
 

@@ -10,6 +10,7 @@ from typing import Literal, get_args
 
 import ml_dtypes
 import numpy as np
+from numpy.typing import DTypeLike
 
 FloatDType = Literal["float32", "float16", "bfloat16", "float64"]
 IntDType = Literal["int64", "int32"]
@@ -83,3 +84,32 @@ def lookup(dtype: np.dtype) -> DType:
 def dtype_name(dtype: np.dtype) -> str:
     """The API name of a numpy dtype; inverse of `np_dtype`."""
     return lookup(dtype).name
+
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _float32_rounded_to_odd(values: np.ndarray) -> np.ndarray:
+    """float64 [...] -> float32 [...] rounded to odd: exact values stay, inexact ones get the neighbour (of the
+    two float32s around them) whose last mantissa bit is 1. Rounding that to a format at least two bits
+    narrower, to nearest-even, equals rounding the float64 value there directly (Boldo & Melquiond, "When
+    double rounding is odd", 2005): float32 has 16 bits more than bfloat16."""
+    with np.errstate(over="ignore"):  # beyond float32's range: inf, the right answer for bfloat16 too
+        nearest = values.astype(np.float32)  # [...] to nearest-even: may be one step above |value|
+    above = np.abs(nearest.astype(np.float64)) > np.abs(values)
+    toward_zero = np.where(above, np.nextafter(nearest, np.float32(0)), nearest)  # [...] truncated
+    inexact = (toward_zero.astype(np.float64) != values) & np.isfinite(values)
+    bits = toward_zero.view(np.uint32) | inexact.astype(np.uint32)  # the odd neighbour where inexact
+    return bits.view(np.float32)
+
+
+def cast(values: np.ndarray, dtype: DTypeLike) -> np.ndarray:
+    """`values` as `dtype`, every element rounded once from its own precision (to nearest, ties to even).
+
+    numpy rounds float64 to float32 and float16 once; ml_dtypes' float64 -> bfloat16 goes through float32
+    and so rounds twice (a value within half a float32 ulp of a bfloat16 midpoint goes the wrong way).
+    Every cast of computed values to a served dtype goes through here."""
+    target = np.dtype(dtype)
+    if target == BFLOAT16 and values.dtype == np.float64:
+        return _float32_rounded_to_odd(values).astype(BFLOAT16)
+    return values.astype(target)

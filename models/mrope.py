@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from models.dtypes import cast
 from models.errors import ParameterError
 from models.rope_params import RopeParameters
 from models.rope_types import F32, rope_type_spec
@@ -209,6 +210,6 @@ def mrope_cos_sin(
     positions = position_ids[axis].T.astype(np.float64)  # [S, d/2]: each frequency's own axis
     angles = positions * inv_freq.astype(np.float64)[None, :]  # [S, d/2]
     out_dtype = np.dtype(dtype)
-    cos = (np.cos(angles) * attention_factor).astype(out_dtype)
-    sin = (np.sin(angles) * attention_factor).astype(out_dtype)
+    cos = cast(np.cos(angles) * attention_factor, out_dtype)
+    sin = cast(np.sin(angles) * attention_factor, out_dtype)
     return np.concatenate([cos, cos], axis=1), np.concatenate([sin, sin], axis=1), inv_freq, attention_factor

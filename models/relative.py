@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from models.bounds import MAX_RELATIVE_POSITION
-from models.dtypes import IntDType, np_dtype
+from models.dtypes import IntDType, cast, np_dtype
 from models.errors import ParameterError
 
 # keeps 2k + 1 inside int32, the narrowest integer dtype served
@@ -101,4 +101,4 @@ def clipped_relative_indices(
         )
     k = max_relative_position
     per_offset = np.clip(key_minus_query(query_length, key_length), -k, k) + k  # [q + k_len − 1]
-    return toeplitz(per_offset.astype(np_dtype(dtype)), query_length, key_length)
+    return toeplitz(cast(per_offset, np_dtype(dtype)), query_length, key_length)

@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.dtypes import np_dtype
+from models.dtypes import cast, np_dtype
 from models.errors import ParameterError
 from models.rope_config import rope_parameters_from_config
 from models.rope_frequencies import F32, yarn_correction_range
@@ -115,7 +115,7 @@ def rope_cos_sin(
     if attention_factor != 1.0:
         cos *= attention_factor
         sin *= attention_factor
-    cos_out, sin_out = cos.astype(out_dtype), sin.astype(out_dtype)
+    cos_out, sin_out = cast(cos, out_dtype), cast(sin, out_dtype)
     if form == "full":
         cos_out, sin_out = _expand(cos_out, layout), _expand(sin_out, layout)
     batch_info = rope_type_spec(params.rope_type).batch_info(params, seq_len)

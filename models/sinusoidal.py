@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from models.bounds import DEFAULT_SINUSOIDAL_BASE
+from models.dtypes import cast
 from models.errors import ParameterError
 
 SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
@@ -89,4 +90,4 @@ def sinusoidal_table(
             table[padding_idx - offset] = 0.0
     else:
         raise ParameterError("variant", f"unknown variant {variant!r}; one of paper, tensor2tensor, fairseq, marian")
-    return table.astype(dtype, copy=False)
+    return cast(table, dtype)

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from models.dtypes import IntDType, np_dtype
+from models.dtypes import IntDType, cast, np_dtype
 from models.errors import ParameterError
 from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz, toeplitz_heads_view
 
@@ -103,7 +103,7 @@ def t5_buckets(
     check_t5_parameters(bidirectional, num_buckets, max_distance, offset)
     offsets = key_minus_query(query_length, key_length) - offset  # [q + k − 1], key − query
     per_offset = t5_relative_position_bucket(offsets, bidirectional, num_buckets, max_distance)
-    return toeplitz(per_offset.astype(np_dtype(dtype)), query_length, key_length)
+    return toeplitz(cast(per_offset, np_dtype(dtype)), query_length, key_length)
 
 
 def check_t5_weight_shape(shape: tuple[int, ...], num_buckets: int) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from models.dtypes import cast
 from models.errors import ParameterError
 from models.rope_types import default_inv_freq
 
@@ -101,7 +102,7 @@ def vision_cos_sin(
     scale = np.repeat(positions, quarter, axis=1)  # [rows, head_dim/2]: row half, then column half
     angles = scale * freqs.astype(np.float64)[None, :]  # [rows, head_dim/2]
     out = np.dtype(dtype)
-    cos, sin = np.cos(angles).astype(out), np.sin(angles).astype(out)
+    cos, sin = cast(np.cos(angles), out), cast(np.sin(angles), out)
     if form == "full":
         if model == "pixtral":
             cos, sin = np.concatenate([cos, cos], axis=1), np.concatenate([sin, sin], axis=1)  # [rows, head_dim]

@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from models.dtypes import cast
 from models.errors import ParameterError
 from models.rope_types import default_inv_freq
 
@@ -61,4 +62,4 @@ def xlnet_relative_sinusoid(
     inv_freq = default_inv_freq(XLNET_THETA, d_model).astype(np.float64)  # [d_model/2]
     angles = xlnet_distances(qlen, klen, attn_type, bi_data, clamp_len)[..., None] * inv_freq  # [rows, n, d/2]
     out_dtype = np.dtype(dtype)
-    return np.concatenate([np.sin(angles).astype(out_dtype), np.cos(angles).astype(out_dtype)], axis=-1)
+    return np.concatenate([cast(np.sin(angles), out_dtype), cast(np.cos(angles), out_dtype)], axis=-1)

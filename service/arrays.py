@@ -16,7 +16,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pydantic_core
 
-from models.dtypes import dtype_name, lookup, np_dtype
+from models.dtypes import cast, dtype_name, lookup, np_dtype
 from service.errors import NotAcceptable, echo
 
 Format = Literal["safetensors", "npy", "raw", "json", "png"]
@@ -183,4 +183,4 @@ def decode_json_tensor(doc: Mapping[str, Any]) -> np.ndarray:
 
     dtype = np_dtype(doc["dtype"])
     data = [value(v) for v in doc["data"]]
-    return np.asarray(data, dtype=np.float64 if dtype.kind == "V" else None).astype(dtype).reshape(doc["shape"])
+    return cast(np.asarray(data, dtype=np.float64 if dtype.kind == "V" else None), dtype).reshape(doc["shape"])

@@ -13,6 +13,7 @@ import numpy as np
 
 from models.alibi import alibi_slopes
 from models.diagnosis.hypothesis import Hypothesis, Tables
+from models.dtypes import cast
 from models.relative import key_minus_query, toeplitz
 from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
 
@@ -41,13 +42,13 @@ def alibi_head_orders(num_heads: int, alibi_bias_max: float) -> dict[str, tuple[
 def alibi_slope_hypotheses(num_heads: int, alibi_bias_max: float, dtype: np.dtype) -> list[Hypothesis]:
     """Slopes in a wrong head order, or the power-of-two formula used for any head count."""
     slopes = alibi_slopes(num_heads, alibi_bias_max)  # float64 [num_heads]
-    out = [Hypothesis(name, why, partial(_permuted, "slopes", lambda: slopes.astype(dtype), order))
+    out = [Hypothesis(name, why, partial(_permuted, "slopes", lambda: cast(slopes, dtype), order))
            for name, (why, order) in alibi_head_orders(num_heads, alibi_bias_max).items()]
     if 1 << (num_heads - 1).bit_length() != num_heads:
         geometric = np.exp2(-np.arange(1, num_heads + 1) * (alibi_bias_max / num_heads))
         out.append(Hypothesis("head_count_formula", f"you used 2^(−{alibi_bias_max:g}k/n) with n = {num_heads}, the "
                               "power-of-two formula; other head counts take the closest power of two's slopes "
-                              "plus interleaved extras", lambda: {"slopes": geometric.astype(dtype)}))
+                              "plus interleaved extras", lambda: {"slopes": cast(geometric, dtype)}))
     return out
 
 
@@ -84,13 +85,13 @@ class T5Table:
         """`buckets` [q, k] as the endpoint's tensor: itself, or the weight gathered to [heads, q, k]."""
         if self.weight is None:
             return {"buckets": buckets.astype(self.dtype)}
-        return {"bias": np.moveaxis(self.weight[buckets], -1, 0).astype(self.dtype)}
+        return {"bias": cast(np.moveaxis(self.weight[buckets], -1, 0), self.dtype)}
 
     def reference(self, **changes: object) -> Tables:
         t = dataclasses.replace(self, **changes)  # type: ignore[arg-type]
         if t.weight is None:
             return {"buckets": t5_buckets(**t._geometry()).astype(t.dtype)}
-        return {"bias": t5_bias(t.weight.astype(t.dtype), **t._geometry())}
+        return {"bias": t5_bias(cast(t.weight, t.dtype), **t._geometry())}
 
 
 def t5_buckets_float64(relative_position: np.ndarray, bidirectional: bool, num_buckets: int,

@@ -17,6 +17,7 @@ from functools import partial
 import numpy as np
 
 from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from models.dtypes import cast
 from models.rope import Form, Layout, RopeParameters, inv_freq_and_attention_factor, rope_cos_sin
 from models.rope_types import DEFAULT_ROPE_TYPE, rope_type_spec
 
@@ -49,7 +50,7 @@ class RopeTable:
         else:
             angles = positions[:, None] * inv_freq.astype(np.float64)[None, :]  # [rows, n_frequencies]
             cos, sin = np.cos(angles) * attention_factor, np.sin(angles) * attention_factor
-        cos, sin = cos.astype(self.dtype), sin.astype(self.dtype)
+        cos, sin = cast(cos, self.dtype), cast(sin, self.dtype)
         if self.form == "full":
             use = layout or self.layout
             if use == "half":

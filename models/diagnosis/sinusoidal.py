@@ -10,6 +10,7 @@ from typing import get_args
 import numpy as np
 
 from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from models.dtypes import cast
 from models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
 
 F32 = np.float32
@@ -58,7 +59,7 @@ def _float32_angles(table: SinusoidalTable) -> Tables:
         pe[:, : table.dim // 2], pe[:, table.dim // 2:] = np.sin(angles), np.cos(angles)
         if table.variant == "fairseq" and table.offset <= table.padding_idx < table.offset + table.rows:
             pe[table.padding_idx - table.offset] = 0.0
-    return {"pe": pe.astype(table.dtype)}
+    return {"pe": cast(pe, table.dtype)}
 
 
 def sinusoidal_hypotheses(table: SinusoidalTable) -> list[Hypothesis]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.dtypes import cast
 from models.properties.common import adjacent_distance, attention, first_collision_position, permutation_residual
 from models.rope import RopeParameters, rope_cos_sin
 from models.rope_types import default_inv_freq
@@ -22,7 +23,7 @@ def rope_rows(inv_freq: np.ndarray, attention_factor: float, positions: np.ndarr
     """cos and sin rows [N, n_freq] for any integer positions (negative too), as the served table
     computes them: float64 angles from the float32 inv_freq, times the attention factor, cast once."""
     angles = positions.astype(np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]  # [N, n_freq]
-    return (attention_factor * np.cos(angles)).astype(dtype), (attention_factor * np.sin(angles)).astype(dtype)
+    return cast(attention_factor * np.cos(angles), dtype), cast(attention_factor * np.sin(angles), dtype)
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:

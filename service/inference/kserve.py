@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 import pydantic_core
 
-from models.dtypes import BY_KSERVE
+from models.dtypes import BY_KSERVE, cast
 from service.errors import BadRequest, echo
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -174,7 +174,7 @@ def _json_data(data: Any, datatype: str, shape: tuple[int, ...], where: str) -> 
         info = np.iinfo(dtype)
         if values.min() < info.min or values.max() > info.max:
             raise BadRequest(f"{where}: 'data' has values outside the {datatype} range")
-    return values.astype(dtype).reshape(shape)  # [shape], row-major as sent
+    return cast(values, dtype).reshape(shape)  # [shape], row-major as sent; bfloat16 rounded once
 
 
 def _wide_integers(data: list[Any], datatype: str, where: str) -> np.ndarray:

@@ -6,7 +6,7 @@ from pydantic import Field
 
 from models.alibi import DEFAULT_ALIBI_BIAS_MAX, AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
 from models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
-from models.dtypes import np_dtype
+from models.dtypes import cast, np_dtype
 from service.arrays import Bundle
 from service.tables.fields import FloatDTypeField
 from service.tables.registry import TableQuery, TensorSpec, register_table
@@ -39,7 +39,7 @@ class AlibiSlopesQuery(TableQuery):
         return {"slopes": TensorSpec((self.num_heads,), np_dtype(self.dtype))}
 
     def compute(self) -> Bundle:
-        return Bundle({"slopes": alibi_slopes(self.num_heads, self.alibi_bias_max).astype(np_dtype(self.dtype))})
+        return Bundle({"slopes": cast(alibi_slopes(self.num_heads, self.alibi_bias_max), np_dtype(self.dtype))})
 
 
 class AlibiBiasQuery(TableQuery):

@@ -8,7 +8,7 @@ import numpy as np
 from pydantic import Field
 
 from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
-from models.dtypes import dtype_name, np_dtype
+from models.dtypes import cast, dtype_name, np_dtype
 from models.t5 import (
     DEFAULT_T5_MAX_DISTANCE,
     DEFAULT_T5_NUM_BUCKETS,
@@ -110,7 +110,7 @@ class T5BiasQuery(T5Query):
 
     def compute(self) -> Bundle:
         # casting the table first equals casting the gathered bias, at a fraction of the memory
-        return Bundle({"bias": t5_bias(self.weight.astype(self.out_dtype(), copy=False), **self.geometry())})
+        return Bundle({"bias": t5_bias(cast(self.weight, self.out_dtype()), **self.geometry())})
 
 
 register_table("/v1/t5/buckets", T5BucketsQuery, summary="T5 relative-position buckets of key − query",

@@ -11,6 +11,7 @@ import http.client
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from service.testing import ServerProcess
 
 ROUTE = "/v1/alibi/slopes"
 TABLE = f"{ROUTE}?num_heads=8&format=raw"
+CONCURRENCY = 8
 
 
 def get(port: int, path: str) -> tuple[int, bytes]:
@@ -77,8 +79,9 @@ def test_counters_are_exact_totals_over_both_workers(two_workers: tuple[int, Pat
     assert not (shared / "counter_1.db").exists()
     sent = 0
     while sent < 400:  # until both workers answered some (almost always within the first batch)
-        for _ in range(40):
-            assert get(port, TABLE)[0] == 200
+        # eight at a time: one after the other, an idle machine may let the same worker accept every one
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            assert [status for status, _ in pool.map(lambda _: get(port, TABLE), range(40))] == [200] * 40
         sent += 40
         if len(per_worker := requests_per_worker(shared)) == 2 and min(per_worker) > 0:
             break
@@ -91,6 +94,12 @@ def test_counters_are_exact_totals_over_both_workers(two_workers: tuple[int, Pat
         assert sample(text, "posenc_http_request_duration_seconds_count", method="GET", route=ROUTE) == sent
         hits = sample(text, "posenc_table_cache_hits_total")
         misses = sample(text, "posenc_table_cache_misses_total")
-        assert 1 <= misses <= 2 and hits + misses == sent  # each worker computed the table once
+        # each worker computed the table: once, or once per request that found its cache still empty
+        assert 2 <= misses <= 2 * CONCURRENCY and hits + misses == sent
         assert sample(text, "posenc_build_info", version=__import__("service").__version__) == 1
-        assert sample(text, "posenc_http_requests_in_flight") == 1  # the scrape itself, summed over workers
+        # the scrape itself, summed over workers (a request just answered may leave the gauge a moment later)
+        deadline = time.monotonic() + 5
+        while sample(text, "posenc_http_requests_in_flight") != 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = get(port, "/metrics")[1].decode()
+        assert sample(text, "posenc_http_requests_in_flight") == 1
