@@ -17,6 +17,7 @@ from functools import partial
 import numpy as np
 
 from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from models.diagnosis.rope_search import pair_hypotheses, reverse_scaling_hypotheses
 from models.dtypes import cast
 from models.rope import Form, Layout, RopeParameters, inv_freq_and_attention_factor, rope_cos_sin
 from models.rope_types import DEFAULT_ROPE_TYPE, rope_type_spec
@@ -134,7 +135,21 @@ def rope_hypotheses(table: RopeTable, observed: Mapping[str, np.ndarray]) -> lis
     out.append(Hypothesis("float32_angles", "your angles are position × inv_freq in float32 (as transformers' "
                           "forward): the error grows linearly with the position",
                           lambda: table.build(inv_freq, factor, float32_angles=True)))
-    return out + storage_hypotheses(table.reference, table.dtype)
+    steps_of = partial(_observed_steps, table, observed)
+    out += reverse_scaling_hypotheses(table, observed, steps_of)
+    out += storage_hypotheses(table.reference, table.dtype)
+    # pairs last: a single mistake that explains the upload ranks first
+    return out + pair_hypotheses(table, observed, steps_of,
+                                 lambda steps: estimate_theta(steps, p.rotary_dim, table.rows))
+
+
+def _observed_steps(table: RopeTable, observed: Mapping[str, np.ndarray], layout: Layout) -> np.ndarray | None:
+    """The upload's angle step per frequency column, read in `layout` (None: no cos/sin pair to read, one row,
+    or a whole-head type, whose zero columns have no step)."""
+    cos, sin = observed.get("cos"), observed.get("sin")
+    if cos is None or sin is None or table.rows < 2 or rope_type_spec(table.params.rope_type).whole_head:
+        return None
+    return angle_steps(cos, sin, table.form, layout, table.params.n_frequencies)
 
 
 def _theta_table(table: RopeTable, observed: Mapping[str, np.ndarray], found: dict[str, str]) -> Tables | None:

@@ -4,6 +4,8 @@ variant's layout or spacing, sin and cos exchanged, float32 angles, reduced stor
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from functools import partial
 from typing import get_args
 
@@ -62,8 +64,54 @@ def _float32_angles(table: SinusoidalTable) -> Tables:
     return {"pe": cast(pe, table.dtype)}
 
 
-def sinusoidal_hypotheses(table: SinusoidalTable) -> list[Hypothesis]:
-    """The sinusoidal mistakes that apply to `table` (even dim for the ones that pair sin and cos)."""
+def _sin_cos_columns(table: SinusoidalTable, pe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sin, cos) [rows, dim/2] of a table laid out as `table.variant` lays it out."""
+    half = table.dim // 2
+    if table.variant == "paper":
+        return pe[:, 0:2 * half:2], pe[:, 1:2 * half:2]
+    return pe[:, :half], pe[:, half:2 * half]
+
+
+def estimate_base(table: SinusoidalTable, pe: np.ndarray) -> float | None:
+    """The base whose frequencies fit the upload's per-column angle steps (as RoPE's theta is estimated):
+    log(omega_i) is linear in i with slope −2·log(base)/dim (paper, marian) or −log(base)/(dim/2 − 1)
+    (the log-spaced variants). Rows that are all zero (fairseq's padding row) are left out."""
+    half = table.dim // 2
+    if table.rows < 2 or half < 2 or pe.shape != (table.rows, table.dim):
+        return None
+    sin, cos = _sin_cos_columns(table, pe.astype(np.float64))
+    angles = np.arctan2(sin, cos)  # [rows, half]
+    live = np.any(pe != 0, axis=1)
+    pairs = live[1:] & live[:-1]
+    if pairs.sum() < 1:
+        return None
+    steps = np.angle(np.exp(1j * np.diff(angles, axis=0)))[pairs].mean(axis=0)  # [half]
+    index = np.arange(half, dtype=np.float64)
+    usable = (steps > 0) & (steps * max(int(pairs.sum()), 1) > 1e-2) & (steps < 3.0)
+    if usable.sum() < 2:
+        return None
+    slope = -np.polyfit(index[usable], np.log(steps[usable]), 1)[0]
+    exponent = table.dim / 2 if table.variant in ("paper", "marian") else max(half - 1, 1)
+    base = math.exp(slope * exponent)
+    if not math.isfinite(base) or base <= 1:
+        return None
+    nice = float(f"{base:.3g}")  # bases are round numbers: 10000, 500
+    return nice if abs(nice - base) <= 2e-3 * base else base
+
+
+def _base_table(table: SinusoidalTable, observed: Mapping[str, np.ndarray], found: dict[str, str]) -> Tables | None:
+    pe = observed.get("pe")
+    base = None if pe is None else estimate_base(table, pe)
+    if base is None or base == table.base:
+        return None
+    found["base"] = repr(base)
+    return table.table(base=base)
+
+
+def sinusoidal_hypotheses(table: SinusoidalTable, observed: Mapping[str, np.ndarray] | None = None
+                          ) -> list[Hypothesis]:
+    """The sinusoidal mistakes that apply to `table` (even dim for the ones that pair sin and cos); `observed`
+    (the upload) is read by the base estimate only."""
     out = [Hypothesis(f"offset_{shift:+d}", f"your rows start at position {table.offset + shift} instead of "
                       f"{table.offset} (off by {shift:+d})",
                       partial(table.table, offset=table.offset + shift)) for shift in (1, -1)]
@@ -81,4 +129,7 @@ def sinusoidal_hypotheses(table: SinusoidalTable) -> list[Hypothesis]:
                               lambda: _swapped(table)))
         out.append(Hypothesis("float32_angles", "your angles are position × omega in float32: the error grows "
                               "linearly with the position", lambda: _float32_angles(table)))
+        found: dict[str, str] = {}
+        out.append(Hypothesis("base", f"your base is not the requested {table.base:g}; `found` is the base your "
+                              "column frequencies fit", partial(_base_table, table, observed or {}, found), found))
     return out + storage_hypotheses(table.table, table.dtype)

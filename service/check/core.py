@@ -132,5 +132,7 @@ def run(check: CheckPlan) -> CheckReport:
     tolerances = check.family.tolerances(check.query, reference)
     agreement = {name: compare(array, reference[name], tolerances[name]) for name, array in check.observed.items()}
     del reference
-    ranked = rank(check.hypotheses, check.observed, tolerances)
+    # a hypothesis explains a mismatch only: on a match none applies, and none is computed
+    matches = all(a.within_contract for a in agreement.values())
+    ranked = [] if matches else rank(check.hypotheses, check.observed, tolerances)
     return CheckReport(agreement, ranked, golden_request(check.route, check.query))

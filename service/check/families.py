@@ -145,7 +145,8 @@ def _clipped_hypotheses(query: TableQuery, reference: Callable[[], Tables], _: M
 
 FAMILY_CHECKS: dict[type[TableQuery], FamilyCheck] = {
     RopeTableQuery: FamilyCheck(_rope_hypotheses, _rope_tolerances),
-    SinusoidalQuery: FamilyCheck(lambda q, r, o: sinusoidal_hypotheses(_sinusoidal_table(q)), _sinusoidal_tolerances),
+    SinusoidalQuery: FamilyCheck(lambda q, r, o: sinusoidal_hypotheses(_sinusoidal_table(q), o),
+                                 _sinusoidal_tolerances),
     AlibiSlopesQuery: FamilyCheck(lambda q, r, o: _alibi_slope_hypotheses(q, r, o) + _generic_hypotheses(q, r, o),
                                   default_tolerances),
     AlibiBiasQuery: FamilyCheck(lambda q, r, o: _alibi_bias_hypotheses(q, r, o) + _generic_hypotheses(q, r, o),

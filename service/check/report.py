@@ -64,7 +64,7 @@ class CheckReport:
 def _summary(report: CheckReport) -> str:
     cause = report.likely_cause
     if report.verdict == "matches":
-        return "matches the reference within the precision contract"
+        return "matches the reference within the precision contract; no known mistake applies"
     if cause is None:
         return "mismatch; none of the known mistakes explains it (see agreement for where it differs)"
     return f"mismatch: {cause.name} (residual {cause.residual:.3g}) — {cause.explanation}"
