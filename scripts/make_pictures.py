@@ -3,7 +3,7 @@
     .venv/bin/python scripts/make_pictures.py          # from the repository root
 
 Each picture is exactly what `GET <url>&format=png` answers (the same path as `posenc table ... --format
-png`); README.md and docs/PROPERTIES.md show them.
+png`); README.md and the docs pages show them.
 """
 
 from __future__ import annotations

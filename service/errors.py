@@ -47,6 +47,8 @@ class Forbidden(ServiceError):
 
 
 class NotFound(ServiceError):
+    """The named thing does not exist (404): a model or model version, a shared-memory region, an asset."""
+
     status_code = 404
     error_type = "not_found"
 
@@ -66,11 +68,16 @@ class PayloadTooLarge(ServiceError):
 
 
 class PreconditionFailed(ServiceError):
+    """A conditional request's precondition does not hold (412): If-None-Match on a non-GET table request
+    matches the current representation."""
+
     status_code = 412
     error_type = "precondition_failed"
 
 
 class UnsupportedMediaType(ServiceError):
+    """The request body's Content-Type is not one the route reads (415)."""
+
     status_code = 415
     error_type = "unsupported_media_type"
 

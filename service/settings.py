@@ -174,7 +174,7 @@ class Settings(BaseSettings):
         description="Requests waiting per model; one more gets 503 with Retry-After.",
     )
 
-    # Connection limits and shutdown (`posenc serve`; see README "Limits and timeouts").
+    # Connection limits and shutdown (`posenc serve`; see docs/operations.md "Limits and timeouts").
     timeout_keep_alive: float = Field(
         5.0, gt=0, le=3600, description="Seconds an idle kept-alive connection stays open between two requests."
     )

@@ -47,7 +47,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__
 
-access_log = logging.getLogger("posenc.access")  # the README documents this name: log pipelines filter on it
+access_log = logging.getLogger("posenc.access")  # docs/operations.md documents this name: logs filter on it
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

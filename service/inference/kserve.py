@@ -34,7 +34,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
 SHARED_MEMORY_OFF = ("the system shared-memory extension is off: start posenc with POSENC_SHARED_MEMORY=true to "
-                     "use it (clients on the same host only; see the README, \"Shared memory\")")
+                     "use it (clients on the same host only; see docs/inference.md, \"Shared memory\")")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _OUTPUT_KEYS = {"name", "parameters"}
 _INPUT_KEYS = {"name", "datatype", "shape", "data", "parameters"}
