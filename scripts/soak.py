@@ -16,7 +16,8 @@ Shared memory is on (with the test kit's restricted-API key) and the server runs
 limit (systemd's default): shared-memory clients register an object, send an infer that reads it and write
 into it, and truncate the object while the request runs (answers: 200 or a 400 naming the shrink, never a
 5xx or a dead server); one client registers 1,100 regions, more than the descriptors allow (200, then 503
-with Retry-After or the region-count 400; never a 500).
+with Retry-After or the region-count 400; never a 500). A spelling flood sends distinct 32 KiB Accept headers
+(200) and heads over POSENC_MAX_HEADER_BYTES (431): none of them may stay in memory.
 """
 
 from __future__ import annotations
@@ -265,6 +266,33 @@ class Soak:
         finally:
             path.unlink(missing_ok=True)
 
+    async def spelling_flood(self) -> None:
+        """Distinct big Accept headers (32 KiB, under the head limit) on one cached table, and heads over the
+        limit: 200s and 431s, and nothing of them stays in memory (the RSS bound holds)."""
+        index = 0
+        while self.sigterm_at is None and self.server.poll() is None:
+            index += 1
+            start = time.monotonic()
+            over = index % 10 == 0
+            accept = f"x/{index:08d}{'j' * ((80 if over else 32) << 10)}, */*"
+            try:
+                reader, writer = await self.connect()
+            except OSError:
+                return
+            try:
+                writer.write(request_bytes("GET", "/v1/alibi/slopes?num_heads=12", b"", {"Accept": accept}))
+                await writer.drain()
+                status, _, _, _ = await asyncio.wait_for(read_response(reader, keep_body=False), 60)
+                expected = 431 if over else 200
+                self.record("spelling-flood", str(status), start, time.monotonic(),
+                            None if status == expected else f"got {status}, expected {expected}")
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                if self.sigterm_at is None:
+                    self.record("spelling-flood", type(exc).__name__, start, None,
+                                None if over else f"no answer: {exc}")
+            finally:
+                writer.close()
+
     async def shared_memory_register_flood(self) -> None:
         """More registers than the server has descriptors: 200s, then 503 with Retry-After, never a 500."""
         path = Path(f"/dev/shm/posenc_soak_flood_{os.getpid()}")
@@ -314,6 +342,7 @@ class Soak:
         tasks += [asyncio.create_task(self.fault_client(kind, i)) for i, kind in enumerate(faults * 2)]
         tasks += [asyncio.create_task(self.shared_memory_truncation(i)) for i in range(2)]
         tasks.append(asyncio.create_task(self.shared_memory_register_flood()))
+        tasks.append(asyncio.create_task(self.spelling_flood()))
         sampler = asyncio.create_task(self.sample_rss())
         await asyncio.sleep(self.args.seconds)
         self.sigterm_at = time.monotonic()
@@ -354,7 +383,7 @@ def report(soak: Soak, status: int | None, exit_after: float, max_rss: int, log:
                           f"{soak.args.graceful_timeout:g} s + {SLACK:g} s)")
     if soak.peak_hwm > max_rss:
         violations.append(f"peak RSS {soak.peak_hwm / MiB:.0f} MiB over --max-rss-mib {max_rss / MiB:.0f}")
-    for kind in [*MIX, "shm-truncated", "shm-register-flood"]:
+    for kind in [*MIX, "shm-truncated", "shm-register-flood", "spelling-flood"]:
         if not any(r.outcome == "200" for r in by_kind[kind]):
             violations.append(f"{kind}: no successful request at all")
     print(f"\nrequests: {len(soak.results)}; 503 with Retry-After (allowed): {overload}; "

@@ -75,6 +75,14 @@ class PreconditionFailed(ServiceError):
     error_type = "precondition_failed"
 
 
+class HeadersTooLarge(ServiceError):
+    """The request's head (request line and headers) is larger than POSENC_MAX_HEADER_BYTES (431); the
+    connection is closed, since the rest of the head is not read."""
+
+    status_code = 431
+    error_type = "request_header_fields_too_large"
+
+
 class UnsupportedMediaType(ServiceError):
     """The request body's Content-Type is not one the route reads (415)."""
 

@@ -178,6 +178,11 @@ class Settings(BaseSettings):
     timeout_keep_alive: float = Field(
         5.0, gt=0, le=3600, description="Seconds an idle kept-alive connection stays open between two requests."
     )
+    max_header_bytes: int = Field(
+        64 * 1024, ge=1024, le=16 * MiB,
+        description="Largest request head (request line and headers) in bytes; a longer one gets 431 and the "
+        "connection is closed before the rest is read.",
+    )
     header_timeout: float = Field(
         10.0, gt=0, le=3600,
         description="Seconds from connection open (or the end of the previous response) until the request head "

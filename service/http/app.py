@@ -14,7 +14,7 @@ from service.budget import MemoryBudget, limit_malloc_arenas
 from service.check.routes import check_router
 from service.http import docs, explorer, health
 from service.http.errors import install_error_handlers
-from service.http.fastpath import FastPath, Spellings
+from service.http.fastpath import FastPath
 from service.http.metrics import install_metrics
 from service.http.openapi import install_openapi
 from service.http.restricted import RestrictedApi
@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(checks)
     app.include_router(check_inference_router)
     # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
-    app.add_middleware(FastPath, cache=app.state.table_cache, spellings=Spellings(),
+    app.add_middleware(FastPath, cache=app.state.table_cache,
                        routes=[*health.router.routes, *tables.routes])
     # Restricted protocol groups refused before anything answers them (the fast path included).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())

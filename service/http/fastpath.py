@@ -6,14 +6,15 @@ A table route that answers 200 or 304 remembers its request's *spelling* — pat
 canonical order, and the Accept header when no `format=` is given — next to the canonical cache key
 the full path computed. Every spelling of one table (parameter order, defaults written out or
 omitted, `0.50` vs `0.5`) maps to the same cache entry, because the full path resolved it the first
-time. Only answers are remembered, never errors, so a request that would be refused always takes
-the full path; an entry evicted from the cache, or a spelling not seen yet, does too.
+time. Spellings live with their cache entry and are charged to the cache budget
+(`ByteLRUCache.remember_spelling`); a spelling longer than `MAX_SPELLING` (a long query, a 1 MiB Accept
+header) is never stored: such a request takes the full path every time. Only answers are remembered,
+never errors, so a request that would be refused always takes the full path; an entry evicted from the
+cache, or a spelling not seen yet, does too.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode
 
@@ -29,6 +30,8 @@ from service.tables.answer import Answer, answer_headers, etag_matches, validato
 from service.tables.cache import ByteLRUCache
 from service.tables.http import CACHE_KEY_SCOPE, to_response
 
+MAX_SPELLING = 2048  # characters: the longest request spelling the fast path remembers
+
 
 def spelling(scope: Scope) -> str | None:
     """The request's cache-relevant spelling, or None when it cannot take the fast path."""
@@ -41,36 +44,15 @@ def spelling(scope: Scope) -> str | None:
     key = scope["path"] + "?" + urlencode(pairs)
     if not any(name == "format" for name, _ in pairs):
         key += "\naccept:" + (scope_header(scope, b"accept") or "")
-    return key
-
-
-class Spellings:
-    """Request spelling → canonical cache key, least recently used first out (bounded in entries)."""
-
-    def __init__(self, capacity: int = 1 << 16) -> None:
-        self.capacity = capacity
-        self._keys: OrderedDict[str, str] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def remember(self, spelled: str, cache_key: str) -> None:
-        with self._lock:
-            self._keys[spelled] = cache_key
-            self._keys.move_to_end(spelled)
-            while len(self._keys) > self.capacity:
-                self._keys.popitem(last=False)
-
-    def lookup(self, spelled: str) -> str | None:
-        with self._lock:
-            return self._keys.get(spelled)
+    return key if len(key) <= MAX_SPELLING else None
 
 
 class FastPath:
     """ASGI middleware in front of the routes: liveness, and remembered spellings whose table is still cached."""
 
-    def __init__(self, app: ASGIApp, cache: ByteLRUCache, spellings: Spellings, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, cache: ByteLRUCache, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.cache = cache
-        self.spellings = spellings
         # path → its route, set on the scope as routing would: the metrics and the access log name the template
         self.routes = {route.path: route for route in routes if isinstance(route, APIRoute)}
 
@@ -83,13 +65,13 @@ class FastPath:
         if spelled is None:
             await self.app(scope, receive, send)
             return
-        cache_key = self.spellings.lookup(spelled)
+        cache_key = self.cache.spelling(spelled)
         cached = self.cache.peek(cache_key) if cache_key is not None else None
         if cache_key is None or cached is None:
             await self.app(scope, receive, send)
             learned = scope.get(CACHE_KEY_SCOPE)
             if learned is not None:
-                self.spellings.remember(spelled, learned)
+                self.cache.remember_spelling(spelled, learned)
             return
         validators = validator_headers(cache_key)
         if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):

@@ -11,6 +11,8 @@ is installed, which `uvicorn[standard]` guarantees):
 * a body gap timer (`POSENC_BODY_TIMEOUT`): while a body is read, two chunks may be at most that far apart,
   else the client gets a 408 with the JSON error envelope (when nothing was answered yet) and the connection
   is closed; the application's `receive()` sees `http.disconnect` (its access log says 499);
+* a head limit (`POSENC_MAX_HEADER_BYTES`): a request head (request line and headers) over it gets a 431
+  with the JSON error envelope and the connection is closed, before the rest is read or buffered;
 * a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
   has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
   graceful timeout runs out, instead of keeping the process alive forever.
@@ -41,6 +43,7 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import HANDLED_SIGNALS, ServerState
 
+from service.errors import HeadersTooLarge
 from service.http.logs import log_config
 from service.http.metrics import shared_metrics_dir
 from service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
@@ -77,11 +80,12 @@ class Timeouts:
 
 
 class ServerConfig(uvicorn.Config):
-    """A uvicorn Config that carries posenc's timeouts to the protocol (pickled into workers as well)."""
+    """A uvicorn Config that carries posenc's timeouts and head limit to the protocol (pickled into workers)."""
 
-    def __init__(self, app: Any, *, timeouts: Timeouts, **kwargs: Any) -> None:
+    def __init__(self, app: Any, *, timeouts: Timeouts, max_header_bytes: int = 64 * 1024, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.timeouts = timeouts
+        self.max_header_bytes = max_header_bytes
 
 
 class DrainState(ServerState):
@@ -90,6 +94,10 @@ class DrainState(ServerState):
     def __init__(self) -> None:
         super().__init__()
         self.cut_connections = 0
+
+
+class HeadTooLargeError(Exception):
+    """Raised from a parser callback to stop parsing a request head over POSENC_MAX_HEADER_BYTES."""
 
 
 def _cancel(handle: asyncio.TimerHandle | None) -> None:
@@ -106,6 +114,11 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         if not isinstance(config, ServerConfig):
             raise TypeError("TimeoutHttpToolsProtocol needs a service.http.server.ServerConfig")
         self.timeouts = config.timeouts
+        self.max_header_bytes = config.max_header_bytes
+        self.head_bytes = 0  # bytes received while the current request's head is incomplete
+        self.in_head = True  # the next bytes belong to a request head (not to a body)
+        self.heads_completed = 0
+        self.head_too_large = False
         # uvicorn's Config types it as whole seconds; its timer (loop.call_later) takes any float.
         self.timeout_keep_alive = config.timeouts.keep_alive  # type: ignore[assignment]
         self.head_timer: asyncio.TimerHandle | None = None
@@ -121,12 +134,45 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         # uvicorn arms no timer on a fresh connection: one that never sends a byte would stay open forever.
         self.head_timer = self.loop.call_later(self.timeouts.header, self._head_timed_out)
 
+    def data_received(self, data: bytes) -> None:
+        in_head, heads = self.in_head, self.heads_completed
+        super().data_received(data)
+        # httptools buffers a head until it is complete: counted here, chunk by chunk, it is cut at the limit
+        # instead of growing for as long as the header timeout lets it. A chunk in which a head completed
+        # (with its body, maybe a whole request) is not a head still growing.
+        if in_head and self.heads_completed == heads and not self.transport.is_closing():
+            self.head_bytes += len(data)
+            if self.head_bytes > self.max_header_bytes:
+                self._head_too_large()
+
+    def send_400_response(self, msg: str) -> None:
+        if self.head_too_large:  # the parser stopped on our HeadTooLargeError, not on bad HTTP
+            self._head_too_large()
+        else:
+            super().send_400_response(msg)
+
+    def _head_too_large(self) -> None:
+        log.info("closing %s: request head over %d bytes (POSENC_MAX_HEADER_BYTES)", _peer(self.client),
+                 self.max_header_bytes)
+        message = (f"the request head (request line and headers) is over {self.max_header_bytes} bytes, the "
+                   "most this server reads (POSENC_MAX_HEADER_BYTES)")
+        self.transport.write(self._error_response(HeadersTooLarge.status_code, HeadersTooLarge.error_type, message))
+        self.transport.close()
+
     def on_message_begin(self) -> None:
+        self.in_head, self.head_bytes = True, 0
         super().on_message_begin()  # a fresh scope for this request
         if self.peer is not None:
             self.scope[PEER_SCOPE_KEY] = self.peer  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.heads_completed += 1
+        # a head that arrived in one read was not counted as it grew: its size, from what was parsed
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > self.max_header_bytes:
+            self.head_too_large = True
+            raise HeadTooLargeError  # stops the parser: uvicorn then answers through send_400_response
         _cancel(self.head_timer)
         self.head_timer = None
         super().on_headers_complete()
@@ -156,6 +202,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self._restart_body_timer()
 
     def on_message_complete(self) -> None:
+        self.in_head, self.head_bytes = True, 0  # what comes next is the head of the next request
         super().on_message_complete()
         _cancel(self.body_timer)
         self.body_timer = None
@@ -188,9 +235,13 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()  # flushes the 408 (or the complete answer) first
 
     def _timeout_response(self) -> bytes:
-        body = json.dumps({"error": f"the request body stalled: no bytes arrived for {self.timeouts.body:g} s "
-                                    "(POSENC_BODY_TIMEOUT)", "type": "request_timeout"}).encode()
-        lines = [STATUS_LINE[408]]
+        return self._error_response(408, "request_timeout", f"the request body stalled: no bytes arrived for "
+                                    f"{self.timeouts.body:g} s (POSENC_BODY_TIMEOUT)")
+
+    def _error_response(self, status: int, error_type: str, message: str) -> bytes:
+        """A whole response with the JSON error envelope, closing the connection (written by the protocol)."""
+        body = json.dumps({"error": message, "type": error_type}).encode()
+        lines = [STATUS_LINE[status]]
         for name, value in self.server_state.default_headers:
             lines += [name, b": ", value, b"\r\n"]
         lines += [b"content-type: application/json\r\n", b"content-length: %d\r\n" % len(body),
@@ -309,6 +360,7 @@ def build_config(settings: Settings) -> ServerConfig:
     return ServerConfig(
         "service.http.app:app_from_env",
         timeouts=timeouts,
+        max_header_bytes=settings.max_header_bytes,
         factory=True,
         host=settings.host,
         port=settings.port,

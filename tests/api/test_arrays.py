@@ -137,19 +137,20 @@ def test_negotiation_rejects(format_param: str | None, accept: str | None) -> No
 
 
 def test_lru_cache_is_byte_bounded() -> None:
-    cache = ByteLRUCache(100)
-
     def entry(n: int) -> CachedBody:
         return CachedBody(body=b"x" * n, media_type="application/octet-stream")
 
+    unit = entry(40).cost("a")  # every entry's real cost: body, key, strings, the objects around them
+    assert unit > 40 + len("a") + len("application/octet-stream")
+    cache = ByteLRUCache(2 * unit + unit // 2)
     cache.put("a", entry(40))
     cache.put("b", entry(40))
     assert cache.get("a") is not None  # a is now most recent
     cache.put("c", entry(40))  # evicts b, the least recently used
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
-    assert cache.size_bytes == 80
-    cache.put("huge", entry(101))  # larger than the budget: not stored, nothing evicted
+    assert cache.size_bytes == 2 * unit
+    cache.put("huge", entry(3 * unit))  # larger than the budget: not stored, nothing evicted
     assert cache.get("huge") is None and len(cache) == 2
     cache.put("a", entry(10))  # replacing an entry updates the byte count
-    assert cache.size_bytes == 50
+    assert cache.size_bytes == unit + entry(10).cost("a")
     assert (cache.hits, cache.misses) == (3, 2)

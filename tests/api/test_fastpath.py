@@ -105,7 +105,7 @@ def test_a_refused_request_is_refused_every_time(bad: str) -> None:
 
 
 def test_an_evicted_table_takes_the_full_path_again(prepared: list[str]) -> None:
-    with running_client(cache_bytes=400) as client:  # room for one small table
+    with running_client(cache_bytes=2500) as client:  # room for one small table (about 1.6 kB with its spelling)
         first, second = TABLE_REQUESTS[3], "/v1/alibi/slopes?num_heads=13"
         client.get(first)
         client.get(second)  # evicts the first
