@@ -58,6 +58,26 @@ def network_events(driver: webdriver.Chrome) -> list[dict[str, Any]]:
     return events
 
 
+def request_problems(driver: webdriver.Chrome, base: str, page: str, problems: list[str]) -> dict[str, str]:
+    """Every request the page made since the last read of the log (request id -> URL); appends to `problems`
+    each one to another host, each failed one and each answer >= 400."""
+    origin = urlsplit(base).netloc
+    urls: dict[str, str] = {}
+    for event in network_events(driver):
+        params = event["params"]
+        if event["method"] == "Network.requestWillBeSent":
+            url = params["request"]["url"]
+            urls[params["requestId"]] = url
+            if urlsplit(url).scheme not in ("data", "blob") and urlsplit(url).netloc != origin:
+                problems.append(f"{page}: request off the host: {url}")
+        elif event["method"] == "Network.loadingFailed":
+            problems.append(f"{page}: request failed ({params.get('errorText')}): "
+                            f"{urls.get(params['requestId'], params['requestId'])}")
+        elif event["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
+            problems.append(f"{page}: HTTP {params['response']['status']} for {params['response']['url']}")
+    return urls
+
+
 def rendered_text(driver: webdriver.Chrome) -> str:
     text = driver.execute_script("return document.body ? document.body.innerText : ''")
     return text if isinstance(text, str) else ""
@@ -78,26 +98,13 @@ def check_page(driver: webdriver.Chrome, base: str, page: str) -> list[str]:
     if missing:
         problems.append(f"{page}: operations not listed after {RENDER_TIMEOUT_S:.0f} s: {missing}")
     time.sleep(1.0)  # late requests (fonts, images, validator) would show up in this second
-    origin = urlsplit(base).netloc
-    urls: dict[str, str] = {}
-    for event in network_events(driver):
-        params = event["params"]
-        if event["method"] == "Network.requestWillBeSent":
-            url = params["request"]["url"]
-            urls[params["requestId"]] = url
-            if urlsplit(url).scheme not in ("data", "blob") and urlsplit(url).netloc != origin:
-                problems.append(f"{page}: request off the host: {url}")
-        elif event["method"] == "Network.loadingFailed":
-            problems.append(f"{page}: request failed ({params.get('errorText')}): "
-                            f"{urls.get(params['requestId'], params['requestId'])}")
-        elif event["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
-            problems.append(f"{page}: HTTP {params['response']['status']} for {params['response']['url']}")
+    urls = request_problems(driver, base, page, problems)
     if not any(urlsplit(u).path.startswith("/docs/assets/") for u in urls.values()):
         problems.append(f"{page}: no asset was loaded from /docs/assets/ (requests: {sorted(set(urls.values()))})")
     for entry in driver.get_log("browser"):
         if entry.get("level") == "SEVERE":
             problems.append(f"{page}: console error: {entry.get('message')}")
-    print(f"docs-browser: {page}: {len(urls)} requests, all to {origin}" if not problems else
+    print(f"docs-browser: {page}: {len(urls)} requests, all to {urlsplit(base).netloc}" if not problems else
           f"docs-browser: {page}: {len(problems)} problem(s)", file=sys.stderr)
     return problems
 

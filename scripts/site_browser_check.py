@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from docs_browser_check import browser, network_events
+from docs_browser_check import browser, network_events, request_problems
 from selenium import webdriver
 from selenium.webdriver.common.by import By
 
@@ -47,19 +47,7 @@ def page_problems(driver: webdriver.Chrome, base: str, page: str) -> list[str]:
     time.sleep(2.0)  # late requests (fonts, scripts, the search index) show up in these seconds
     origin = urlsplit(base).netloc
     problems: list[str] = []
-    urls: dict[str, str] = {}
-    for event in network_events(driver):
-        params = event["params"]
-        if event["method"] == "Network.requestWillBeSent":
-            url = params["request"]["url"]
-            urls[params["requestId"]] = url
-            if urlsplit(url).scheme not in ("data", "blob") and urlsplit(url).netloc != origin:
-                problems.append(f"{page}: request off the host: {url}")
-        elif event["method"] == "Network.loadingFailed":
-            problems.append(f"{page}: request failed ({params.get('errorText')}): "
-                            f"{urls.get(params['requestId'], params['requestId'])}")
-        elif event["method"] == "Network.responseReceived" and params["response"]["status"] >= 400:
-            problems.append(f"{page}: HTTP {params['response']['status']} for {params['response']['url']}")
+    urls = request_problems(driver, base, page, problems)
     print(f"site-browser: {page}: {len(urls)} requests" + ("" if problems else f", all to {origin}"),
           file=sys.stderr)
     return problems
