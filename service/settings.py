@@ -193,6 +193,11 @@ class Settings(BaseSettings):
         description="Longest gap in seconds between two chunks of a request body; longer: 408 and the connection "
         "is closed.",
     )
+    send_timeout: float = Field(
+        30.0, gt=0, le=3600,
+        description="Longest time in seconds a response may wait for the client to read it (the connection's "
+        "write buffer full); longer: the connection is cut and posenc_send_timeouts_total counts it.",
+    )
     graceful_shutdown_timeout: float = Field(
         30.0, ge=0, le=3600,
         description="Seconds requests in flight get after SIGTERM/SIGINT before their connections are closed "

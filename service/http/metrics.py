@@ -130,6 +130,8 @@ class Metrics:
                                  registry=r, multiprocess_mode="livesum")
         self.run_seconds = Histogram("posenc_onnxruntime_run_seconds", "Wall time of one onnxruntime session.run.",
                                      ["model"], buckets=RUN_BUCKETS, registry=r)
+        self.send_timeouts = Counter("posenc_send_timeouts", "Connections cut because the client stopped reading "
+                                     "its response for POSENC_SEND_TIMEOUT.", registry=r)
         info = Gauge("posenc_build_info", "Service version (value is always 1).", ["version"], registry=r,
                      multiprocess_mode="max")
         info.labels(version=__version__).set(1)
@@ -276,10 +278,20 @@ def metrics_endpoint(request: Request) -> Response:
     return Response(content=metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
+_SERVED: list[Metrics] = []  # the metrics of the app this process serves (the last one installed)
+
+
+def count_send_timeout() -> None:
+    """Count one connection the server cut for not reading (called by the protocol, which has no app)."""
+    if _SERVED:
+        _SERVED[-1].send_timeouts.inc()
+
+
 def install_metrics(app: FastAPI, access_log_enabled: bool) -> Metrics:
     """Create `app.state.metrics`, add the middleware and the `/metrics` route."""
     metrics = Metrics(cache_of=lambda: getattr(app.state, "table_cache", None), shared_dir=multiprocess_dir())
     app.state.metrics = metrics
+    _SERVED[:] = [metrics]
     app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log_enabled=access_log_enabled)
     app.include_router(router)
     return metrics

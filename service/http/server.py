@@ -13,6 +13,8 @@ is installed, which `uvicorn[standard]` guarantees):
   is closed; the application's `receive()` sees `http.disconnect` (its access log says 499);
 * a head limit (`POSENC_MAX_HEADER_BYTES`): a request head (request line and headers) over it gets a 431
   with the JSON error envelope and the connection is closed, before the rest is read or buffered;
+* a send timeout (`POSENC_SEND_TIMEOUT`): a response whose client stops reading (the write buffer stays
+  full) for that long has its connection cut, and `posenc_send_timeouts_total` counts it;
 * a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
   has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
   graceful timeout runs out, instead of keeping the process alive forever.
@@ -45,7 +47,7 @@ from uvicorn.server import HANDLED_SIGNALS, ServerState
 
 from service.errors import HeadersTooLarge
 from service.http.logs import log_config
-from service.http.metrics import shared_metrics_dir
+from service.http.metrics import count_send_timeout, shared_metrics_dir
 from service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
 from service.settings import Settings
 
@@ -72,11 +74,12 @@ class Timeouts:
     header: float
     body: float
     graceful_shutdown: float
+    send: float = 30.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Timeouts:
         return cls(settings.timeout_keep_alive, settings.header_timeout, settings.body_timeout,
-                   settings.graceful_shutdown_timeout)
+                   settings.graceful_shutdown_timeout, settings.send_timeout)
 
 
 class ServerConfig(uvicorn.Config):
@@ -124,6 +127,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.head_timer: asyncio.TimerHandle | None = None
         self.body_timer: asyncio.TimerHandle | None = None
         self.cut_timer: asyncio.TimerHandle | None = None
+        self.send_timer: asyncio.TimerHandle | None = None
         self.peer: Peer | None = None  # set on the Unix socket: who connected (service.http.unix)
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
@@ -248,6 +252,30 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
                   b"connection: close\r\n\r\n", body]
         return b"".join(lines)
 
+    # -- sending: a client that stops reading is cut after the send timeout (its response holds memory)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # the transport's write buffer is full: the client is not reading
+        _cancel(self.send_timer)
+        self.send_timer = self.loop.call_later(self.timeouts.send, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        _cancel(self.send_timer)
+        self.send_timer = None
+
+    def _send_timed_out(self) -> None:
+        self.send_timer = None
+        if self.transport.is_closing():
+            return
+        log.info("cutting %s: it read nothing of its response for %g s (POSENC_SEND_TIMEOUT)", _peer(self.client),
+                 self.timeouts.send)
+        count_send_timeout()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.disconnected = True
+            self.cycle.message_event.set()
+        self.transport.abort()  # close() would wait for the buffer to drain: that is what does not happen
+
     # -- shutdown: in-flight requests get the graceful timeout, then their connections are aborted
 
     def shutdown(self) -> None:
@@ -269,9 +297,9 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.transport.abort()  # close() would wait for the write buffer to drain: that may never happen
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for handle in (self.head_timer, self.body_timer, self.cut_timer):
+        for handle in (self.head_timer, self.body_timer, self.cut_timer, self.send_timer):
             _cancel(handle)
-        self.head_timer = self.body_timer = self.cut_timer = None
+        self.head_timer = self.body_timer = self.cut_timer = self.send_timer = None
         super().connection_lost(exc)
 
 
