@@ -265,9 +265,9 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.send_timer = None
 
     def _send_timed_out(self) -> None:
+        # (also when the transport is closing: a close waits for the buffer to drain, which is what does not
+        # happen; the keep-alive or head timer may have asked for that close already)
         self.send_timer = None
-        if self.transport.is_closing():
-            return
         log.info("cutting %s: it read nothing of its response for %g s (POSENC_SEND_TIMEOUT)", _peer(self.client),
                  self.timeouts.send)
         count_send_timeout()

@@ -18,7 +18,10 @@ BIG = "/v1/alibi/bias?num_heads=16&query_length=1024&key_length=1024&format=raw&
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    with ServerProcess({"send_timeout": TIMEOUT, "log_level": "warning", "cache_bytes": 0}) as process:
+    # keep-alive shorter than the send timeout: the keep-alive timer asks for a close first, and a close
+    # waits for a buffer that never drains, so only the send timeout can end the connection
+    settings = {"send_timeout": TIMEOUT, "timeout_keep_alive": 0.5, "log_level": "warning", "cache_bytes": 0}
+    with ServerProcess(settings) as process:
         yield process
 
 
