@@ -28,7 +28,7 @@ from bench.harness import (
     timed_ms,
 )
 from bench.inprocess import ort_session
-from service.testing import ServerProcess
+from posenc.service.testing import ServerProcess
 
 SEQS = (16, 64, 256)
 PER_ROW_BATCHES, PER_ROW_SEQS = (1, 2, 4, 8, 16), (64, 256)

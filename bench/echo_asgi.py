@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from service.http.app import app_from_env
+from posenc.service.http.app import app_from_env
 
 ECHO_PATH = "/bench/echo"
 ANSWER_HEADER = b"x-echo-bytes"

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from service.testing import (
+from posenc.service.testing import (
     HttpRequest,
     LoadGenerator,
     LoadResult,

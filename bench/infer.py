@@ -39,7 +39,7 @@ import numpy as np
 from bench.echo_asgi import ECHO_PATH
 from bench.harness import Bench, Report, Row, call_ms, inputs, interleaved, log, med, spread
 from bench.inprocess import io_binding_call, ort_call, ort_session, require_cuda, torch_call, torch_version
-from service.testing import (
+from posenc.service.testing import (
     SHARED_MEMORY_HEADERS,
     RequestedOutput,
     ServerProcess,

@@ -77,7 +77,7 @@ def torch_call(model: str, inputs: dict[str, np.ndarray], device: str, threads: 
     try:
         import torch
 
-        from models.export_onnx import default_specs
+        from posenc.models.export_onnx import default_specs
     except ImportError:
         return None
     torch.set_num_threads(threads)

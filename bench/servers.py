@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness import CLIENTS, LARGE, SMALL, Bench, Report, Servers, Target, infer_target, inputs, interleaved, log
-from service.testing import LoadResult, ServerProcess
+from posenc.service.testing import LoadResult, ServerProcess
 
-APP = "service.http.app:app_from_env"
+APP = "posenc.service.http.app:app_from_env"
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,8 @@ class Workload:
 
 def log_config_file(work_dir: Path) -> Path:
     """posenc's own logging configuration (what `posenc serve` hands uvicorn) as a JSON file for other servers."""
-    from service.http.logs import log_config
-    from service.settings import Settings
+    from posenc.service.http.logs import log_config
+    from posenc.service.settings import Settings
 
     path = work_dir / "log-config.json"
     path.write_text(json.dumps(log_config(Settings())))

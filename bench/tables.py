@@ -1,6 +1,6 @@
 """tables: cached tables and /healthz against a bare FastAPI endpoint serving the same bytes.
 
-posenc (`python -m service.cli serve`, default settings: access log and metrics on) and the anchor (a bare
+posenc (`python -m posenc.service.cli serve`, default settings: access log and metrics on) and the anchor (a bare
 FastAPI app on the same uvicorn, loop and HTTP implementation, access log off, serving from `async def` the
 bytes and headers captured from posenc: bench/anchor.py), each on a free loopback port, measured in
 interleaved rounds:
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import CLIENTS, LARGE, SMALL, Bench, Report, Row, Target, interleaved, log, med, spread
-from service.testing import LoadResult, ServerProcess, http_request
+from posenc.service.testing import LoadResult, ServerProcess, http_request
 
 
 def capture_tables(posenc: ServerProcess, work_dir: Path) -> tuple[Path, str]:

@@ -11,9 +11,9 @@ from typing import Literal
 
 import numpy as np
 
-from models.dtypes import FloatDType, cast, np_dtype
-from models.errors import ParameterError
-from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
+from posenc.models.dtypes import FloatDType, cast, np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.relative import check_lengths, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
 
 AlibiMode = Literal["causal", "symmetric", "bloom", "mpt"]
 ALIBI_MODES: tuple[str, ...] = ("causal", "symmetric", "bloom", "mpt")

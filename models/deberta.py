@@ -8,9 +8,9 @@ Sign convention is query − key, the opposite of T5.
 
 import numpy as np
 
-from models.dtypes import IntDType, cast, np_dtype
-from models.errors import ParameterError
-from models.relative import check_lengths, key_minus_query, toeplitz
+from posenc.models.dtypes import IntDType, cast, np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.relative import check_lengths, key_minus_query, toeplitz
 
 # DeBERTa-v3's config.json: position_buckets 256, max_relative_positions -1 (= max_position_embeddings, 512)
 DEFAULT_DEBERTA_POSITION_BUCKETS = 256

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.rope_params import RopeParameters
-from models.rope_types import ROPE_TYPES, SCALING_FIELDS
+from posenc.models.rope_params import RopeParameters
+from posenc.models.rope_types import ROPE_TYPES, SCALING_FIELDS
 
 _ROOT = Path(__file__).resolve().parent.parent
 # The shipped model repository of a source checkout (onnx/ beside pyproject.toml); None in an install.
@@ -47,7 +47,7 @@ def _option_type(field_type: str) -> Callable[[str], Any]:
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `posenc export` and `python -m models.export_onnx`."""
+    """Options shared by `posenc export` and `python -m posenc.models.export_onnx`."""
     # a plain class (`bool`) by its name, a union (`float | None`) as written
     field_types = {f.name: getattr(f.type, "__name__", str(f.type)) for f in dataclasses.fields(RopeParameters)}
     parser.add_argument("--defaults", action="store_true", help="(re)generate the shipped models")

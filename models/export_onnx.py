@@ -9,7 +9,7 @@ that decomposed either. The only constant is inv_freq [R/2]: cos/sin are compute
 position_ids (so the file stays a few KB and any position below `max_position` works).
 
 Regenerate the shipped repository with `posenc export --defaults --repository onnx`
-(or `python -m models.export_onnx --defaults`).
+(or `python -m posenc.models.export_onnx --defaults`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ from typing import Any
 import onnx
 import torch
 
-from models.errors import ParameterError
-from models.export_args import ROPE_OPTIONS, add_export_arguments
-from models.rope import RopeParameters, inv_freq_and_attention_factor, make_rope_parameters, rope_parameters_from_config
-from models.rope_attention import Layout, RopeAttention
-from models.rope_types import LLAMA_3_1_ROPE, RUNTIME_DEPENDENT_TYPES
+from posenc.models.errors import ParameterError
+from posenc.models.export_args import ROPE_OPTIONS, add_export_arguments
+from posenc.models.rope import (
+    RopeParameters,
+    inv_freq_and_attention_factor,
+    make_rope_parameters,
+    rope_parameters_from_config,
+)
+from posenc.models.rope_attention import Layout, RopeAttention
+from posenc.models.rope_types import LLAMA_3_1_ROPE, RUNTIME_DEPENDENT_TYPES
 
 OPSET = 23
 IR_VERSION = 10  # onnxruntime 1.30/1.31 refuse IR 14, which onnx 1.23 stamps on new models by default
@@ -244,7 +249,7 @@ def run_export(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m models.export_onnx", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m posenc.models.export_onnx", description=__doc__.splitlines()[0])
     add_export_arguments(parser)
     for folder in run_export(parser.parse_args(argv)):
         print(folder)

@@ -19,10 +19,10 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.dtypes import cast
-from models.errors import ParameterError
-from models.rope_params import RopeParameters
-from models.rope_types import F32, rope_type_spec
+from posenc.models.dtypes import cast
+from posenc.models.errors import ParameterError
+from posenc.models.rope_params import RopeParameters
+from posenc.models.rope_types import F32, rope_type_spec
 
 MropeModel = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 SegmentKind = Literal["text", "image", "video"]

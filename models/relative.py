@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from models.bounds import MAX_RELATIVE_POSITION
-from models.dtypes import IntDType, cast, np_dtype
-from models.errors import ParameterError
+from posenc.models.bounds import MAX_RELATIVE_POSITION
+from posenc.models.dtypes import IntDType, cast, np_dtype
+from posenc.models.errors import ParameterError
 
 # keeps 2k + 1 inside int32, the narrowest integer dtype served
 

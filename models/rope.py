@@ -5,7 +5,7 @@ Reference: huggingface/transformers 5.23.0 `src/transformers/modeling_rope_utils
 (`LlamaRotaryEmbedding`); semantics in docs/ENCODINGS.md §1 and §2.
 
 Precision contract (docs/ENCODINGS.md): `inv_freq` is computed in float32 as transformers computes
-it (`models.rope_types`, one function per rope_type); angles, cos and sin are then evaluated in
+it (`posenc.models.rope_types`, one function per rope_type); angles, cos and sin are then evaluated in
 float64 from that float32 vector, multiplied by the attention factor and cast once.
 
 Numpy only: no torch, no HTTP.
@@ -17,12 +17,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.dtypes import cast, np_dtype
-from models.errors import ParameterError
-from models.rope_config import rope_parameters_from_config
-from models.rope_frequencies import F32, yarn_correction_range
-from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import ROPE_TYPES, RopeType, rope_type_spec
+from posenc.models.dtypes import cast, np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_frequencies import F32, yarn_correction_range
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+from posenc.models.rope_types import ROPE_TYPES, RopeType, rope_type_spec
 
 __all__ = [
     "ROPE_TYPES",

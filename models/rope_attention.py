@@ -1,7 +1,7 @@
 """RoPE multi-head attention over given q/k/v: the torch reference of the exported ONNX graphs.
 
 One of the two torch users of the project (with `models/export_onnx.py`). The frequencies and the
-attention factor come from `models.rope.inv_freq_and_attention_factor` — never recomputed here — and
+attention factor come from `posenc.models.rope.inv_freq_and_attention_factor` — never recomputed here — and
 the angles follow transformers 5.23 `LlamaRotaryEmbedding.forward` (docs/ENCODINGS.md §1.3):
 `freqs = position_ids.float() * inv_freq` in float32, `cos = cos(freqs) * attention_factor` (same
 for sin). The rotation is applied to the first `rotary_dim` channels of q and k (partial rotary
@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.errors import ParameterError
-from models.rope import RopeParameters, inv_freq_and_attention_factor
+from posenc.models.errors import ParameterError
+from posenc.models.rope import RopeParameters, inv_freq_and_attention_factor
 
 Layout = Literal["half", "interleaved"]
 

@@ -29,11 +29,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from models.bounds import DEFAULT_ROPE_THETA
-from models.errors import ParameterError
-from models.mrope import check_mrope_section
-from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import DEFAULT_ROPE_TYPE, ROPE_TYPES, resolve_variant, rope_type_spec
+from posenc.models.bounds import DEFAULT_ROPE_THETA
+from posenc.models.errors import ParameterError
+from posenc.models.mrope import check_mrope_section
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+from posenc.models.rope_types import DEFAULT_ROPE_TYPE, ROPE_TYPES, resolve_variant, rope_type_spec
 
 
 def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:

@@ -2,7 +2,7 @@
 
 One function per rope_type maps resolved `RopeParameters` (and the batch's sequence length, for the
 types whose table depends on it) to float32 inv_freq; the attention-factor functions give the scale
-folded into cos and sin. The rope_type registry (`models.rope_types`) says which function a type uses.
+folded into cos and sin. The rope_type registry (`posenc.models.rope_types`) says which function a type uses.
 
 Reference: transformers 5.23.0 `modeling_rope_utils.py` (`ROPE_INIT_FUNCTIONS`) and
 `LlamaRotaryEmbedding.compute_default_rope_parameters`; vLLM's `DynamicNTKAlphaRotaryEmbedding` and
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from models.errors import ParameterError
+from posenc.models.errors import ParameterError
 
 if TYPE_CHECKING:
-    from models.rope_params import RopeParameters
+    from posenc.models.rope_params import RopeParameters
 
 F32 = np.float32
 

@@ -4,7 +4,7 @@
 (`transformers/modeling_rope_utils.py`, `ROPE_INIT_FUNCTIONS` and `LlamaRotaryEmbedding` /
 `GPTNeoXRotaryEmbedding.compute_default_rope_parameters`) read, after every default has been
 applied. `make_rope_parameters` is the one place that validates them; every invalid value raises
-`models.errors.ParameterError` naming the parameter as the API spells it.
+`posenc.models.errors.ParameterError` naming the parameter as the API spells it.
 
 Decisions where the reference is silent or fails (docs/ENCODINGS.md §1.1, §1.2):
 - odd rotary dim: transformers raises only for a fully rotated odd `head_dim > 4` and otherwise
@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_SCALE, MAX_THETA
-from models.errors import ParameterError
-from models.rope_types import (
+from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_SCALE, MAX_THETA
+from posenc.models.errors import ParameterError
+from posenc.models.rope_types import (
     DEFAULT_ROPE_TYPE,
     ROPE_TYPES,
     YARN_BETA_FAST_DEFAULT,

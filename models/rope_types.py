@@ -4,12 +4,13 @@ Each `RopeTypeSpec` holds the fields the type's formula reads, the fields the AP
 transformers' `_validate_<type>_rope_parameters` requires in a config.json, how wide its table is,
 whether it scales the default frequencies, whether the table depends on the run-time sequence
 length, its consistency checks, and its inverse-frequency and attention-factor functions
-(`models.rope_frequencies`). Everything that knows RoPE reads it: validation (`models.rope_params`),
-the config.json resolver (`models.rope_config`), the table math (`models.rope`, `models.mrope`), the
-check's hypotheses (`models.diagnosis.rope`), the exporter (flags and frozen inv_freq) and the
+(`posenc.models.rope_frequencies`). Everything that knows RoPE reads it: validation
+(`posenc.models.rope_params`), the config.json resolver (`posenc.models.rope_config`), the table math
+(`posenc.models.rope`, `posenc.models.mrope`), the check's hypotheses (`posenc.models.diagnosis.rope`),
+the exporter (flags and frozen inv_freq) and the
 service's query model (the `rope_type` choices of the API and OpenAPI are `TransformersRopeType`).
 Nothing outside this module names a rope_type: adding one is an entry here, its formula in
-`models.rope_frequencies` and its tests.
+`posenc.models.rope_frequencies` and its tests.
 
 Reference: transformers 5.23.0 `modeling_rope_utils.py` (`ROPE_INIT_FUNCTIONS`, the
 `_validate_*_rope_parameters` functions, `RotaryEmbeddingConfigMixin`); docs/ENCODINGS.md §1.2, §14.
@@ -24,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from models.errors import ParameterError
-from models.rope_frequencies import (
+from posenc.models.errors import ParameterError
+from posenc.models.rope_frequencies import (
     F32,
     YARN_BETA_FAST_DEFAULT,
     YARN_BETA_SLOW_DEFAULT,
@@ -47,7 +48,7 @@ from models.rope_frequencies import (
 )
 
 if TYPE_CHECKING:
-    from models.rope_params import RopeParameters
+    from posenc.models.rope_params import RopeParameters
 
 __all__ = [
     "CONFIG_ALIASES", "DEFAULT_ROPE_TYPE", "F32", "LLAMA_3_1_ROPE", "ROPE_TYPES", "RUNTIME_DEPENDENT_TYPES",
@@ -97,7 +98,7 @@ class RopeTypeSpec:
         a config.json's rope dict is read for exactly these);
     required: fields the API requires, in the order a missing-fields message names them;
     config_keys: keys transformers requires in a config.json's rope dict (a KeyError there);
-    inv_freq, attention_factor: its formulas (`models.rope_frequencies`);
+    inv_freq, attention_factor: its formulas (`posenc.models.rope_frequencies`);
     factor_from_lengths: a missing factor is max_position_embeddings / original (yarn, longrope);
     default_factor: the factor when none is given and none is derived (None: required);
     runtime_dependent: inv_freq depends on the batch's sequence length (transformers recomputes it);
@@ -108,7 +109,7 @@ class RopeTypeSpec:
     engine_variant: not a transformers rope_type; configs and the API spell it as another type plus a
         parameter (`resolve_variant`), so it is not one of the API's rope_type choices;
     check: consistency rules between resolved fields (ParameterError), after each field's own checks;
-    batch_info: `models.rope.RopeInfo` fields the table of a batch of seq_len was computed with;
+    batch_info: `posenc.models.rope.RopeInfo` fields the table of a batch of seq_len was computed with;
     query_defaults: values GET /v1/rope gives a field left out where the formula treats the two alike
         (one spelling of a table, one cache key);
     missing_hint: appended to the missing-fields message.

@@ -15,9 +15,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.bounds import DEFAULT_SINUSOIDAL_BASE
-from models.dtypes import cast
-from models.errors import ParameterError
+from posenc.models.bounds import DEFAULT_SINUSOIDAL_BASE
+from posenc.models.dtypes import cast
+from posenc.models.errors import ParameterError
 
 SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
 DEFAULT_FAIRSEQ_PADDING_IDX = 1  # fairseq dictionaries' <pad> index

@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 
-from models.dtypes import IntDType, cast, np_dtype
-from models.errors import ParameterError
-from models.relative import check_lengths, head_blocks, key_minus_query, toeplitz, toeplitz_heads_view
+from posenc.models.dtypes import IntDType, cast, np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.relative import check_lengths, head_blocks, key_minus_query, toeplitz, toeplitz_heads_view
 
 # T5Config's relative_attention_num_buckets and relative_attention_max_distance
 DEFAULT_T5_NUM_BUCKETS = 32

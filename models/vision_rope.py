@@ -24,9 +24,9 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.dtypes import cast
-from models.errors import ParameterError
-from models.rope_types import default_inv_freq
+from posenc.models.dtypes import cast
+from posenc.models.errors import ParameterError
+from posenc.models.rope_types import default_inv_freq
 
 VisionRopeModel = Literal["pixtral", "llama4"]
 VisionForm = Literal["full", "half"]

@@ -17,9 +17,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from models.dtypes import cast
-from models.errors import ParameterError
-from models.rope_types import default_inv_freq
+from posenc.models.dtypes import cast
+from posenc.models.errors import ParameterError
+from posenc.models.rope_types import default_inv_freq
 
 XLNetAttnType = Literal["bi", "uni"]
 XLNET_THETA = 10000.0  # hard-coded in the reference

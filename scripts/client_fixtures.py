@@ -4,7 +4,7 @@
 
 Writes `{"tables": [...], "infer": {...} | null}`. Each table case has the endpoint, its query
 parameters and the expected tensors as little-endian bytes (base64) with dtype and shape: the
-sinusoidal cases straight from `models.sinusoidal`, every case also through the app in-process
+sinusoidal cases straight from `posenc.models.sinusoidal`, every case also through the app in-process
 (`fastapi.testclient.TestClient`, lifespan included). Every case in CASES must answer 200: one that
 does not (a missing route, parameters the endpoint refuses) stops the script with a non-zero exit
 naming the case, so the JS test never silently checks fewer cases. The inference case holds
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from models.sinusoidal import sinusoidal_table
-from service.arrays import decode_json_tensor
-from service.http.app import create_app
-from service.settings import Settings
+from posenc.models.sinusoidal import sinusoidal_table
+from posenc.service.arrays import decode_json_tensor
+from posenc.service.http.app import create_app
+from posenc.service.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,7 +46,7 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 
 
 def tensor_doc(array: np.ndarray) -> dict[str, Any]:
-    from models.dtypes import dtype_name
+    from posenc.models.dtypes import dtype_name
 
     little = np.ascontiguousarray(array)
     return {"dtype": dtype_name(array.dtype), "shape": list(array.shape),
@@ -71,7 +71,7 @@ def direct(endpoint: str, params: dict[str, Any]) -> dict[str, np.ndarray] | Non
     """Straight from the numeric core, where the test knows the function."""
     if endpoint != "/v1/sinusoidal":
         return None
-    from models.dtypes import np_dtype
+    from posenc.models.dtypes import np_dtype
 
     pe = sinusoidal_table(params["max_position"], params["dim"], params["variant"], 10000.0, 0, 1,
                           np_dtype(params.get("dtype", "float32")))

@@ -4,7 +4,7 @@
 #   apt_install chromium chromium-driver      # Debian packages, when missing (root; failure exits 1)
 #   start_server                              # sets PORT and SERVER_PID; exits 1 with the log if not ready
 #
-# The server is the test kit's (`python -m service.testing.serve start|stop`): POSENC_* settings from the
+# The server is the test kit's (`python -m posenc.service.testing.serve start|stop`): POSENC_* settings from the
 # environment, a free loopback port, ready when /readyz answers, stopped by PID (SIGTERM, then SIGKILL).
 # Sets REPO, PYTHON ($PYTHON, else the repository's .venv, else python3), WORK (a temporary folder) and
 # a trap that stops the server and removes WORK on exit; `say` prefixes messages with $NAME.
@@ -22,7 +22,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 say() { echo "$NAME: $*" >&2; }
 
 cleanup() {
-  [ -z "$SERVER_PID" ] || "$PYTHON" -m service.testing.serve stop "$SERVER_PID" --timeout 5 || true
+  [ -z "$SERVER_PID" ] || "$PYTHON" -m posenc.service.testing.serve stop "$SERVER_PID" --timeout 5 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -53,7 +53,7 @@ apt_install() {
 # `posenc serve [ARGS]` on a free loopback port, its output in $WORK/server.log; waits until /readyz answers.
 start_server() {
   local started
-  if ! started=$(cd "$REPO" && "$PYTHON" -m service.testing.serve start --log "$WORK/server.log" --timeout 60 \
+  if ! started=$(cd "$REPO" && "$PYTHON" -m posenc.service.testing.serve start --log "$WORK/server.log" --timeout 60 \
       -- "$@"); then
     say "server did not become ready; its log:"
     tail -n 40 "$WORK/server.log" >&2

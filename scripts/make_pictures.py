@@ -18,9 +18,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from models.sinusoidal import sinusoidal_table  # noqa: E402
-from service.cli.table import answer, parse_request  # noqa: E402
-from service.settings import Settings  # noqa: E402
+from posenc.models.sinusoidal import sinusoidal_table  # noqa: E402
+from posenc.service.cli.table import answer, parse_request  # noqa: E402
+from posenc.service.settings import Settings  # noqa: E402
 
 PICTURES = {
     "rope-table.png": "/v1/rope?max_position=256&head_dim=64&tensor=cos",

@@ -61,7 +61,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 free_port() {
-  "$PYTHON" -c 'from service.testing import free_port; print(free_port())'
+  "$PYTHON" -c 'from posenc.service.testing import free_port; print(free_port())'
 }
 
 # wait_ready URL SECONDS: until GET URL/readyz answers 200.

@@ -3,7 +3,7 @@
     python scripts/replicas_load.py http://127.0.0.1:18000 --seconds 40 --clients 6
 
 Needs numpy (scripts/replicas-test.sh runs it with the repository's environment): the load is the test
-kit's (`service.testing.LoadGenerator`), one keep-alive connection per client to the load balancer on loopback.
+kit's (`posenc.service.testing.LoadGenerator`), one keep-alive connection per client to the load balancer on loopback.
 Each client sends, in turn, table requests (every family, several wire formats, one POST) and binary KServe
 v2 inference requests on the shipped `rope_attention` model. A request fails when it raises (reset,
 timeout), hangs past the run's bound, or answers anything but 200. The same request must also get the same
@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's test kit
 
-from service.testing import HttpRequest, LoadGenerator, Outcome, attention_inputs, kserve_request
+from posenc.service.testing import HttpRequest, LoadGenerator, Outcome, attention_inputs, kserve_request
 
 TABLES = [
     "/v1/rope?max_position=256&head_dim=64",

@@ -2,7 +2,7 @@
 
     python scripts/soak.py [--seconds 60] [--concurrency 64] [--seed 0] [--max-rss-mib N]
 
-Starts `python -m service.cli serve` on a free loopback port (short header/body/graceful timeouts, so the
+Starts `python -m posenc.service.cli serve` on a free loopback port (short header/body/graceful timeouts, so the
 fault clients meet them within the run), drives it with `--concurrency` keep-alive clients (cached and
 uncached tables of several families and formats, JSON and binary KServe v2 infer on `rope_attention`,
 .npy uploads to /v1/t5/bias) plus fault clients (disconnect mid-body, trickle a body, send half a head then
@@ -41,8 +41,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's service and test kit, whatever the environment has installed
 
-from service.settings import Settings  # noqa: E402
-from service.testing import (  # noqa: E402
+from posenc.service.settings import Settings  # noqa: E402
+from posenc.service.testing import (  # noqa: E402
     SHARED_MEMORY_HEADERS,
     HttpRequest,
     LoadGenerator,

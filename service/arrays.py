@@ -16,8 +16,8 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pydantic_core
 
-from models.dtypes import cast, dtype_name, lookup, np_dtype
-from service.errors import NotAcceptable, echo
+from posenc.models.dtypes import cast, dtype_name, lookup, np_dtype
+from posenc.service.errors import NotAcceptable, echo
 
 Format = Literal["safetensors", "npy", "raw", "json", "png"]
 FORMATS: tuple[str, ...] = get_args(Format)
@@ -30,7 +30,7 @@ MEDIA_TYPES: dict[str, str] = {
     "npy": "application/x-npy",
     "raw": "application/octet-stream",
     "json": "application/json",
-    "png": "image/png",  # a picture of the tensors (service.tables.png), not their values
+    "png": "image/png",  # a picture of the tensors (posenc.service.tables.png), not their values
 }
 FILE_SUFFIX = {"safetensors": ".safetensors", "npy": ".npy", "raw": ".bin", "json": ".json", "png": ".png"}
 SINGLE_TENSOR_FORMATS = ("npy", "raw")

@@ -21,7 +21,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from service.errors import Unavailable
+from posenc.service.errors import Unavailable
 
 log = logging.getLogger("posenc.budget")
 

@@ -1,4 +1,4 @@
-"""One error taxonomy for the whole service, mapped to HTTP in one place (`service.http.errors`).
+"""One error taxonomy for the whole service, mapped to HTTP in one place (`posenc.service.http.errors`).
 
 Every error response has the envelope `{"error": "<message a person can act on>", "type": "<code>"}`.
 Unexpected exceptions are logged with their traceback and answered with a generic 500.

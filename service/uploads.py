@@ -1,4 +1,5 @@
-"""Safe decoders for uploaded tensors (.npy and safetensors); the size-bounded body reader is `service.http.bodies`.
+"""Safe decoders for uploaded tensors (.npy and safetensors); the size-bounded body reader is
+`posenc.service.http.bodies`.
 
 Nothing here unpickles or trusts a length: the .npy header is parsed with `ast.literal_eval`
 (object dtypes are refused, as `np.load(allow_pickle=False)` would), every declared shape and byte
@@ -21,8 +22,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from models.dtypes import BY_NPY, BY_SAFETENSORS, FLOAT_DTYPES, dtype_name
-from service.errors import BadRequest, InvalidParameter, UnsupportedMediaType
+from posenc.models.dtypes import BY_NPY, BY_SAFETENSORS, FLOAT_DTYPES, dtype_name
+from posenc.service.errors import BadRequest, InvalidParameter, UnsupportedMediaType
 
 UploadFormat = Literal["npy", "safetensors"]
 UPLOAD_MEDIA_TYPES: dict[str, UploadFormat] = {

@@ -24,12 +24,12 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import save_file
 
-from models.rope import make_rope_parameters, rope_cos_sin
-from service.http.app import create_app
-from service.http.restricted import SharedMemoryCaller
-from service.http.unix import PEER_SCOPE_KEY, Peer
-from service.settings import Settings
-from service.testing import SHARED_MEMORY_HEADERS, shared_memory_key_settings
+from posenc.models.rope import make_rope_parameters, rope_cos_sin
+from posenc.service.http.app import create_app
+from posenc.service.http.restricted import SharedMemoryCaller
+from posenc.service.http.unix import PEER_SCOPE_KEY, Peer
+from posenc.service.settings import Settings
+from posenc.service.testing import SHARED_MEMORY_HEADERS, shared_memory_key_settings
 
 TESTS = Path(__file__).resolve().parent
 HAS_TORCH = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "onnx"))

@@ -146,7 +146,7 @@ def answer(client: Any, method: str, url: str, body: bytes = b"", content_type: 
 
 
 def record(client: Any) -> dict[str, Any]:
-    from service import __version__
+    from posenc.service import __version__
 
     answers = {f"GET {url}": answer(client, "GET", url) for url in GET_REQUESTS}
     for url in ERROR_REQUESTS:
@@ -160,8 +160,8 @@ def record(client: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     from fastapi.testclient import TestClient
 
-    from service.http.app import create_app
-    from service.settings import Settings
+    from posenc.service.http.app import create_app
+    from posenc.service.settings import Settings
 
     with TestClient(create_app(Settings(access_log=False))) as test_client:
         GOLDEN_FILE.write_text(json.dumps(record(test_client), indent=1, sort_keys=True) + "\n")

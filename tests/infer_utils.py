@@ -8,8 +8,8 @@ import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
 
-from models.dtypes import lookup
-from service.testing import attention_inputs as random_inputs
+from posenc.models.dtypes import lookup
+from posenc.service.testing import attention_inputs as random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "onnx"

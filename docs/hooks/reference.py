@@ -1,11 +1,11 @@
 """mkdocs hook: reference tables generated from the code at build time, so the docs cannot drift from it.
 
 A page holds a marker line `<!-- reference:NAME -->` and the hook replaces it with the Markdown table NAME:
-- configuration: every `service.settings.Settings` field (POSENC_ env name, type, default, range, description);
+- configuration: every `posenc.service.settings.Settings` field (POSENC_ env name, type, default, range, description);
 - errors: every class of the error taxonomy (`service/errors.py`) with its HTTP status, type and docstring,
   plus the answers `service/http/errors.py` gives outside it (validation, unknown route, wrong method);
-- endpoints: every route of the OpenAPI document of `service.http.app.create_app()`;
-- rope_types: every entry of `models.rope_types.ROPE_TYPES` (the fields it reads, the config.json keys).
+- endpoints: every route of the OpenAPI document of `posenc.service.http.app.create_app()`;
+- rope_types: every entry of `posenc.models.rope_types.ROPE_TYPES` (the fields it reads, the config.json keys).
 `render(name)` is what the tests call, without mkdocs.
 """
 
@@ -54,7 +54,7 @@ def _range(field: Any) -> str:
 
 
 def configuration() -> str:
-    from service.settings import Settings
+    from posenc.service.settings import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     rows = []
@@ -67,7 +67,7 @@ def configuration() -> str:
 
 
 def errors() -> str:
-    from service import errors as taxonomy
+    from posenc.service import errors as taxonomy
 
     classes = [cls for _, cls in inspect.getmembers(taxonomy, inspect.isclass)
                if issubclass(cls, taxonomy.ServiceError) and cls.__module__ == taxonomy.__name__]
@@ -85,7 +85,7 @@ def errors() -> str:
 
 
 def endpoints() -> str:
-    from service.http.app import create_app
+    from posenc.service.http.app import create_app
 
     document = create_app().openapi()
     rows = []
@@ -99,7 +99,7 @@ def endpoints() -> str:
 
 
 def rope_types() -> str:
-    from models.rope_types import ROPE_TYPES
+    from posenc.models.rope_types import ROPE_TYPES
 
     rows = [[f"`{name}`", ", ".join(f"`{f}`" for f in sorted(spec.reads)) or "—",
              ", ".join(f"`{f}`" for f in spec.required) or "—",

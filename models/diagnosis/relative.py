@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from models.alibi import alibi_slopes
-from models.diagnosis.hypothesis import Hypothesis, Tables
-from models.dtypes import cast
-from models.relative import key_minus_query, toeplitz
-from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+from posenc.models.alibi import alibi_slopes
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
+from posenc.models.dtypes import cast
+from posenc.models.relative import key_minus_query, toeplitz
+from posenc.models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
 
 
 def alibi_head_orders(num_heads: int, alibi_bias_max: float) -> dict[str, tuple[str, np.ndarray]]:

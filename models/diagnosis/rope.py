@@ -1,6 +1,6 @@
 """RoPE hypotheses: the known ways a port's cos/sin tables differ from transformers' (docs/ENCODINGS.md §1, §2).
 
-Every hypothesis rebuilds `cos`, `sin` and `inv_freq` exactly as `models.rope.rope_cos_sin` does
+Every hypothesis rebuilds `cos`, `sin` and `inv_freq` exactly as `posenc.models.rope.rope_cos_sin` does
 (float32 inv_freq, float64 angles, cast once) except for its one mistake. The base (theta) is
 estimated from the uploaded tables: the per-position angle step of each column is the mean of the
 wrapped differences of atan2(sin, cos) (telescoping, so its error shrinks with the number of rows),
@@ -16,11 +16,11 @@ from functools import partial
 
 import numpy as np
 
-from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
-from models.diagnosis.rope_search import pair_hypotheses, reverse_scaling_hypotheses
-from models.dtypes import cast
-from models.rope import Form, Layout, RopeParameters, inv_freq_and_attention_factor, rope_cos_sin
-from models.rope_types import DEFAULT_ROPE_TYPE, rope_type_spec
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from posenc.models.diagnosis.rope_search import pair_hypotheses, reverse_scaling_hypotheses
+from posenc.models.dtypes import cast
+from posenc.models.rope import Form, Layout, RopeParameters, inv_freq_and_attention_factor, rope_cos_sin
+from posenc.models.rope_types import DEFAULT_ROPE_TYPE, rope_type_spec
 
 F32 = np.float32
 

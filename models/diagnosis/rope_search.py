@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from models.diagnosis.hypothesis import Hypothesis, Tables
-from models.errors import ParameterError
-from models.rope import Layout, RopeParameters, inv_freq_and_attention_factor
-from models.rope_params import make_rope_parameters
-from models.rope_types import ROPE_TYPES, RopeTypeSpec, rope_type_spec
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
+from posenc.models.errors import ParameterError
+from posenc.models.rope import Layout, RopeParameters, inv_freq_and_attention_factor
+from posenc.models.rope_params import make_rope_parameters
+from posenc.models.rope_types import ROPE_TYPES, RopeTypeSpec, rope_type_spec
 
 # The scale factors and original context lengths published configurations use (Llama 3.1: 8 / 8192, Qwen
 # yarn: 4 / 32768, CodeLlama linear: 4, DeepSeek: 40 / 4096): the grid the estimate searches.

@@ -11,9 +11,9 @@ from typing import get_args
 
 import numpy as np
 
-from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
-from models.dtypes import cast
-from models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from posenc.models.dtypes import cast
+from posenc.models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
 
 F32 = np.float32
 

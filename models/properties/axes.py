@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from models.mrope import mrope_axis, mrope_cos_sin
-from models.properties.common import adjacent_distance, first_collision_position
-from models.properties.rope import relativity_residual, rope_rows, rotate
-from models.rope_params import RopeParameters
-from models.vision_rope import VisionRopeModel, vision_cos_sin, vision_positions
+from posenc.models.mrope import mrope_axis, mrope_cos_sin
+from posenc.models.properties.common import adjacent_distance, first_collision_position
+from posenc.models.properties.rope import relativity_residual, rope_rows, rotate
+from posenc.models.rope_params import RopeParameters
+from posenc.models.vision_rope import VisionRopeModel, vision_cos_sin, vision_positions
 
 Measured = tuple[dict[str, np.ndarray], dict[str, float | int | str | None]]
 VISION_AXES = ("height", "width")

@@ -3,9 +3,9 @@ the key (ALiBi, Press et al. 2022; T5, Raffel et al. 2020 §2.1), and T5's bucke
 
 import numpy as np
 
-from models.alibi import AlibiMode, alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
-from models.dtypes import FloatDType
-from models.t5 import t5_relative_position_bucket
+from posenc.models.alibi import AlibiMode, alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
+from posenc.models.dtypes import FloatDType
+from posenc.models.t5 import t5_relative_position_bucket
 
 
 def alibi_bias_by_offset(num_heads: int, query_length: int, key_length: int, mode: AlibiMode, mask: bool,

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from models.errors import ParameterError
+from posenc.models.errors import ParameterError
 
 MAX_PROPERTY_ROWS = 1 << 16  # positions a property curve spans (work is O(rows · width))
 MAX_PAIRS = 1 << 16  # random (m, n) pairs of a residual measurement

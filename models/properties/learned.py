@@ -4,9 +4,9 @@ offsets, and the same measures for the sinusoidal table of the same shape, for c
 
 import numpy as np
 
-from models.errors import ParameterError
-from models.properties.common import MAX_PROPERTY_ROWS
-from models.sinusoidal import sinusoidal_table
+from posenc.models.errors import ParameterError
+from posenc.models.properties.common import MAX_PROPERTY_ROWS
+from posenc.models.sinusoidal import sinusoidal_table
 
 MAX_LEARNED_ROWS = 8192  # the similarity matrix is [P, P]
 MAX_LEARNED_WIDTH = MAX_PROPERTY_ROWS

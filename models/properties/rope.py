@@ -2,7 +2,7 @@
 uniqueness per dtype, extrapolation of each frequency, and permutation equivariance.
 
 Rows are the served ones: cos/sin of positions × inv_freq evaluated in float64, times the attention
-factor, cast once to the served dtype (`models.rope.rope_cos_sin`); rotations use the half layout
+factor, cast once to the served dtype (`posenc.models.rope.rope_cos_sin`); rotations use the half layout
 (rotate_half, Llama/NeoX), whose inner products equal the interleaved layout's.
 """
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.dtypes import cast
-from models.properties.common import adjacent_distance, attention, first_collision_position, permutation_residual
-from models.rope import RopeParameters, rope_cos_sin
-from models.rope_types import default_inv_freq
+from posenc.models.dtypes import cast
+from posenc.models.properties.common import adjacent_distance, attention, first_collision_position, permutation_residual
+from posenc.models.rope import RopeParameters, rope_cos_sin
+from posenc.models.rope_types import default_inv_freq
 
 EQUIVARIANCE_TOKENS = 16
 

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.properties.common import adjacent_distance, first_collision_position
-from models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
+from posenc.models.properties.common import adjacent_distance, first_collision_position
+from posenc.models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The request is a KServe v2 infer request whose inputs carry one extra tensor, `expected_output` (the
 user's output, shape and dtype of the model's `output`). The model's own output is the reference;
-the hypotheses are the numpy attention of `models.diagnosis.attention` under each mistake.
+the hypotheses are the numpy attention of `posenc.models.diagnosis.attention` under each mistake.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from models.diagnosis.agreement import compare
-from models.diagnosis.attention import AttentionSpec, attention_hypotheses, attention_tolerance
-from service.check.report import CheckReport, rank
-from service.errors import InvalidParameter, PayloadTooLarge, format_bytes
+from posenc.models.diagnosis.agreement import compare
+from posenc.models.diagnosis.attention import AttentionSpec, attention_hypotheses, attention_tolerance
+from posenc.service.check.report import CheckReport, rank
+from posenc.service.errors import InvalidParameter, PayloadTooLarge, format_bytes
 
 EXPECTED = "expected_output"
 WORK_BYTES_PER_SCORE = 8 * 3  # scores, weights and the mask in float64

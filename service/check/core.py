@@ -3,9 +3,9 @@
 `decode_upload` reads the user's tensors with the decoders of `POST /v1/t5/bias` (same rules, same
 4xx); `plan` validates them against the query's declared tensors and bounds the work before any
 table is computed (413); `run` computes the reference, the agreement of each tensor and every
-hypothesis, one hypothesis table in memory at a time, and ranks them (`service.check.report.rank`).
+hypothesis, one hypothesis table in memory at a time, and ranks them (`posenc.service.check.report.rank`).
 The request that drives these steps, for the route and `posenc check` alike, is
-`service.check.request.CheckRequest`.
+`posenc.service.check.request.CheckRequest`.
 """
 
 from __future__ import annotations
@@ -19,15 +19,15 @@ from urllib.parse import urlencode
 
 import numpy as np
 
-from models.diagnosis.agreement import compare
-from models.diagnosis.hypothesis import Hypothesis, Tables
-from models.dtypes import dtype_name
-from service.check.families import FamilyCheck, family_check
-from service.check.report import CheckReport, rank
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, format_bytes
-from service.tables.answer import metadata_value
-from service.tables.registry import TableQuery, TableRoute
-from service.uploads import decode_npy, decode_safetensors, upload_format
+from posenc.models.diagnosis.agreement import compare
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
+from posenc.models.dtypes import dtype_name
+from posenc.service.check.families import FamilyCheck, family_check
+from posenc.service.check.report import CheckReport, rank
+from posenc.service.errors import BadRequest, InvalidParameter, PayloadTooLarge, format_bytes
+from posenc.service.tables.answer import metadata_value
+from posenc.service.tables.registry import TableQuery, TableRoute
+from posenc.service.uploads import decode_npy, decode_safetensors, upload_format
 
 WORK_BYTES_PER_ELEMENT = 8  # every comparison runs in float64
 

@@ -1,7 +1,7 @@
 """What each table family contributes to a check: its hypotheses and its precision contract.
 
 An adapter reads the family's own query model (the same parameters the table endpoint validated)
-and hands plain values to `models.diagnosis`. Families are found by query class (subclasses
+and hands plain values to `posenc.models.diagnosis`. Families are found by query class (subclasses
 included); a family without an adapter still gets the agreement figures, the cast-once tolerance
 and the reduced-storage hypotheses, so every registered table can be checked.
 """
@@ -13,25 +13,25 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.alibi import alibi_bias
-from models.diagnosis.agreement import default_tolerance, ulp
-from models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
-from models.diagnosis.relative import (
+from posenc.models.alibi import alibi_bias
+from posenc.models.diagnosis.agreement import default_tolerance, ulp
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables, storage_hypotheses
+from posenc.models.diagnosis.relative import (
     T5Table,
     alibi_bias_hypotheses,
     alibi_slope_hypotheses,
     negated_hypothesis,
     t5_hypotheses,
 )
-from models.diagnosis.rope import RopeTable, rope_hypotheses
-from models.diagnosis.sinusoidal import SinusoidalTable, sinusoidal_hypotheses
-from models.dtypes import np_dtype
-from service.tables.alibi import AlibiBiasQuery, AlibiSlopesQuery
-from service.tables.registry import TableQuery
-from service.tables.relative import ClippedQuery, DebertaBucketsQuery
-from service.tables.rope import RopeTableQuery
-from service.tables.sinusoidal import SinusoidalQuery
-from service.tables.t5 import T5BiasQuery, T5BucketsQuery
+from posenc.models.diagnosis.rope import RopeTable, rope_hypotheses
+from posenc.models.diagnosis.sinusoidal import SinusoidalTable, sinusoidal_hypotheses
+from posenc.models.dtypes import np_dtype
+from posenc.service.tables.alibi import AlibiBiasQuery, AlibiSlopesQuery
+from posenc.service.tables.registry import TableQuery
+from posenc.service.tables.relative import ClippedQuery, DebertaBucketsQuery
+from posenc.service.tables.rope import RopeTableQuery
+from posenc.service.tables.sinusoidal import SinusoidalQuery
+from posenc.service.tables.t5 import T5BiasQuery, T5BucketsQuery
 
 Tolerances = dict[str, np.ndarray | float]
 

@@ -1,6 +1,6 @@
 """A check's answer: agreement per tensor, the hypotheses ranked, the verdict and the likely cause.
 
-Shared by the table checks (`service.check.core`) and the attention check (`service.check.attention`);
+Shared by the table checks (`posenc.service.check.core`) and the attention check (`posenc.service.check.attention`);
 nothing here knows which table or model was checked.
 """
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from models.diagnosis.agreement import Agreement, compare, number, residual
-from models.diagnosis.hypothesis import Hypothesis
-from models.errors import ParameterError
+from posenc.models.diagnosis.agreement import Agreement, compare, number, residual
+from posenc.models.diagnosis.hypothesis import Hypothesis
+from posenc.models.errors import ParameterError
 
 
 @dataclass

@@ -1,10 +1,10 @@
 """One `CheckRequest`: the user's tensors against a registered table, as the route and `posenc check` build it.
 
-`POST /v1/check/{table}` (`service.check.routes`) and `posenc check` (`service.cli.check`) both build a
+`POST /v1/check/{table}` (`posenc.service.check.routes`) and `posenc check` (`posenc.service.cli.check`) both build a
 `CheckRequest` from the table's route, its validated query and the check's options, and run it the same
 way: `CheckRequest.build` binds the table's own JSON body (`?config=` / `--config`) and refuses what
 can be refused before the upload is read (422, 413); `plan` decodes the upload and bounds the work
-(blocking); `service.check.core.run` computes the answer (blocking). The route adds only HTTP: reading
+(blocking); `posenc.service.check.core.run` computes the answer (blocking). The route adds only HTTP: reading
 the body within the memory budget, worker threads and the response format.
 """
 
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.dtypes import FLOAT_DTYPES, dtype_name
-from service.check.core import CheckPlan, bound_work, decode_upload, plan, run
-from service.check.report import CheckReport
-from service.errors import BadRequest, InvalidParameter
-from service.settings import Settings
-from service.tables.registry import TableQuery, TableRoute
-from service.tables.rope import CONFIG_BODY
-from service.tables.t5 import WEIGHT_BODY
+from posenc.models.dtypes import FLOAT_DTYPES, dtype_name
+from posenc.service.check.core import CheckPlan, bound_work, decode_upload, plan, run
+from posenc.service.check.report import CheckReport
+from posenc.service.errors import BadRequest, InvalidParameter
+from posenc.service.settings import Settings
+from posenc.service.tables.registry import TableQuery, TableRoute
+from posenc.service.tables.rope import CONFIG_BODY
+from posenc.service.tables.t5 import WEIGHT_BODY
 
 
 def check_path(route: TableRoute) -> str:

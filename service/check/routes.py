@@ -1,12 +1,12 @@
 """`POST /v1/check/{table}`: the user's tensors against a registered table, with a diagnosis.
 
-One route per registered table family (built from `service.tables.TABLES`, so every family that
+One route per registered table family (built from `posenc.service.tables.TABLES`, so every family that
 registers is checkable): the query string is the family's own query model (same names, bounds and
 defaults), the body is the user's tensors as safetensors (several tensors by name) or .npy (one,
 named by `?tensor=`), read with the upload rules of `POST /v1/t5/bias`. Families whose table needs
 a body of its own take it alongside: `POST /v1/rope/from-config`'s config.json as `?config=`, and
 `POST /v1/t5/bias`'s learned table as the tensor `weight` of the same safetensors file. The check itself
-is a `service.check.request.CheckRequest`, the same that `posenc check` runs; this module adds HTTP.
+is a `posenc.service.check.request.CheckRequest`, the same that `posenc check` runs; this module adds HTTP.
 """
 
 
@@ -17,16 +17,16 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from service.arrays import MEDIA_TYPES, encode_safetensors
-from service.check.core import run
-from service.check.report import CheckReport, error_tensors
-from service.check.request import CheckRequest, check_path, checkable
-from service.errors import NotAcceptable, echo
-from service.http.bodies import declared_length, read_body
-from service.http.deps import MemoryBudgetDep, SettingsDep
-from service.tables import TABLES
-from service.tables.registry import TableRoute
-from service.uploads import upload_request_body
+from posenc.service.arrays import MEDIA_TYPES, encode_safetensors
+from posenc.service.check.core import run
+from posenc.service.check.report import CheckReport, error_tensors
+from posenc.service.check.request import CheckRequest, check_path, checkable
+from posenc.service.errors import NotAcceptable, echo
+from posenc.service.http.bodies import declared_length, read_body
+from posenc.service.http.deps import MemoryBudgetDep, SettingsDep
+from posenc.service.tables import TABLES
+from posenc.service.tables.registry import TableRoute
+from posenc.service.uploads import upload_request_body
 
 CHECK_FORMATS = ("json", "safetensors")
 

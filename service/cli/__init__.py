@@ -1,1 +1,1 @@
-"""The `posenc` console script (`service.cli.main`) and its subcommands."""
+"""The `posenc` console script (`posenc.service.cli.main`) and its subcommands."""

@@ -1,5 +1,5 @@
-"""`python -m service.cli`: the `posenc` console script."""
+"""`python -m posenc.service.cli`: the `posenc` console script."""
 
-from service.cli.main import main
+from posenc.service.cli.main import main
 
 raise SystemExit(main())

@@ -4,7 +4,7 @@
     posenc check /v1/sinusoidal max_position=512 dim=64 --file pe.npy --url http://127.0.0.1:8000
 
 Without `--url` the check runs in this process as the same `CheckRequest` the HTTP route runs
-(`service.check.request`); with it, the running service answers. Exit status: 0 matches, 1 mismatch,
+(`posenc.service.check.request`); with it, the running service answers. Exit status: 0 matches, 1 mismatch,
 2 bad usage or a refused request (the message says why), so a CI job can call it as a test.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from models.errors import ParameterError
-from service.cli.table import TableCliError, parse_request, validate_query
-from service.errors import ServiceError
-from service.tables.registry import TableRoute
+from posenc.models.errors import ParameterError
+from posenc.service.cli.table import TableCliError, parse_request, validate_query
+from posenc.service.errors import ServiceError
+from posenc.service.tables.registry import TableRoute
 
 UPLOAD_TYPES = {".npy": "application/x-npy", ".safetensors": "application/x-safetensors"}
 
@@ -56,8 +56,8 @@ def _read(path: str, what: str) -> bytes:
 def in_process(route: TableRoute, values: dict[str, str], body: bytes, content_type: str,
                tensor: str | None, config: str | None) -> dict[str, Any]:
     """The JSON answer of the check route, computed here (same validation, same errors)."""
-    from service.check.request import CheckRequest  # the check's modules load only when a check runs here
-    from service.cli.common import settings_or_exit
+    from posenc.service.check.request import CheckRequest  # the check's modules load only when a check runs here
+    from posenc.service.cli.common import settings_or_exit
 
     settings = settings_or_exit(access_log=False)
     check = CheckRequest.build(route, validate_query(route, values), tensor=tensor, config=config, settings=settings)

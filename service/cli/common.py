@@ -6,7 +6,7 @@ import sys
 
 from pydantic import ValidationError
 
-from service.settings import SECRET_SETTINGS, Settings
+from posenc.service.settings import SECRET_SETTINGS, Settings
 
 
 def settings_or_exit(**overrides: object) -> Settings:

@@ -6,12 +6,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from models.export_args import add_export_arguments
-from service.cli.common import settings_or_exit
+from posenc.models.export_args import add_export_arguments
+from posenc.service.cli.common import settings_or_exit
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """`posenc serve`: the exit status says how it stopped (see `service.http.server.serve`)."""
+    """`posenc serve`: the exit status says how it stopped (see `posenc.service.http.server.serve`)."""
     import os
 
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "workers": args.workers,
@@ -20,7 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Workers re-read the environment: pass the CLI overrides down through it.
     for key, value in overrides.items():
         os.environ[f"POSENC_{key.upper()}"] = str(value)
-    from service.http.server import serve
+    from posenc.service.http.server import serve
 
     return serve(settings)
 
@@ -28,12 +28,12 @@ def _serve(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     """`posenc export`: torch is an export-time extra; say so plainly when it is missing."""
     try:
-        from models import export_onnx
+        from posenc.models import export_onnx
     except ImportError as exc:
         sys.stderr.write(f"posenc export needs the export extra (torch, onnx, onnxscript): {exc}\n"
                          "install it with: pip install 'posenc[export]'\n")
         return 2
-    from models.errors import ParameterError
+    from posenc.models.errors import ParameterError
 
     try:
         folders = export_onnx.run_export(args)
@@ -57,10 +57,10 @@ def _add_export_parser(commands: argparse._SubParsersAction) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posenc", description="Positional-encoding tables and RoPE attention.")
     commands = parser.add_subparsers(dest="command", required=True)
-    from service.cli import table as table_cli  # its own module: `posenc table` (tables without a server)
+    from posenc.service.cli import table as table_cli  # its own module: `posenc table` (tables without a server)
 
     table_cli.add_parser(commands)
-    from service.cli import check as check_cli  # `posenc check`: a file of your tensors against the golden table
+    from posenc.service.cli import check as check_cli  # `posenc check`: a file of your tensors against the golden table
 
     check_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")

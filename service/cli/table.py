@@ -21,14 +21,14 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import ValidationError
 
-from models.errors import ParameterError
-from service.arrays import FILE_SUFFIX, FORMATS, negotiate_format
-from service.errors import InvalidParameter, ServiceError, describe_validation_errors
-from service.settings import Settings
-from service.tables import TABLES
-from service.tables.answer import TableRequest
-from service.tables.cache import ByteLRUCache
-from service.tables.registry import TableQuery, TableRoute, table_routes
+from posenc.models.errors import ParameterError
+from posenc.service.arrays import FILE_SUFFIX, FORMATS, negotiate_format
+from posenc.service.errors import InvalidParameter, ServiceError, describe_validation_errors
+from posenc.service.settings import Settings
+from posenc.service.tables import TABLES
+from posenc.service.tables.answer import TableRequest
+from posenc.service.tables.cache import ByteLRUCache
+from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
 
 SUFFIX_FORMAT = {suffix: fmt for fmt, suffix in FILE_SUFFIX.items()} | {".raw": "raw"}
 BODY_MEDIA_TYPES = {".json": "application/json", ".safetensors": "application/x-safetensors",
@@ -141,7 +141,7 @@ def answer(route: TableRoute, query_values: dict[str, str], fmt: str, tensor: st
 
 def run(args: argparse.Namespace) -> int:
     """Handler of `posenc table`: 0 on success, 1 when the service answers an error, 2 on bad usage."""
-    from service.cli.common import settings_or_exit
+    from posenc.service.cli.common import settings_or_exit
 
     try:
         fmt = resolve_format(args.output, args.format)

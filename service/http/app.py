@@ -8,24 +8,24 @@ from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
 
-import service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
-from service import __version__
-from service.budget import MemoryBudget, limit_malloc_arenas
-from service.check.routes import check_router
-from service.http import docs, explorer, health
-from service.http.errors import install_error_handlers
-from service.http.fastpath import FastPath
-from service.http.metrics import install_metrics
-from service.http.openapi import install_openapi
-from service.http.restricted import RestrictedApi
-from service.inference import repository_routes, shared_memory_routes
-from service.inference import routes as inference_routes
-from service.inference.check_routes import router as check_inference_router
-from service.inference.engine import Engine
-from service.inference.shared_memory import SharedMemoryRegistry
-from service.settings import Settings
-from service.tables.cache import ByteLRUCache
-from service.tables.http import table_router
+import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
+from posenc.service import __version__
+from posenc.service.budget import MemoryBudget, limit_malloc_arenas
+from posenc.service.check.routes import check_router
+from posenc.service.http import docs, explorer, health
+from posenc.service.http.errors import install_error_handlers
+from posenc.service.http.fastpath import FastPath
+from posenc.service.http.metrics import install_metrics
+from posenc.service.http.openapi import install_openapi
+from posenc.service.http.restricted import RestrictedApi
+from posenc.service.inference import repository_routes, shared_memory_routes
+from posenc.service.inference import routes as inference_routes
+from posenc.service.inference.check_routes import router as check_inference_router
+from posenc.service.inference.engine import Engine
+from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.settings import Settings
+from posenc.service.tables.cache import ByteLRUCache
+from posenc.service.tables.http import table_router
 
 log = logging.getLogger("posenc.http.app")
 
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="Positional-encoding tables, attention biases and ONNX RoPE-attention inference.",
         lifespan=lifespan,
-        # /docs and /redoc come from service.http.docs: same pages, assets served locally (offline).
+        # /docs and /redoc come from posenc.service.http.docs: same pages, assets served locally (offline).
         docs_url=None,
         redoc_url=None,
     )
@@ -97,5 +97,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory (`service.http.app:app_from_env`): settings from the environment of the worker."""
+    """uvicorn factory (`posenc.service.http.app:app_from_env`): settings from the environment of the worker."""
     return create_app(Settings())

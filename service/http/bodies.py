@@ -13,7 +13,7 @@ from collections.abc import AsyncIterable
 import numpy as np
 from starlette.requests import ClientDisconnect
 
-from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, echo
+from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, echo
 
 
 def declared_length(content_length: str | None, limit: int) -> int:

@@ -2,7 +2,7 @@
 
     async def route(settings: SettingsDep, budget: MemoryBudgetDep) -> ...
 
-`create_app` (`service.http.app`) puts each object on the app's state; these functions are the only
+`create_app` (`posenc.service.http.app`) puts each object on the app's state; these functions are the only
 readers. Every one is `async def`: they do no blocking work, and FastAPI runs a sync dependency in
 the threadpool (one hop per request). The engine, the shared-memory registry and the table cache are
 named for the type checker only: a room that imports this module loads no other room (no onnxruntime
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from service.budget import MemoryBudget
-from service.errors import Unavailable
-from service.settings import Settings
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import Unavailable
+from posenc.service.settings import Settings
 
 if TYPE_CHECKING:
-    from service.inference.engine import Engine
-    from service.inference.shared_memory import SharedMemoryRegistry
-    from service.tables.cache import ByteLRUCache
+    from posenc.service.inference.engine import Engine
+    from posenc.service.inference.shared_memory import SharedMemoryRegistry
+    from posenc.service.tables.cache import ByteLRUCache
 
 STARTING = ["starting"]  # the readiness problems before start-up has finished
 

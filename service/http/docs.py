@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import HTMLResponse, Response
 
-from service.errors import NotFound
+from posenc.service.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 

@@ -1,4 +1,4 @@
-"""Every exception mapped to the one JSON envelope of `service.errors` (`install_error_handlers`)."""
+"""Every exception mapped to the one JSON envelope of `posenc.service.errors` (`install_error_handlers`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from models.errors import ParameterError
-from service.errors import (
+from posenc.models.errors import ParameterError
+from posenc.service.errors import (
     ClientClosedRequest,
     InvalidParameter,
     NotFound,

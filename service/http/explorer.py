@@ -11,7 +11,7 @@ from importlib.resources import files
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from service.errors import NotFound
+from posenc.service.errors import NotFound
 
 router = APIRouter(include_in_schema=False)
 
@@ -28,7 +28,7 @@ CSP = ("default-src 'self'; img-src 'self' data:; style-src 'self'; script-src '
 
 @cache
 def explorer_file(name: str) -> bytes:
-    return (files("service.http") / "static" / "explorer" / name).read_bytes()
+    return (files("posenc.service.http") / "static" / "explorer" / name).read_bytes()
 
 
 def _file(name: str) -> Response:

@@ -23,12 +23,12 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.http.health import LIVE, LIVENESS_PATH
-from service.http.metrics import scope_header
-from service.tables import TABLES
-from service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
-from service.tables.cache import ByteLRUCache
-from service.tables.http import CACHE_KEY_SCOPE, to_response
+from posenc.service.http.health import LIVE, LIVENESS_PATH
+from posenc.service.http.metrics import scope_header
+from posenc.service.tables import TABLES
+from posenc.service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
+from posenc.service.tables.cache import ByteLRUCache
+from posenc.service.tables.http import CACHE_KEY_SCOPE, to_response
 
 MAX_SPELLING = 2048  # characters: the longest request spelling the fast path remembers
 

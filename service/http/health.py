@@ -3,15 +3,15 @@
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from service import __version__
-from service.errors import Unavailable, error_response
-from service.http.deps import ReadinessDep
+from posenc.service import __version__
+from posenc.service.errors import Unavailable, error_response
+from posenc.service.http.deps import ReadinessDep
 
 router = APIRouter(tags=["operations"])
 
 
 # Liveness is polled constantly (probes, load balancers): its answer is encoded once, and the fast path
-# (`service.http.fastpath`) sends it without routing; this route documents it and answers when called directly.
+# (`posenc.service.http.fastpath`) sends it without routing; this route documents it and answers when called directly.
 LIVENESS_PATH = "/healthz"
 LIVE = b'{"status":"ok","version":"%s"}' % __version__.encode()
 

@@ -2,7 +2,7 @@
 
 In JSON mode every record (uvicorn's start-up lines, the service's own, the access log) is one object
 with `ts`, `level`, `logger`, `message`; access-log records add `method`, `path`, `route`, `status`,
-`duration_ms`, `bytes`, `request_id` and `client` (see `service.http.metrics.ObservabilityMiddleware`).
+`duration_ms`, `bytes`, `request_id` and `client` (see `posenc.service.http.metrics.ObservabilityMiddleware`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from service.settings import Settings
+from posenc.service.settings import Settings
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -38,7 +38,7 @@ class JsonFormatter(logging.Formatter):
 def log_config(settings: Settings) -> dict[str, Any]:
     """A `logging.config.dictConfig` document for uvicorn's `log_config` argument."""
     formatter: dict[str, Any] = (
-        {"()": "service.http.logs.JsonFormatter"} if settings.log_format == "json" else {"format": TEXT_FORMAT}
+        {"()": "posenc.service.http.logs.JsonFormatter"} if settings.log_format == "json" else {"format": TEXT_FORMAT}
     )
     level = settings.log_level.upper()
     handler = {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}

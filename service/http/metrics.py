@@ -3,7 +3,7 @@
 Every app gets its own `CollectorRegistry` (never the process-global default one), so several apps in
 one process — tests, `posenc table` — do not collide.
 
-What the rest of the service reports (the engine's batchers, through `service.inference.batcher.BatchObserver`;
+What the rest of the service reports (the engine's batchers, through `posenc.service.inference.batcher.BatchObserver`;
 `create_app` hands them the app's `Metrics`):
 
 - `metrics.observe_batch(model, size)`: one onnxruntime batch of `size` requests was formed.
@@ -45,7 +45,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import __version__
+from posenc.service import __version__
 
 access_log = logging.getLogger("posenc.access")  # docs/operations.md documents this name: logs filter on it
 

@@ -14,13 +14,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from models.dtypes import BY_KSERVE
-from service.arrays import FORMATS, MEDIA_TYPES
-from service.check.request import accepted_tensors
-from service.check.routes import CHECK_FORMATS
-from service.inference.kserve import HEADER_LENGTH
-from service.inference.repository import VERSION
-from service.tables.registry import table_routes
+from posenc.models.dtypes import BY_KSERVE
+from posenc.service.arrays import FORMATS, MEDIA_TYPES
+from posenc.service.check.request import accepted_tensors
+from posenc.service.check.routes import CHECK_FORMATS
+from posenc.service.inference.kserve import HEADER_LENGTH
+from posenc.service.inference.repository import VERSION
+from posenc.service.tables.registry import table_routes
 
 ERROR_SCHEMA = {
     "type": "object",

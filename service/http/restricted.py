@@ -6,7 +6,7 @@ value (compared in constant time; the value is never echoed). Shared memory lets
 read and write memory on the server's host, so it needs more than reaching the port:
 
 * over the Unix socket (`POSENC_UDS`), the peer's credentials decide, object by object
-  (`service.inference.shared_memory_guard`), whether or not the shared-memory group is restricted (a peer
+  (`posenc.service.inference.shared_memory_guard`), whether or not the shared-memory group is restricted (a peer
   that sends the key as well is trusted like a TCP client with it);
 * over TCP, only a request that carries the `shared-memory` group's header may use it, and without that group
   in POSENC_RESTRICTED_API nobody may: the server cannot tell who is at the other end.
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import Forbidden, error_response
-from service.http.unix import PEER_SCOPE_KEY, Peer
+from posenc.service.errors import Forbidden, error_response
+from posenc.service.http.unix import PEER_SCOPE_KEY, Peer
 
 CALLER_SCOPE_KEY = "posenc.shared_memory_caller"
 SHARED_MEMORY_GROUP = "shared-memory"

@@ -45,11 +45,11 @@ from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import HANDLED_SIGNALS, ServerState
 
-from service.errors import HeadersTooLarge
-from service.http.logs import log_config
-from service.http.metrics import count_send_timeout, shared_metrics_dir
-from service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
-from service.settings import Settings
+from posenc.service.errors import HeadersTooLarge
+from posenc.service.http.logs import log_config
+from posenc.service.http.metrics import count_send_timeout, shared_metrics_dir
+from posenc.service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
+from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
 
@@ -115,7 +115,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         if not isinstance(config, ServerConfig):
-            raise TypeError("TimeoutHttpToolsProtocol needs a service.http.server.ServerConfig")
+            raise TypeError("TimeoutHttpToolsProtocol needs a posenc.service.http.server.ServerConfig")
         self.timeouts = config.timeouts
         self.max_header_bytes = config.max_header_bytes
         self.head_bytes = 0  # bytes received while the current request's head is incomplete
@@ -128,7 +128,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.body_timer: asyncio.TimerHandle | None = None
         self.cut_timer: asyncio.TimerHandle | None = None
         self.send_timer: asyncio.TimerHandle | None = None
-        self.peer: Peer | None = None  # set on the Unix socket: who connected (service.http.unix)
+        self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.http.unix)
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
 
@@ -386,7 +386,7 @@ def build_config(settings: Settings) -> ServerConfig:
     """The uvicorn configuration of `posenc serve` (the app is built in each worker, from the environment)."""
     timeouts = Timeouts.from_settings(settings)
     return ServerConfig(
-        "service.http.app:app_from_env",
+        "posenc.service.http.app:app_from_env",
         timeouts=timeouts,
         max_header_bytes=settings.max_header_bytes,
         factory=True,

@@ -22,7 +22,7 @@ With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than th
 runs of every model together stay under it: a run waits for its bytes before it starts.
 
 The array work (chunks, stacking with right-padding, handing each request its rows) is
-`service.inference.batch_arrays`; this module is the queue and its scheduling.
+`posenc.service.inference.batch_arrays`; this module is the queue and its scheduling.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from typing import Protocol
 
 import numpy as np
 
-from service.budget import MemoryBudget
-from service.errors import Unavailable
-from service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import Unavailable
+from posenc.service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
 
 log = logging.getLogger("posenc.inference.batcher")
 
@@ -51,7 +51,7 @@ RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run
 
 
 class BatchObserver(Protocol):
-    """Where a batcher reports what it does (`service.http.metrics.Metrics`); called from worker threads too."""
+    """Where a batcher reports what it does (`posenc.service.http.metrics.Metrics`); called from worker threads too."""
 
     def observe_batch(self, model: str, size: int) -> None: ...
 
@@ -122,7 +122,8 @@ class Batcher:
         """Queue one request (batch-first arrays); 503 with Retry-After when the queue is full.
 
         `out`: arrays (batch-first, each output's exact shape and dtype) that those outputs are written into and
-        returned as; a request that runs alone has onnxruntime write there directly (`service.inference.engine`)."""
+        returned as; a request that runs alone has onnxruntime write there directly
+        (`posenc.service.inference.engine`)."""
         with self.admission():
             return await self.run_admitted(inputs, out)
 

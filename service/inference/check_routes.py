@@ -9,14 +9,14 @@ from fastapi import APIRouter, Path, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from models.diagnosis.attention import AttentionSpec
-from service.check.attention import EXPECTED, bound_attention_work, check_attention
-from service.errors import BadRequest
-from service.http.bodies import declared_length, read_body
-from service.http.deps import EngineDep, MemoryBudgetDep, SettingsDep
-from service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
-from service.inference.model_inputs import check_inputs
-from service.inference.repository import ensure_ready
+from posenc.models.diagnosis.attention import AttentionSpec
+from posenc.service.check.attention import EXPECTED, bound_attention_work, check_attention
+from posenc.service.errors import BadRequest
+from posenc.service.http.bodies import declared_length, read_body
+from posenc.service.http.deps import EngineDep, MemoryBudgetDep, SettingsDep
+from posenc.service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
+from posenc.service.inference.model_inputs import check_inputs
+from posenc.service.inference.repository import ensure_ready
 
 router = APIRouter(tags=["check"])
 

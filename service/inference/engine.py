@@ -2,9 +2,9 @@
 
 `run_model` is one onnxruntime run (called from worker threads: onnxruntime releases the GIL), with
 the inputs and outputs bound to the device where that saves copies and a failed allocation answered
-as a 507; `Engine` holds every model of the repository (loaded by `service.inference.repository`)
+as a 507; `Engine` holds every model of the repository (loaded by `posenc.service.inference.repository`)
 and feeds each ready model through its batcher within the run bound. Nothing here knows the wire
-protocol: the KServe v2 view of a model (metadata, request checks) is `service.inference.model_inputs`.
+protocol: the KServe v2 view of a model (metadata, request checks) is `posenc.service.inference.model_inputs`.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 
-from service.budget import MemoryBudget
-from service.errors import InsufficientStorage, NotFound, PayloadTooLarge
-from service.inference.batcher import Batcher, BatchObserver
-from service.inference.devices import CUDA
-from service.inference.repository import (
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import InsufficientStorage, NotFound, PayloadTooLarge
+from posenc.service.inference.batcher import Batcher, BatchObserver
+from posenc.service.inference.devices import CUDA
+from posenc.service.inference.repository import (
     ORT_ERRORS,
     VERSION,
     FailedModel,
@@ -38,8 +38,8 @@ from service.inference.repository import (
     load_model,
     model_folders,
 )
-from service.inference.run_bound import AttentionCost, attention_cost, default_run_bytes
-from service.settings import Settings
+from posenc.service.inference.run_bound import AttentionCost, attention_cost, default_run_bytes
+from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.inference.engine")
 

@@ -9,12 +9,13 @@ request says so (`parameters.binary_data_output` for all, or `outputs[i].paramet
 System shared memory (Triton's `system_shared_memory` extension, when the server enables it): an input or a
 requested output with `parameters.shared_memory_region` (+ `shared_memory_byte_size`, optional
 `shared_memory_offset`) names bytes of a registered region instead of carrying them. The parser turns such an
-input into an array through a `TensorSource` (the registry of regions, `service.inference.shared_memory`); outputs keep
+input into an array through a `TensorSource` (the registry of regions,
+`posenc.service.inference.shared_memory`); outputs keep
 their `ShmRef` and are answered with metadata only, after the route has written them into the region.
 
 Everything malformed is a `BadRequest` (400) with a message naming the tensor and the mismatch;
-nothing here knows the model (checks against config.json are in `service.inference.model_inputs`).
-The response side is `service.inference.kserve_response`.
+nothing here knows the model (checks against config.json are in `posenc.service.inference.model_inputs`).
+The response side is `posenc.service.inference.kserve_response`.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import pydantic_core
 
-from models.dtypes import BY_KSERVE, cast
-from service.errors import BadRequest, echo
+from posenc.models.dtypes import BY_KSERVE, cast
+from posenc.service.errors import BadRequest, echo
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
@@ -62,7 +63,7 @@ class ShmRef:
 
 
 class TensorSource(Protocol):
-    """Where shared-memory inputs are read from (`service.inference.shared_memory.Lease`)."""
+    """Where shared-memory inputs are read from (`posenc.service.inference.shared_memory.Lease`)."""
 
     def input_array(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
         """A read-only array of `shape` and `dtype` over the region's bytes (a view where aligned)."""

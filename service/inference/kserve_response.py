@@ -2,7 +2,7 @@
 
 Outputs are sent binary when the request says so (`parameters.binary_data_output` for all, or
 `outputs[i].parameters.binary_data`), as a JSON `data` list otherwise, and as metadata only when they
-went to shared memory. The request side (its types and the parser) is `service.inference.kserve`.
+went to shared memory. The request side (its types and the parser) is `posenc.service.inference.kserve`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pydantic_core
 
-from models.dtypes import lookup
-from service.arrays import json_values
-from service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput
+from posenc.models.dtypes import lookup
+from posenc.service.arrays import json_values
+from posenc.service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput
 
 
 def encode_infer_response(

@@ -4,7 +4,7 @@ Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `p
 Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
 problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
 config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
-This module loads and describes the models; running them is `service.inference.engine`.
+This module loads and describes the models; running them is `posenc.service.inference.engine`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from models.dtypes import BY_KSERVE, BY_ONNX
-from service.errors import Unavailable
-from service.inference.devices import CPU, CUDA
-from service.inference.run_bound import cuda_arena_limit
-from service.settings import Settings
+from posenc.models.dtypes import BY_KSERVE, BY_ONNX
+from posenc.service.errors import Unavailable
+from posenc.service.inference.devices import CPU, CUDA
+from posenc.service.inference.run_bound import cuda_arena_limit
+from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.inference.repository")
 
@@ -112,7 +112,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model whose session was built and agrees with its config.json (run by `service.inference.engine`)."""
+    """A model whose session was built and agrees with its config.json (run by `posenc.service.inference.engine`)."""
 
     name: str
     config: ModelConfig
@@ -120,7 +120,7 @@ class LoadedModel:
     providers: list[str]
     # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
     # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run
-    # (`service.inference.engine.run_model` reads it).
+    # (`posenc.service.inference.engine.run_model` reads it).
     io_binding: bool | None = None
     # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
     # model.onnx); outputs with a dim no input names are left out.

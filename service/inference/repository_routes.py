@@ -13,12 +13,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body
 from pydantic import StrictBool
 
-from models.dtypes import BY_KSERVE
-from service.http.deps import EngineDep, SettingsDep
-from service.inference.devices import CUDA
-from service.inference.repository import VERSION, LoadedModel, ModelTensor, ensure_ready
-from service.inference.routes import ModelDep, VersionedModelDep
-from service.settings import Settings
+from posenc.models.dtypes import BY_KSERVE
+from posenc.service.http.deps import EngineDep, SettingsDep
+from posenc.service.inference.devices import CUDA
+from posenc.service.inference.repository import VERSION, LoadedModel, ModelTensor, ensure_ready
+from posenc.service.inference.routes import ModelDep, VersionedModelDep
+from posenc.service.settings import Settings
 
 router = APIRouter(tags=["inference"])
 

@@ -17,20 +17,26 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from models.dtypes import BY_KSERVE
-from service import __version__
-from service.budget import MemoryBudget
-from service.errors import Unavailable, error_response
-from service.http.bodies import declared_length, read_aligned_body
-from service.http.deps import EngineDep, MemoryBudgetDep, ReadinessDep, SettingsDep, SharedMemoryDep
-from service.http.restricted import shared_memory_caller
-from service.inference.engine import Engine
-from service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput, extensions, parse_infer_request
-from service.inference.kserve_response import encode_infer_response_parts, requested_outputs
-from service.inference.model_inputs import check_inputs, check_outputs, model_metadata
-from service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
-from service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
-from service.settings import Settings
+from posenc.models.dtypes import BY_KSERVE
+from posenc.service import __version__
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import Unavailable, error_response
+from posenc.service.http.bodies import declared_length, read_aligned_body
+from posenc.service.http.deps import EngineDep, MemoryBudgetDep, ReadinessDep, SettingsDep, SharedMemoryDep
+from posenc.service.http.restricted import shared_memory_caller
+from posenc.service.inference.engine import Engine
+from posenc.service.inference.kserve import (
+    HEADER_LENGTH,
+    InferRequest,
+    RequestedOutput,
+    extensions,
+    parse_infer_request,
+)
+from posenc.service.inference.kserve_response import encode_infer_response_parts, requested_outputs
+from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
+from posenc.service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
+from posenc.service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
+from posenc.service.settings import Settings
 
 router = APIRouter(tags=["inference"])
 

@@ -5,7 +5,7 @@ registers a region of it under a name (`key`, `offset`, `byte_size`), and names 
 requests instead of sending the tensors' bytes; requested outputs are written into it.
 
 The server opens memory that another process controls, so:
-* only a caller entitled to an object gets it registered (`service.inference.shared_memory_guard`): a
+* only a caller entitled to an object gets it registered (`posenc.service.inference.shared_memory_guard`): a
   Unix-socket peer that could open the object itself, or a TCP client with the shared-memory key;
 * a key is a shared-memory object name (`name` or `/name`: letters, digits, `_`, `-`, `.`, no leading dot),
   never a path, opened under /dev/shm with O_NOFOLLOW; or, from a Unix-socket peer, `fd:N`, the peer's own
@@ -39,16 +39,16 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
-from service.http.restricted import SharedMemoryCaller
-from service.inference.kserve import SHARED_MEMORY_OFF, ShmRef
-from service.inference.shared_memory_guard import (
+from posenc.service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
+from posenc.service.http.restricted import SharedMemoryCaller
+from posenc.service.inference.kserve import SHARED_MEMORY_OFF, ShmRef
+from posenc.service.inference.shared_memory_guard import (
     mapping_failed,
     open_object,
     require_input_access,
     require_output_access,
 )
-from service.settings import Settings
+from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.inference.shared_memory")
 

@@ -3,7 +3,7 @@
 `GET /v2/systemsharedmemory/status`, `GET /v2/systemsharedmemory/region/{name}/status` (a JSON list of
 `{"name", "key", "offset", "byte_size"}`), `POST .../region/{name}/register` (JSON body `key`, `offset`,
 `byte_size`), `POST .../region/{name}/unregister`, `POST /v2/systemsharedmemory/unregister` (every region).
-Register and unregister answer an empty 200, as Triton does. The registry is `service.inference.shared_memory`.
+Register and unregister answer an empty 200, as Triton does. The registry is `posenc.service.inference.shared_memory`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import pydantic_core
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
-from service.errors import BadRequest
-from service.http.bodies import read_body
-from service.http.deps import SharedMemoryDep
-from service.http.restricted import shared_memory_caller
-from service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.errors import BadRequest
+from posenc.service.http.bodies import read_body
+from posenc.service.http.deps import SharedMemoryDep
+from posenc.service.http.restricted import shared_memory_caller
+from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
 
 router = APIRouter(tags=["shared memory"])
 

@@ -3,7 +3,7 @@ multi-axis RoPE tables (docs/PROPERTIES.md): per axis (height/width; t/h/w) each
 against the positions the axis spans and the relativity residual, over all frequencies norm
 preservation and the uniqueness of the served rows.
 
-Same conventions as `service.properties.families`: the table route's parameters (vision: but form, which no
+Same conventions as `posenc.service.properties.families`: the table route's parameters (vision: but form, which no
 property depends on; M-RoPE: the same query string and JSON body), curves as tensors, scalars as metadata.
 """
 
@@ -13,22 +13,22 @@ from typing import Any
 
 import numpy as np
 
-from models.dtypes import np_dtype
-from models.properties.axes import MROPE_AXES, VISION_AXES, mrope_properties, vision_properties
-from models.properties.common import check_rows, check_work
-from models.vision_rope import vision_rows
-from service.arrays import Bundle
-from service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields
-from service.tables.mrope import MropeQuery
-from service.tables.png import Curve, Heatmap, Panel
-from service.tables.registry import TableQuery, TensorSpec, register_properties
-from service.tables.vision_rope import VisionRopeQuery
+from posenc.models.dtypes import np_dtype
+from posenc.models.properties.axes import MROPE_AXES, VISION_AXES, mrope_properties, vision_properties
+from posenc.models.properties.common import check_rows, check_work
+from posenc.models.vision_rope import vision_rows
+from posenc.service.arrays import Bundle
+from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields
+from posenc.service.tables.mrope import MropeQuery
+from posenc.service.tables.png import Curve, Heatmap, Panel
+from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
+from posenc.service.tables.vision_rope import VisionRopeQuery
 
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)
 
 
 def axis_specs(freqs: int, pairs: int, axes: tuple[str, ...]) -> dict[str, TensorSpec]:
-    """The per-frequency and per-pair curves of `models.properties.axes.axis_measures`."""
+    """The per-frequency and per-pair curves of `posenc.models.properties.axes.axis_measures`."""
     return {"inv_freq": TensorSpec((freqs,), F32), "wavelength": TensorSpec((freqs,), F64),
             "axis": TensorSpec((freqs,), I64), "completes_turn": TensorSpec((freqs,), BOOL),
             **{f"relativity_residual_{name}": TensorSpec((pairs,), F64) for name in axes},

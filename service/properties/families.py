@@ -2,7 +2,7 @@
 and a summary (docs/PROPERTIES.md).
 
 Each query is the family's table query (same parameters, bounds and defaults) plus the sample size of
-the random measurements; the math is `models.properties`. The curves are the tensors (every wire
+the random measurements; the math is `posenc.models.properties`. The curves are the tensors (every wire
 format, ETag, cache and size limit of the tables); the scalars are the metadata (format=json shows
 them under "metadata"); format=png draws the curves.
 """
@@ -14,21 +14,21 @@ from typing import Any
 import numpy as np
 from pydantic import Field, create_model
 
-from models.dtypes import np_dtype
-from models.properties.bias import alibi_bias_by_offset, alibi_mode_slopes, t5_bucket_curve
-from models.properties.common import MAX_PAIRS, MAX_PROPERTY_ELEMENTS, check_rows, check_work
-from models.properties.rope import context_length, rope_properties
-from models.properties.sinusoidal import sinusoidal_properties
-from models.relative import key_minus_query
-from models.rope import RopeParameters
-from service.arrays import Bundle
-from service.errors import InvalidParameter
-from service.tables.alibi import AlibiBiasQuery
-from service.tables.png import Curve, Heatmap, Panel, Picture, titled
-from service.tables.registry import TableQuery, TensorSpec, register_properties
-from service.tables.rope import RopeQuery
-from service.tables.sinusoidal import SinusoidalQuery
-from service.tables.t5 import T5BucketsQuery
+from posenc.models.dtypes import np_dtype
+from posenc.models.properties.bias import alibi_bias_by_offset, alibi_mode_slopes, t5_bucket_curve
+from posenc.models.properties.common import MAX_PAIRS, MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.rope import context_length, rope_properties
+from posenc.models.properties.sinusoidal import sinusoidal_properties
+from posenc.models.relative import key_minus_query
+from posenc.models.rope import RopeParameters
+from posenc.service.arrays import Bundle
+from posenc.service.errors import InvalidParameter
+from posenc.service.tables.alibi import AlibiBiasQuery
+from posenc.service.tables.png import Curve, Heatmap, Panel, Picture, titled
+from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
+from posenc.service.tables.rope import RopeQuery
+from posenc.service.tables.sinusoidal import SinusoidalQuery
+from posenc.service.tables.t5 import T5BucketsQuery
 
 F64, I64 = np.dtype(np.float64), np.dtype(np.int64)
 Pairs = Field(256, ge=1, le=MAX_PAIRS, description="Random (m, n) pairs of the relativity and norm measurements.")

@@ -9,16 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from models.dtypes import dtype_name
-from models.errors import ParameterError
-from models.properties.bias import t5_bias_by_offset
-from models.properties.learned import check_learned_shape, learned_properties
-from models.t5 import check_t5_weight_shape
-from service.arrays import Bundle, byte_view
-from service.properties.families import PropertiesQuery, T5PropertiesQuery, head_curves, summary
-from service.tables.png import Curve, Heatmap, Panel
-from service.tables.registry import TensorSpec, float_upload, register_properties
-from service.tables.t5 import WEIGHT_BODY
+from posenc.models.dtypes import dtype_name
+from posenc.models.errors import ParameterError
+from posenc.models.properties.bias import t5_bias_by_offset
+from posenc.models.properties.learned import check_learned_shape, learned_properties
+from posenc.models.t5 import check_t5_weight_shape
+from posenc.service.arrays import Bundle, byte_view
+from posenc.service.properties.families import PropertiesQuery, T5PropertiesQuery, head_curves, summary
+from posenc.service.tables.png import Curve, Heatmap, Panel
+from posenc.service.tables.registry import TensorSpec, float_upload, register_properties
+from posenc.service.tables.t5 import WEIGHT_BODY
 
 F64, I64 = np.dtype(np.float64), np.dtype(np.int64)
 

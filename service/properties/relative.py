@@ -2,7 +2,7 @@
 (docs/PROPERTIES.md): DeBERTa's log buckets (`/v1/deberta/buckets`), Shaw et al.'s clipped indices
 (`/v1/relative/clipped`) and XLNet's relative sinusoid (`/v1/relative/sinusoidal`).
 
-Same conventions as `service.properties.families`: the table route's parameters, curves as tensors,
+Same conventions as `posenc.service.properties.families`: the table route's parameters, curves as tensors,
 scalars as metadata, format=png draws the curves.
 """
 
@@ -12,20 +12,20 @@ from typing import ClassVar
 
 import numpy as np
 
-from models.deberta import deberta_buckets, deberta_log_bucket_position
-from models.dtypes import np_dtype
-from models.properties.common import MAX_PROPERTY_ELEMENTS, check_rows, check_work
-from models.properties.relative import TOEPLITZ_BLOCK, index_curve_properties, toeplitz_violation
-from models.properties.xlnet import xlnet_properties
-from models.relative import clipped_relative_indices, key_minus_query
-from models.xlnet import xlnet_rows
-from service.arrays import Bundle
-from service.errors import InvalidParameter
-from service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary
-from service.tables.png import Curve, Heatmap, Panel
-from service.tables.registry import TableQuery, TensorSpec, register_properties
-from service.tables.relative import ClippedQuery, DebertaBucketsQuery, RelativeQuery
-from service.tables.xlnet import XLNetRelativeQuery
+from posenc.models.deberta import deberta_buckets, deberta_log_bucket_position
+from posenc.models.dtypes import np_dtype
+from posenc.models.properties.common import MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.relative import TOEPLITZ_BLOCK, index_curve_properties, toeplitz_violation
+from posenc.models.properties.xlnet import xlnet_properties
+from posenc.models.relative import clipped_relative_indices, key_minus_query
+from posenc.models.xlnet import xlnet_rows
+from posenc.service.arrays import Bundle
+from posenc.service.errors import InvalidParameter
+from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary
+from posenc.service.tables.png import Curve, Heatmap, Panel
+from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
+from posenc.service.tables.relative import ClippedQuery, DebertaBucketsQuery, RelativeQuery
+from posenc.service.tables.xlnet import XLNetRelativeQuery
 
 
 class IndexPropertiesQuery(PropertiesQuery, RelativeQuery):

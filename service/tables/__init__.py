@@ -1,15 +1,15 @@
-"""Table endpoints: one query model per family, registered once (`service.tables.registry.register_table`).
+"""Table endpoints: one query model per family, registered once (`posenc.service.tables.registry.register_table`).
 
 Importing this package registers every table family; `TABLES` maps each path to its `TableRoute`. Every
 module here other than the shared machinery is a family, imported in name order: adding a family is adding
 its module (its query model), its math in models/ and its tests. The properties endpoints register into the
-same map when `service.properties` is imported.
+same map when `posenc.service.properties` is imported.
 """
 
 import importlib
 import pkgutil
 
-from service.tables.registry import TABLES
+from posenc.service.tables.registry import TABLES
 
 # The machinery every family shares; every other module of this package is a family.
 MACHINERY = frozenset({"answer", "cache", "fields", "http", "png", "registry"})

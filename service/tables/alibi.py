@@ -4,12 +4,12 @@ from typing import Annotated
 
 from pydantic import Field
 
-from models.alibi import DEFAULT_ALIBI_BIAS_MAX, AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
-from models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
-from models.dtypes import cast, np_dtype
-from service.arrays import Bundle
-from service.tables.fields import FloatDTypeField
-from service.tables.registry import TableQuery, TensorSpec, register_table
+from posenc.models.alibi import DEFAULT_ALIBI_BIAS_MAX, AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
+from posenc.models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
+from posenc.models.dtypes import cast, np_dtype
+from posenc.service.arrays import Bundle
+from posenc.service.tables.fields import FloatDTypeField
+from posenc.service.tables.registry import TableQuery, TensorSpec, register_table
 
 NumHeads = Annotated[int, Field(ge=1, le=MAX_HEADS, description="Number of attention heads (any count, powers of "
                                                                 "two or not).")]

@@ -1,11 +1,11 @@
 """The one path that answers a table request: checks, canonical key, 304, cache, compute, encode.
 
-`TableRequest.prepare` runs every check on a query (`service.tables.registry.TableQuery`) before
+`TableRequest.prepare` runs every check on a query (`posenc.service.tables.registry.TableQuery`) before
 anything is allocated: tensor selection, format, size limits; then the canonical key (ETag and
 cache), a 304 or a cached body. `TableRequest.complete` computes, encodes and caches a miss.
 
-Nothing here knows HTTP: an `Answer` is delivered by the routes (`service.tables.http`) and by
-`posenc table` (`service.cli.table`), byte for byte the same.
+Nothing here knows HTTP: an `Answer` is delivered by the routes (`posenc.service.tables.http`) and by
+`posenc table` (`posenc.service.cli.table`), byte for byte the same.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from models.dtypes import dtype_name
-from service import __version__
-from service.arrays import (
+from posenc.models.dtypes import dtype_name
+from posenc.service import __version__
+from posenc.service.arrays import (
     FILE_SUFFIX,
     MEDIA_TYPES,
     SINGLE_TENSOR_FORMATS,
@@ -32,13 +32,13 @@ from service.arrays import (
     encode_safetensors,
     raw_headers,
 )
-from service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed, format_bytes
-from service.settings import Settings
-from service.tables.cache import ByteLRUCache, CachedBody
-from service.tables.png import render
+from posenc.service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed, format_bytes
+from posenc.service.settings import Settings
+from posenc.service.tables.cache import ByteLRUCache, CachedBody
+from posenc.service.tables.png import render
 
 if TYPE_CHECKING:  # the registry re-exports this module: it is imported from there only for types
-    from service.tables.registry import TableQuery, TensorSpec
+    from posenc.service.tables.registry import TableQuery, TensorSpec
 
 CACHE_CONTROL = "public, max-age=86400"
 

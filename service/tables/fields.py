@@ -4,7 +4,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from models.dtypes import FloatDType, IntDType
+from posenc.models.dtypes import FloatDType, IntDType
 
 FloatDTypeField = Annotated[
     FloatDType, Field(description="Element type of the float tensors (bfloat16: safetensors and raw only).")

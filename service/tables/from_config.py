@@ -1,5 +1,5 @@
-"""`POST /v1/rope/from-config`: the text model's RoPE (`service.tables.rope.RopeFromConfigQuery`), or the
-vision encoder's 2-D RoPE for Pixtral / Llama 4 vision configs (`service.tables.vision_rope`).
+"""`POST /v1/rope/from-config`: the text model's RoPE (`posenc.service.tables.rope.RopeFromConfigQuery`), or the
+vision encoder's 2-D RoPE for Pixtral / Llama 4 vision configs (`posenc.service.tables.vision_rope`).
 docs/ENCODINGS.md §1.1, §13.
 """
 
@@ -9,12 +9,12 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from models.vision_rope import Tower, vision_rope_from_config
-from service.arrays import Bundle
-from service.errors import InvalidParameter
-from service.tables.registry import TensorSpec, register_table
-from service.tables.rope import RopeFromConfigQuery
-from service.tables.vision_rope import VisionRopeQuery
+from posenc.models.vision_rope import Tower, vision_rope_from_config
+from posenc.service.arrays import Bundle
+from posenc.service.errors import InvalidParameter
+from posenc.service.tables.registry import TensorSpec, register_table
+from posenc.service.tables.rope import RopeFromConfigQuery
+from posenc.service.tables.vision_rope import VisionRopeQuery
 
 
 class FromConfigQuery(RopeFromConfigQuery):

@@ -13,13 +13,13 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from service.arrays import FORMATS, negotiate_format
-from service.budget import MemoryBudget, release_free_memory
-from service.http.bodies import declared_length, read_body
-from service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
-from service.tables import TABLES
-from service.tables.answer import Answer, Pending, TableRequest
-from service.tables.registry import TableQuery, TableRoute, table_routes
+from posenc.service.arrays import FORMATS, negotiate_format
+from posenc.service.budget import MemoryBudget, release_free_memory
+from posenc.service.http.bodies import declared_length, read_body
+from posenc.service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
+from posenc.service.tables import TABLES
+from posenc.service.tables.answer import Answer, Pending, TableRequest
+from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).
 RELEASE_AFTER_BYTES = 16 << 20

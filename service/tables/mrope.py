@@ -4,7 +4,7 @@ docs/ENCODINGS.md §8.
 
 The body is JSON: `segments` (text runs, images, videos), optionally `sequence_length` / `padding_side`,
 or (cos/sin only) explicit `position_ids` [3, S]. The model's parameters are the query string, as for every
-table. The math is `models.mrope`.
+table. The math is `posenc.models.mrope`.
 """
 
 import hashlib
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.bounds import (
+from posenc.models.bounds import (
     DEFAULT_ROPE_THETA,
     MAX_DIM,
     MAX_GRID,
@@ -28,9 +28,9 @@ from models.bounds import (
     MAX_SEQUENCE,
     MAX_THETA,
 )
-from models.dtypes import np_dtype
-from models.errors import ParameterError
-from models.mrope import (
+from posenc.models.dtypes import np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.mrope import (
     DEFAULT_MROPE_SECTION,
     DEFAULT_PADDING_SIDE,
     DEFAULT_SECOND_PER_GRID,
@@ -46,11 +46,11 @@ from models.mrope import (
     mrope_position_ids,
     segment_tokens,
 )
-from models.rope_params import RopeParameters, make_rope_parameters
-from service.arrays import Bundle
-from service.errors import BadRequest, InvalidParameter
-from service.tables.fields import FloatDTypeField, IntDTypeField
-from service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+from posenc.service.arrays import Bundle
+from posenc.service.errors import BadRequest, InvalidParameter
+from posenc.service.tables.fields import FloatDTypeField, IntDTypeField
+from posenc.service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 
 MAX_SEQUENCE_BODY_BYTES = 16 << 20  # explicit position ids of a long sequence: ~3 · 8 digits per token
 

@@ -3,7 +3,7 @@
 A family is one `TableQuery` subclass (a pydantic model: its fields are the query parameters, with
 bounds, defaults and descriptions) registered with `register_table`. The query declares its output
 tensors (`specs`, from the parameters alone) and computes them (`compute`, calling `models/`); the
-shared path in `service.tables.answer` does the rest: format negotiation, tensor selection, size
+shared path in `posenc.service.tables.answer` does the rest: format negotiation, tensor selection, size
 limits before anything is allocated, the canonical key (ETag and cache), 304, the LRU cache and the
 wire encoding. That path's names are importable from here too.
 """
@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from service.arrays import Bundle
-from service.errors import format_bytes  # noqa: F401  (re-exported: it was defined here)
-from service.tables.answer import (  # noqa: F401  (re-exported: the answering path, importable from here too)
+from posenc.service.arrays import Bundle
+from posenc.service.errors import format_bytes  # noqa: F401  (re-exported: it was defined here)
+from posenc.service.tables.answer import (  # noqa: F401  (re-exported: the answering path, importable from here too)
     CACHE_CONTROL,
     Answer,
     Pending,
@@ -31,8 +31,8 @@ from service.tables.answer import (  # noqa: F401  (re-exported: the answering p
     metadata_value,
     validator_headers,
 )
-from service.tables.png import Picture, picture_elements, table_picture
-from service.uploads import decode_float_tensor, upload_request_body
+from posenc.service.tables.png import Picture, picture_elements, table_picture
+from posenc.service.uploads import decode_float_tensor, upload_request_body
 
 
 @dataclass(frozen=True)

@@ -2,18 +2,18 @@
 
 from pydantic import Field
 
-from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_RELATIVE_POSITION, MAX_SEQUENCE
-from models.deberta import (
+from posenc.models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_RELATIVE_POSITION, MAX_SEQUENCE
+from posenc.models.deberta import (
     DEFAULT_DEBERTA_MAX_RELATIVE_POSITIONS,
     DEFAULT_DEBERTA_POSITION_BUCKETS,
     check_deberta_parameters,
     deberta_buckets,
 )
-from models.dtypes import np_dtype
-from models.relative import clipped_relative_indices
-from service.arrays import Bundle
-from service.tables.fields import IntDTypeField
-from service.tables.registry import TableQuery, TensorSpec, register_table
+from posenc.models.dtypes import np_dtype
+from posenc.models.relative import clipped_relative_indices
+from posenc.service.arrays import Bundle
+from posenc.service.tables.fields import IntDTypeField
+from posenc.service.tables.registry import TableQuery, TensorSpec, register_table
 
 
 class RelativeQuery(TableQuery):

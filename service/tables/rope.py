@@ -1,8 +1,8 @@
 """RoPE cos/sin tables: `GET /v1/rope` (parameters in the query) and `POST /v1/rope/from-config`
 (a Hugging Face config.json). docs/ENCODINGS.md §1, §2.
 
-Both resolve to `models.rope.RopeParameters` first (422 naming the parameter), declare cos/sin/
-inv_freq from the resolved parameters (size check before computing) and let `models.rope` do the
+Both resolve to `posenc.models.rope.RopeParameters` first (422 naming the parameter), declare cos/sin/
+inv_freq from the resolved parameters (size check before computing) and let `posenc.models.rope` do the
 math. Parameter names follow transformers so a config can be pasted; which rope_types read each
 scaling parameter comes from the rope_type registry.
 """
@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import Field
 
-from models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SCALE, MAX_THETA
-from models.dtypes import np_dtype
-from models.errors import ParameterError
-from models.rope import (
+from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_CONTEXT, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SCALE, MAX_THETA
+from posenc.models.dtypes import np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.rope import (
     Form,
     Layout,
     RopeParameters,
@@ -25,7 +25,7 @@ from models.rope import (
     rope_cos_sin,
     rope_parameters_from_config,
 )
-from models.rope_types import (
+from posenc.models.rope_types import (
     DEFAULT_ROPE_TYPE,
     ROPE_TYPES,
     YARN_BETA_FAST_DEFAULT,
@@ -35,10 +35,10 @@ from models.rope_types import (
     resolve_variant,
     with_query_defaults,
 )
-from service.arrays import Bundle
-from service.errors import BadRequest, InvalidParameter
-from service.tables.fields import FloatDTypeField
-from service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
+from posenc.service.arrays import Bundle
+from posenc.service.errors import BadRequest, InvalidParameter
+from posenc.service.tables.fields import FloatDTypeField
+from posenc.service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
 MAX_FACTOR_LIST = 1 << 20  # characters of a comma-separated longrope factor list
@@ -277,4 +277,4 @@ register_table("/v1/rope", RopeQuery, summary="RoPE cos/sin table (every transfo
                response_description="Tensors `cos`, `sin` [max_position, rotary_dim] (form=half: rotary_dim/2 "
                                     "columns; proportional: head_dim) in the requested dtype, and `inv_freq` "
                                     "[rotary_dim/2] float32.")
-# /v1/rope/from-config is registered by service.tables.from_config (which adds the vision configs)
+# /v1/rope/from-config is registered by posenc.service.tables.from_config (which adds the vision configs)

@@ -7,9 +7,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
-from models.dtypes import cast, dtype_name, np_dtype
-from models.t5 import (
+from posenc.models.bounds import MAX_BUCKETS, MAX_DISTANCE, MAX_OFFSET, MAX_SEQUENCE
+from posenc.models.dtypes import cast, dtype_name, np_dtype
+from posenc.models.t5 import (
     DEFAULT_T5_MAX_DISTANCE,
     DEFAULT_T5_NUM_BUCKETS,
     check_t5_parameters,
@@ -17,9 +17,9 @@ from models.t5 import (
     t5_bias,
     t5_buckets,
 )
-from service.arrays import Bundle, byte_view
-from service.tables.fields import IntDTypeField
-from service.tables.registry import TableQuery, TensorSpec, float_upload, register_table
+from posenc.service.arrays import Bundle, byte_view
+from posenc.service.tables.fields import IntDTypeField
+from posenc.service.tables.registry import TableQuery, TensorSpec, float_upload, register_table
 
 BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 

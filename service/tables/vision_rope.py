@@ -5,10 +5,10 @@ from typing import Any
 
 from pydantic import Field
 
-from models.bounds import MAX_DIM, MAX_GRID, MAX_THETA
-from models.dtypes import np_dtype
-from models.errors import ParameterError
-from models.vision_rope import (
+from posenc.models.bounds import MAX_DIM, MAX_GRID, MAX_THETA
+from posenc.models.dtypes import np_dtype
+from posenc.models.errors import ParameterError
+from posenc.models.vision_rope import (
     DEFAULT_VISION_ROPE_THETA,
     VISION_DEFAULTS,
     VisionForm,
@@ -18,9 +18,9 @@ from models.vision_rope import (
     vision_layout,
     vision_rows,
 )
-from service.arrays import Bundle
-from service.tables.fields import FloatDTypeField
-from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
+from posenc.service.arrays import Bundle
+from posenc.service.tables.fields import FloatDTypeField
+from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
 
 class VisionRopeQuery(TableQuery):

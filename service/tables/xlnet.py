@@ -4,12 +4,12 @@ from collections.abc import Mapping
 
 from pydantic import Field
 
-from models.bounds import MAX_DIM, MAX_DISTANCE, MAX_SEQUENCE
-from models.dtypes import np_dtype
-from models.xlnet import XLNetAttnType, check_xlnet_parameters, xlnet_relative_sinusoid, xlnet_rows
-from service.arrays import Bundle
-from service.tables.fields import FloatDTypeField
-from service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
+from posenc.models.bounds import MAX_DIM, MAX_DISTANCE, MAX_SEQUENCE
+from posenc.models.dtypes import np_dtype
+from posenc.models.xlnet import XLNetAttnType, check_xlnet_parameters, xlnet_relative_sinusoid, xlnet_rows
+from posenc.service.arrays import Bundle
+from posenc.service.tables.fields import FloatDTypeField
+from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
 
 class XLNetRelativeQuery(TableQuery):

@@ -1,11 +1,11 @@
 """posenc's test kit: what tests, benchmarks and scripts need to drive a real posenc, in one place.
 
-    from service.testing import ServerProcess, LoadGenerator, kserve_request, decode_response
+    from posenc.service.testing import ServerProcess, LoadGenerator, kserve_request, decode_response
 
 * `free_port`, `require_loopback` (ports.py): a free loopback port; everything here stays on this host.
 * `ServerProcess` (server.py): `posenc serve` (or another server command) in a subprocess with POSENC_*
   settings, ready when a path answers 200, its output in a log file, stopped by PID (SIGTERM, then SIGKILL
-  after a bound). `python -m service.testing.serve` starts one for shell scripts.
+  after a bound). `python -m posenc.service.testing.serve` starts one for shell scripts.
 * `kserve_request`, `decode_response` (kserve.py): KServe v2 infer requests, JSON and binary tensors,
   shared-memory inputs and outputs, with datatype names from models/dtypes.py; responses back to arrays.
 * `LoadGenerator` (load.py): bounded closed-loop load over keep-alive connections, every body read.
@@ -18,7 +18,7 @@
 Imports only the standard library, numpy and posenc's own modules: it ships with the service.
 """
 
-from service.testing.http import (
+from posenc.service.testing.http import (
     UnixHTTPConnection,
     http_request,
     read_response,
@@ -26,8 +26,8 @@ from service.testing.http import (
     request_head,
     unix_http_request,
 )
-from service.testing.inputs import attention_inputs
-from service.testing.kserve import (
+from posenc.service.testing.inputs import attention_inputs
+from posenc.service.testing.kserve import (
     HEADER_LENGTH,
     KServeRequest,
     KServeResponse,
@@ -39,10 +39,10 @@ from service.testing.kserve import (
     request_with_header,
     shared_memory_inputs,
 )
-from service.testing.load import HttpRequest, LoadGenerator, LoadResult, Outcome
-from service.testing.ports import LOOPBACK, free_port, require_loopback
-from service.testing.server import ServerProcess, serve_command, serve_env, setting_variable, without_posenc
-from service.testing.shared_memory import (
+from posenc.service.testing.load import HttpRequest, LoadGenerator, LoadResult, Outcome
+from posenc.service.testing.ports import LOOPBACK, free_port, require_loopback
+from posenc.service.testing.server import ServerProcess, serve_command, serve_env, setting_variable, without_posenc
+from posenc.service.testing.shared_memory import (
     SHARED_MEMORY_HEADERS,
     SHARED_MEMORY_KEY,
     SHARED_MEMORY_KEY_HEADER,

@@ -11,7 +11,7 @@ import http.client
 import socket
 from collections.abc import Mapping
 
-from service.testing.ports import LOOPBACK, require_loopback
+from posenc.service.testing.ports import LOOPBACK, require_loopback
 
 Response = tuple[int, dict[str, str], bytes]  # status, lower-cased headers, body
 

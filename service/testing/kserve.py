@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from models.dtypes import BY_KSERVE, lookup
+from posenc.models.dtypes import BY_KSERVE, lookup
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 

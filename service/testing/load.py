@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from service.testing.http import read_response, request_bytes
-from service.testing.ports import LOOPBACK, require_loopback
+from posenc.service.testing.http import read_response, request_bytes
+from posenc.service.testing.ports import LOOPBACK, require_loopback
 
 MAX_SECONDS = 3600.0
 MAX_REQUESTS = 10_000_000

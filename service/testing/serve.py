@@ -1,7 +1,7 @@
 """Start or stop a `posenc serve` for a shell script (scripts/live-server.sh):
 
-    python -m service.testing.serve start --log FILE [--ready /readyz] [--timeout 60] [-- SERVE ARGS...]
-    python -m service.testing.serve stop PID [--timeout 5]
+    python -m posenc.service.testing.serve start --log FILE [--ready /readyz] [--timeout 60] [-- SERVE ARGS...]
+    python -m posenc.service.testing.serve stop PID [--timeout 5]
 
 `start` runs `ServerProcess` with the POSENC_* settings of its own environment on a free loopback port, waits
 until it is ready, prints `PORT PID` and leaves it running (in its own session); when it does not become
@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.testing.server import ServerProcess, kill_group
+from posenc.service.testing.server import ServerProcess, kill_group
 
 
 def _alive(pid: int) -> bool:
@@ -45,7 +45,8 @@ def stop_pid(pid: int, timeout: float) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m service.testing.serve", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m posenc.service.testing.serve",
+                                     description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     start = commands.add_parser("start", help="start posenc serve, wait until ready, print PORT PID")
     start.add_argument("--log", required=True, type=Path, help="the server's output goes here")

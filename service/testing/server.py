@@ -19,11 +19,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-import service
-from service.testing.http import http_request
-from service.testing.ports import LOOPBACK, free_port, require_loopback
+import posenc
+from posenc.service.testing.http import http_request
+from posenc.service.testing.ports import LOOPBACK, free_port, require_loopback
 
-SOURCE_ROOT = Path(service.__file__).resolve().parent.parent  # what holds `service` and `models`
+SOURCE_ROOT = Path(posenc.__file__).resolve().parent.parent  # what holds the `posenc` package
 
 
 def setting_variable(name: str) -> str:
@@ -37,8 +37,8 @@ def setting_value(value: object) -> str:
 
 
 def serve_command(*args: str) -> list[str]:
-    """`python -m service.cli serve ARGS` with this interpreter."""
-    return [sys.executable, "-m", "service.cli", "serve", *args]
+    """`python -m posenc.service.cli serve ARGS` with this interpreter."""
+    return [sys.executable, "-m", "posenc.service.cli", "serve", *args]
 
 
 def serve_env(settings: Mapping[str, object] | None = None, *, base: Mapping[str, str] | None = None,

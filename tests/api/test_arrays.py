@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as safetensors_load
 
-from service.arrays import (
+from posenc.service.arrays import (
     decode_json_tensor,
     encode_json,
     encode_npy,
@@ -18,8 +18,8 @@ from service.arrays import (
     negotiate_format,
     npy_header,
 )
-from service.errors import NotAcceptable
-from service.tables.cache import ByteLRUCache, CachedBody
+from posenc.service.errors import NotAcceptable
+from posenc.service.tables.cache import ByteLRUCache, CachedBody
 
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4), (1, 1, 1, 9)]
 DTYPES = [np.float64, np.float32, np.float16, np.int64, np.int32, np.int8, np.uint8, np.bool_]

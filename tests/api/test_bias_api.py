@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_save
 
-from models.alibi import alibi_bias, alibi_slopes
-from models.deberta import deberta_buckets
-from models.relative import clipped_relative_indices
-from models.t5 import t5_bias, t5_buckets
-from service.arrays import decode_json_tensor
-from service.tables import TABLES
+from posenc.models.alibi import alibi_bias, alibi_slopes
+from posenc.models.deberta import deberta_buckets
+from posenc.models.relative import clipped_relative_indices
+from posenc.models.t5 import t5_bias, t5_buckets
+from posenc.service.arrays import decode_json_tensor
+from posenc.service.tables import TABLES
 from tests.conftest import running_client
 
 # (url, tensor name, expected array)

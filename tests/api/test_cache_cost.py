@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from service.tables.cache import SPELLINGS_PER_ENTRY, ByteLRUCache, CachedBody
+from posenc.service.tables.cache import SPELLINGS_PER_ENTRY, ByteLRUCache, CachedBody
 from tests.conftest import running_client
 
 

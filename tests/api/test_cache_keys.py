@@ -13,9 +13,9 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from models.sinusoidal import sinusoidal_table
-from service.http.app import create_app
-from service.settings import Settings
+from posenc.models.sinusoidal import sinusoidal_table
+from posenc.service.http.app import create_app
+from posenc.service.settings import Settings
 from tests.conftest import running_client
 
 # --- the selected tensor (?tensor=) -----------------------------------------------------------------

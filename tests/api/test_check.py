@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_save
 
-from models.t5 import t5_relative_position_bucket
-from service.uploads import decode_safetensors
+from posenc.models.t5 import t5_relative_position_bucket
+from posenc.service.uploads import decode_safetensors
 from tests.conftest import running_client
 
 Tensors = dict[str, np.ndarray]
@@ -226,7 +226,7 @@ def test_mismatch_agreement_figures(client: TestClient) -> None:
 
 
 def test_npy_upload_names_its_tensor(client: TestClient) -> None:
-    from service.arrays import encode_npy
+    from posenc.service.arrays import encode_npy
 
     golden = fetch(client, f"/v1/rope?{ROPE}")
     r = client.post(f"/v1/check/rope?{ROPE}&tensor=sin", content=encode_npy(golden["sin"]),
@@ -286,17 +286,17 @@ def test_work_bound_is_413_before_the_body(monkeypatch: pytest.MonkeyPatch) -> N
 
 def count_work(monkeypatch: pytest.MonkeyPatch, *paths: str) -> list[str]:
     """What the check routes read and compute from now on: each body read, each table of `paths` computed."""
-    import service.check.routes
-    from service.tables import TABLES
+    import posenc.service.check.routes
+    from posenc.service.tables import TABLES
 
     work: list[str] = []
-    read_body = service.check.routes.read_body
+    read_body = posenc.service.check.routes.read_body
 
     async def counted_read(*args: Any, **kwargs: Any) -> bytes:
         work.append("body read")
         return await read_body(*args, **kwargs)
 
-    monkeypatch.setattr(service.check.routes, "read_body", counted_read)
+    monkeypatch.setattr(posenc.service.check.routes, "read_body", counted_read)
     for path in paths:
         compute = TABLES[path].query.compute
 
@@ -309,8 +309,8 @@ def count_work(monkeypatch: pytest.MonkeyPatch, *paths: str) -> list[str]:
 
 
 def test_every_registered_table_has_a_check_route(client: TestClient) -> None:
-    from service.check.routes import checkable
-    from service.tables import TABLES
+    from posenc.service.check.routes import checkable
+    from posenc.service.tables import TABLES
 
     paths = client.get("/openapi.json").json()["paths"]
     routes = [route for route in TABLES.values() if checkable(route)]
@@ -321,7 +321,7 @@ def test_every_registered_table_has_a_check_route(client: TestClient) -> None:
 
 def test_a_family_without_hypotheses_gets_the_agreement(client: TestClient) -> None:
     """Families registered elsewhere (here M-RoPE, a JSON-bodied POST table) are checkable as they land."""
-    from service.tables import TABLES
+    from posenc.service.tables import TABLES
 
     assert "/v1/rope/mrope" in TABLES
     body = json.dumps({"segments": [{"type": "text", "length": 4}, {"type": "image", "grid_thw": [1, 4, 6]}]})

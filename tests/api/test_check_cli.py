@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models.sinusoidal import sinusoidal_table
-from service.cli.main import main
+from posenc.models.sinusoidal import sinusoidal_table
+from posenc.service.cli.main import main
 from tests.conftest import CHECK_ROPE as ROPE
 
 

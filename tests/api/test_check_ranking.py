@@ -5,8 +5,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
-from models.diagnosis.hypothesis import Hypothesis, Tables
-from service.check.core import rank
+from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
+from posenc.service.check.core import rank
 
 ST = {"Content-Type": "application/x-safetensors"}
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load_file
 
-from service.cli.main import main
+from posenc.service.cli.main import main
 from tests.conftest import running_client
 
 PARAMS = ["max_position=8", "dim=16", "variant=fairseq"]

@@ -10,7 +10,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from service.http.docs import ASSET_PATH, ASSETS
+from posenc.service.http.docs import ASSET_PATH, ASSETS
 
 # src="..." / href="..." and url: '...' / spec-url="..." in the generated pages.
 URL_ATTRIBUTE = re.compile(r"""(?:src|href|spec-url)\s*=\s*["']([^"']+)["']|\burl:\s*["']([^"']+)["']""")

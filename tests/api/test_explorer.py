@@ -6,7 +6,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from service.cli.main import main
+from posenc.service.cli.main import main
 
 
 def test_page_and_assets_are_served_same_origin(client: TestClient) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from service.tables.registry import TableRequest
+from posenc.service.tables.registry import TableRequest
 from tests.conftest import running_client
 
 TABLE_REQUESTS = [
@@ -122,7 +122,7 @@ def test_fast_path_requests_are_counted_under_their_route(client: TestClient) ->
 
 
 def test_liveness_is_answered_before_routing_and_counted(client: TestClient) -> None:
-    from service import __version__
+    from posenc.service import __version__
 
     for _ in range(2):
         r = client.get("/healthz")

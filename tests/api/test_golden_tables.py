@@ -10,7 +10,7 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
-from service import __version__
+from posenc.service import __version__
 from tests.golden_requests import ERROR_REQUESTS, GET_REQUESTS, GOLDEN_FILE, answer, post_requests
 
 GOLDEN = json.loads(GOLDEN_FILE.read_text())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.testing import RequestedOutput, kserve_request
+from posenc.service.testing import RequestedOutput, kserve_request
 from tests.conftest import Request, running_client, send_all
 
 HOSTILE = ["", "0", "-1", "1", "2", "3", "nan", "inf", "-inf", "1e308", "99999999999999999999", "abc", "1.5",

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-import service.budget
-from service.budget import MemoryBudget, release_free_memory
-from service.errors import Unavailable
-from service.http.app import create_app
-from service.settings import Settings
-from service.tables import TABLES
+import posenc.service.budget
+from posenc.service.budget import MemoryBudget, release_free_memory
+from posenc.service.errors import Unavailable
+from posenc.service.http.app import create_app
+from posenc.service.settings import Settings
+from posenc.service.tables import TABLES
 from tests.conftest import running_client
 
 
@@ -154,7 +154,7 @@ def test_a_request_that_fails_inside_its_reservation_does_not_503_the_next(failu
 
 def test_release_free_memory_is_safe_to_call(monkeypatch: pytest.MonkeyPatch) -> None:
     """Safe where there is no glibc (nothing to call), and where there is: see the next test."""
-    monkeypatch.setattr(service.budget, "_LIBC", None)
+    monkeypatch.setattr(posenc.service.budget, "_LIBC", None)
     assert release_free_memory() is None
 
 

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.http.app import create_app
-from service.http.logs import JsonFormatter, log_config
-from service.settings import Settings
+from posenc.service.http.app import create_app
+from posenc.service.http.logs import JsonFormatter, log_config
+from posenc.service.settings import Settings
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs
 

@@ -3,7 +3,7 @@ work from it)."""
 
 from fastapi.testclient import TestClient
 
-from service.arrays import MEDIA_TYPES
+from posenc.service.arrays import MEDIA_TYPES
 
 
 def test_every_error_status_has_the_envelope_schema(client: TestClient) -> None:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.arrays import negotiate_format
-from service.tables.png import Curve, Heatmap, Panel, Picture, render
+from posenc.service.arrays import negotiate_format
+from posenc.service.tables.png import Curve, Heatmap, Panel, Picture, render
 from tests.conftest import running_client
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

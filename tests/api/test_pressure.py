@@ -16,9 +16,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.errors import BadRequest
-from service.inference.kserve import parse_infer_request
-from service.testing import kserve_request
+from posenc.service.errors import BadRequest
+from posenc.service.inference.kserve import parse_infer_request
+from posenc.service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs
 

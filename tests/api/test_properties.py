@@ -1,4 +1,4 @@
-"""Properties of every encoding against independent computations (models.properties), and the
+"""Properties of every encoding against independent computations (posenc.models.properties), and the
 /v1/properties routes (same parameters, formats, ETag and limits as the tables)."""
 
 import io
@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from models.alibi import alibi_slopes
-from models.properties.common import first_collision_position
-from models.properties.learned import learned_properties
-from models.properties.rope import decay_bound, rope_properties
-from models.properties.sinusoidal import sinusoidal_properties
-from models.rope import make_rope_parameters
-from models.sinusoidal import paper_frequencies, sinusoidal_table
-from models.t5 import t5_relative_position_bucket
-from service.arrays import decode_json_tensor
+from posenc.models.alibi import alibi_slopes
+from posenc.models.properties.common import first_collision_position
+from posenc.models.properties.learned import learned_properties
+from posenc.models.properties.rope import decay_bound, rope_properties
+from posenc.models.properties.sinusoidal import sinusoidal_properties
+from posenc.models.rope import make_rope_parameters
+from posenc.models.sinusoidal import paper_frequencies, sinusoidal_table
+from posenc.models.t5 import t5_relative_position_bucket
+from posenc.service.arrays import decode_json_tensor
 from tests.conftest import running_client
 
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from models.rope_types import default_inv_freq
+from posenc.models.rope_types import default_inv_freq
 from tests.api.test_properties import json_tensors
 from tests.conftest import running_client
 

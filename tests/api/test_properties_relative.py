@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from models.properties.relative import toeplitz_violation
-from models.rope_types import default_inv_freq
+from posenc.models.properties.relative import toeplitz_violation
+from posenc.models.rope_types import default_inv_freq
 from tests.api.test_properties import json_tensors
 from tests.conftest import running_client
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models.errors import ParameterError
-from models.rope import inv_freq_and_attention_factor, make_rope_parameters, rope_cos_sin
+from posenc.models.errors import ParameterError
+from posenc.models.rope import inv_freq_and_attention_factor, make_rope_parameters, rope_cos_sin
 
 FORMULA_RTOL = 4e-7  # float32 inv_freq (posenc, as the engines) against the float64 formula
 

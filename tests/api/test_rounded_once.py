@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from models.dtypes import BY_SAFETENSORS
+from posenc.models.dtypes import BY_SAFETENSORS
 from tests.api.test_cache_keys import BASE, _openapi
 from tests.conftest import running_client
 

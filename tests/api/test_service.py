@@ -7,8 +7,8 @@ import pytest
 from fastapi import APIRouter
 from fastapi.testclient import TestClient
 
-from service.http.app import create_app
-from service.settings import Settings
+from posenc.service.http.app import create_app
+from posenc.service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

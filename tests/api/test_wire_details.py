@@ -17,11 +17,11 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from service.arrays import encode_safetensors, negotiate_format
-from service.errors import BadRequest
-from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
-from service.inference.kserve_response import encode_infer_response
-from service.testing import decode_response
+from posenc.service.arrays import encode_safetensors, negotiate_format
+from posenc.service.errors import BadRequest
+from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.testing import decode_response
 
 # --- safetensors header padding -----------------------------------------------------------------------
 

@@ -19,8 +19,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from service.http.server import BACKSTOP_MARGIN_SECONDS
-from service.settings import Settings
+from posenc.service.http.server import BACKSTOP_MARGIN_SECONDS
+from posenc.service.settings import Settings
 from tests.kustomize_lite import render
 
 REPO = Path(__file__).resolve().parents[2]

@@ -94,7 +94,7 @@ def test_every_marker_names_a_table() -> None:
 
 
 def test_configuration_lists_every_setting() -> None:
-    from service.settings import Settings
+    from posenc.service.settings import Settings
 
     table = _reference().render("configuration")
     for name, field in Settings.model_fields.items():
@@ -103,7 +103,7 @@ def test_configuration_lists_every_setting() -> None:
 
 
 def test_configuration_follows_the_settings_descriptions(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
+    from posenc.service.settings import Settings
 
     field = Settings.model_fields["port"]
     monkeypatch.setattr(field, "description", "a description written for this test only")
@@ -111,7 +111,7 @@ def test_configuration_follows_the_settings_descriptions(monkeypatch: pytest.Mon
 
 
 def test_errors_list_every_class_of_the_taxonomy() -> None:
-    from service import errors
+    from posenc.service import errors
 
     table = _reference().render("errors")
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.ServiceError)]
@@ -122,7 +122,7 @@ def test_errors_list_every_class_of_the_taxonomy() -> None:
 
 
 def test_endpoints_list_every_route() -> None:
-    from service.http.app import create_app
+    from posenc.service.http.app import create_app
 
     table = _reference().render("endpoints")
     readme = README.read_text()
@@ -133,7 +133,7 @@ def test_endpoints_list_every_route() -> None:
 
 
 def test_rope_types_list_every_registered_type() -> None:
-    from models.rope_types import ROPE_TYPES
+    from posenc.models.rope_types import ROPE_TYPES
 
     table = _reference().render("rope_types")
     for name, spec in ROPE_TYPES.items():

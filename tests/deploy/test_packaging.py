@@ -1,37 +1,56 @@
-"""A wheel (non-editable install) carries the shipped models and serves them by default."""
+"""The wheel: it carries the shipped models and serves them by default, and everything it installs lives
+under the one name `posenc`, so a project with its own `models` and `service` packages keeps them."""
 
+import shutil
 import subprocess
 import sys
+import sysconfig
 import tomllib
+import venv
 import zipfile
 from pathlib import Path
 
-from service.testing import ServerProcess, http_request
+import pytest
+
+from posenc.service.testing import ServerProcess, http_request
 from tests.infer_utils import ROOT
 
-SHIPPED = "service.shipped_models"
+SHIPPED = "posenc.service.shipped_models"
+WHEEL_SOURCES = ("pyproject.toml", "README.md", "posenc", "service", "models", "onnx")
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # built from a copy of what the wheel is made of: a build/ folder left in the checkout would add its files
+    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    for name in WHEEL_SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, symlinks=True)  # posenc/service, posenc/models
+        else:
+            shutil.copy2(ROOT / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(dist), str(source)], check=True, capture_output=True, timeout=300)
+    (built,) = dist.glob("posenc-*.whl")
+    return built
 
 
 def test_the_package_list_names_every_package() -> None:
     # pyproject lists packages explicitly (the shipped models are mapped from onnx/): none may be forgotten
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(init.parent.relative_to(ROOT).parts)
+    found = {".".join(("posenc", *init.parent.relative_to(ROOT).parts))
              for top in ("service", "models") for init in (ROOT / top).rglob("__init__.py")}
-    assert listed == found | {SHIPPED}
+    assert listed == found | {"posenc", SHIPPED}
 
 
-def test_wheel_serves_the_shipped_models(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True, timeout=300)
-    (wheel,) = (tmp_path / "dist").glob("posenc-*.whl")
+def test_wheel_serves_the_shipped_models(wheel: Path, tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for model in ("rope_attention", "llama3_1_attention"):
-        assert f"service/shipped_models/{model}/model.onnx" in names
-        assert f"service/shipped_models/{model}/config.json" in names
+        assert f"posenc/service/shipped_models/{model}/model.onnx" in names
+        assert f"posenc/service/shipped_models/{model}/config.json" in names
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     # as installed: the package alone on the path, run from elsewhere (no source checkout in sight)
-    code = ("from service.settings import Settings\n"
+    code = ("from posenc.service.settings import Settings\n"
             "settings = Settings()\n"
             "assert settings.model_repository.parts[-2:] == ('service', 'shipped_models'), settings.model_repository\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={"PYTHONPATH": str(site)},
@@ -40,3 +59,48 @@ def test_wheel_serves_the_shipped_models(tmp_path: Path) -> None:
     with ServerProcess(base_env={}, pythonpath=[site], cwd=tmp_path, ready="/readyz", ready_timeout=120) as server:
         assert http_request(server.port, "/readyz")[0] == 200
         assert http_request(server.port, "/v2/models/llama3_1_attention/ready")[0] == 200
+
+
+def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
+    tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"posenc"}
+
+
+# A user's project: its own `models` and `service` packages, and its tests import posenc beside them.
+USER_PACKAGES = {"models/__init__.py": "OWNER = 'the user'\n", "service/__init__.py": "OWNER = 'the user'\n",
+                 "service/settings.py": "DATABASE = 'users.db'\n"}
+USER_CODE = """
+import models, service, service.settings
+import posenc, posenc.models.rope, posenc.service.settings
+from fastapi.testclient import TestClient
+
+assert models.OWNER == service.OWNER == "the user" and service.settings.DATABASE == "users.db"
+assert posenc.models.rope.__file__.startswith(SITE), posenc.models.rope.__file__
+assert posenc.Settings is posenc.service.settings.Settings
+with TestClient(posenc.create_app(posenc.Settings())) as client:
+    answer = client.get("/v1/rope", params={"max_position": 4, "head_dim": 8, "format": "json"})
+    assert answer.status_code == 200, answer.text
+assert models.OWNER == "the user" and "models" not in dir(posenc.service)
+print("both sides import")
+"""
+
+
+def test_the_wheel_beside_a_projects_own_models_and_service(wheel: Path, tmp_path: Path) -> None:
+    # a fresh venv that sees this environment's dependencies (a .pth file: not its site directory, so the
+    # editable install of the checkout is not active there) and gets posenc only from the wheel
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=False)
+    python = env / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    zipfile.ZipFile(wheel).extractall(site)
+    project = tmp_path / "project"
+    for name, text in USER_PACKAGES.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
+        (project / name).write_text(text)
+    (project / "check_imports.py").write_text(f"SITE = {site!r}\n" + USER_CODE)
+    result = subprocess.run([str(python), "check_imports.py"], cwd=project, capture_output=True, text=True,
+                            timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "both sides import"

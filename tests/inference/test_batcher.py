@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from service.errors import Unavailable
-from service.inference.batcher import Batcher
-from service.inference.engine import Engine, run_model
-from service.inference.repository import LoadedModel
-from service.settings import Settings
+from posenc.service.errors import Unavailable
+from posenc.service.inference.batcher import Batcher
+from posenc.service.inference.engine import Engine, run_model
+from posenc.service.inference.repository import LoadedModel
+from posenc.service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 
 

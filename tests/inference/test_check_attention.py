@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from models.diagnosis.attention import AttentionSpec, attention, attention_tolerance
-from service.testing import kserve_request
+from posenc.models.diagnosis.attention import AttentionSpec, attention, attention_tolerance
+from posenc.service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 

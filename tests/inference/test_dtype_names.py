@@ -17,7 +17,7 @@ import tritonclient.http as httpclient
 from fastapi.testclient import TestClient
 from tritonclient.utils import np_to_triton_dtype
 
-from models.dtypes import DTYPES
+from posenc.models.dtypes import DTYPES
 from tests.conftest import running_client
 
 # Open Inference Protocol (KServe v2) tensor data types, "Tensor Data Types" table; BYTES is not served here.

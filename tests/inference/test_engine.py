@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 from fastapi.testclient import TestClient
 
-from service.http.app import create_app
-from service.inference.engine import Engine, run_model
-from service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
-from service.settings import Settings
+from posenc.service.http.app import create_app
+from posenc.service.inference.engine import Engine, run_model
+from posenc.service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
+from posenc.service.settings import Settings
 from tests.infer_utils import REPOSITORY, random_inputs
 
 # Whether this onnxruntime build has the CUDA provider at all (onnxruntime-gpu). It says nothing about a

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from service.errors import BadRequest
-from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
-from service.inference.kserve_response import encode_infer_response
-from service.testing import request_with_header
+from posenc.service.errors import BadRequest
+from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.testing import request_with_header
 
 
 def _binary_body(header: dict, *arrays: np.ndarray, extra: bytes = b"") -> tuple[bytes, str]:

@@ -13,14 +13,14 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.budget import MemoryBudget
-from service.inference.batcher import Batcher
-from service.inference.devices import CPU, CUDA, process_memory_bytes
-from service.inference.engine import Engine, run_model
-from service.inference.repository import LoadedModel, _with_options
-from service.inference.run_bound import AttentionCost, default_run_bytes
-from service.settings import Settings
-from service.testing import kserve_request
+from posenc.service.budget import MemoryBudget
+from posenc.service.inference.batcher import Batcher
+from posenc.service.inference.devices import CPU, CUDA, process_memory_bytes
+from posenc.service.inference.engine import Engine, run_model
+from posenc.service.inference.repository import LoadedModel, _with_options
+from posenc.service.inference.run_bound import AttentionCost, default_run_bytes
+from posenc.service.settings import Settings
+from posenc.service.testing import kserve_request
 from tests.conftest import running_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -82,7 +82,7 @@ def test_llama3_1_at_8192_is_413_under_the_default_bound_never_500(monkeypatch: 
     """One row needs 17 GB of scores: with the default bound (a quarter of RAM) on a machine of 32 GiB it is
     refused before running. The RAM figure is set, so the 413 path runs on machines of any size."""
     ram = 32 << 30
-    monkeypatch.setattr("service.inference.run_bound.process_memory_bytes", lambda: ram)
+    monkeypatch.setattr("posenc.service.inference.run_bound.process_memory_bytes", lambda: ram)
     limit = default_run_bytes(on_cuda=False)
     assert limit == ram // 4 < AttentionCost(32).run_bytes(1, 8192)
     inputs = random_inputs(32, 8, 128, 1, 8192)  # 201 MB of binary tensors

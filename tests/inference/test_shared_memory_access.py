@@ -17,14 +17,21 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.errors import BadRequest, Forbidden, PayloadTooLarge
-from service.http.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
-from service.http.unix import Peer
-from service.inference.kserve import ShmRef
-from service.inference.shared_memory import Region, SharedMemoryRegistry
-from service.inference.shared_memory_guard import may_access
-from service.settings import Settings
-from service.testing import RequestedOutput, SharedMemory, kserve_request, memfd_key, sealed_memfd, shared_memory_inputs
+from posenc.service.errors import BadRequest, Forbidden, PayloadTooLarge
+from posenc.service.http.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
+from posenc.service.http.unix import Peer
+from posenc.service.inference.kserve import ShmRef
+from posenc.service.inference.shared_memory import Region, SharedMemoryRegistry
+from posenc.service.inference.shared_memory_guard import may_access
+from posenc.service.settings import Settings
+from posenc.service.testing import (
+    RequestedOutput,
+    SharedMemory,
+    kserve_request,
+    memfd_key,
+    sealed_memfd,
+    shared_memory_inputs,
+)
 from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
@@ -214,8 +221,8 @@ def test_registered_bytes_are_bounded(shm_path: Path) -> None:
 
 DESCRIPTOR_LIMIT_SCRIPT = """
 import json, os, resource, sys
-from service.errors import ServiceError
-from service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.errors import ServiceError
+from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from tests.conftest import TRUSTED
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 open_before = len(os.listdir("/proc/self/fd"))

@@ -15,14 +15,21 @@ import numpy as np
 import pytest
 from starlette.requests import ClientDisconnect
 
-import service.inference.engine as engine_module
-from service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
-from service.http.bodies import ALIGNMENT, read_aligned_body
-from service.inference.engine import Engine
-from service.inference.kserve import ShmRef, parse_infer_request
-from service.inference.repository import LoadedModel
-from service.inference.shared_memory import SharedMemoryRegistry
-from service.testing import RequestedOutput, SharedMemory, kserve_request, memfd_key, sealed_memfd, shared_memory_inputs
+import posenc.service.inference.engine as engine_module
+from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
+from posenc.service.http.bodies import ALIGNMENT, read_aligned_body
+from posenc.service.inference.engine import Engine
+from posenc.service.inference.kserve import ShmRef, parse_infer_request
+from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.testing import (
+    RequestedOutput,
+    SharedMemory,
+    kserve_request,
+    memfd_key,
+    sealed_memfd,
+    shared_memory_inputs,
+)
 from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 

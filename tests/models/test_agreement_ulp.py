@@ -7,7 +7,7 @@ The expected spacing is numpy's own `np.spacing` of the reference value: no code
 import numpy as np
 import pytest
 
-from models.diagnosis.agreement import compare, default_tolerance
+from posenc.models.diagnosis.agreement import compare, default_tolerance
 
 # exact powers of two (the binade starts at the value), values inside a binade, negative values
 MAGNITUDES = (1.0, 2.0, 0.25, 1024.0, -0.5, 1.5, 3.0, 0.7, 1000.3, 1e-3, -0.3, 6.1e4)

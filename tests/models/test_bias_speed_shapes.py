@@ -19,11 +19,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import models.relative
-from models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
-from models.dtypes import np_dtype
-from models.relative import PER_OFFSET_BLOCK, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
-from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+import posenc.models.relative
+from posenc.models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
+from posenc.models.dtypes import np_dtype
+from posenc.models.relative import PER_OFFSET_BLOCK, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
+from posenc.models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
 from tests.memory_utils import traced_peak
 
 HEADS = (1, 3, 8, 12, 71)
@@ -39,8 +39,8 @@ BLOCKS = (None, 1, 40)
 def block(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
     """Run with `PER_OFFSET_BLOCK` set to the parameter (head_blocks reads it at call time)."""
     if request.param is not None:
-        monkeypatch.setattr(models.relative, "PER_OFFSET_BLOCK", request.param)
-    yield models.relative.PER_OFFSET_BLOCK
+        monkeypatch.setattr(posenc.models.relative, "PER_OFFSET_BLOCK", request.param)
+    yield posenc.models.relative.PER_OFFSET_BLOCK
 
 
 def layout(per_offset: np.ndarray, q: int, k: int) -> np.ndarray:
@@ -195,7 +195,7 @@ class TooMuchPython(Exception):
 def vectorised(function: Callable[..., np.ndarray], *args: Any, **kwargs: Any) -> np.ndarray:
     """`function(*args, **kwargs)`, failing the test if it executed more than MAX_PYTHON_LINES lines of models/
     code (traced with sys.settrace, stopped as soon as it passes them)."""
-    models_dir = str(Path(models.relative.__file__).parent) + os.sep
+    models_dir = str(Path(posenc.models.relative.__file__).parent) + os.sep
     lines = 0
 
     def count(frame: FrameType, event: str, arg: object) -> Callable[..., object]:

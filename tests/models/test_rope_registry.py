@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models.diagnosis.rope import RopeTable, rope_hypotheses
-from models.errors import ParameterError
-from models.rope import rope_cos_sin
-from models.rope_config import rope_parameters_from_config
-from models.rope_frequencies import linear_inv_freq
-from models.rope_params import RopeParameters, make_rope_parameters
-from models.rope_types import ROPE_TYPES, RopeTypeSpec, rope_type_spec
+from posenc.models.diagnosis.rope import RopeTable, rope_hypotheses
+from posenc.models.errors import ParameterError
+from posenc.models.rope import rope_cos_sin
+from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_frequencies import linear_inv_freq
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+from posenc.models.rope_types import ROPE_TYPES, RopeTypeSpec, rope_type_spec
 
 HEAD_DIM = 16  # 8 frequencies
 ROWS = 300  # past MAX_POSITION_EMBEDDINGS: the batch-dependent types switch to their long-context form

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.cli.main import main as posenc_main
+from posenc.service.cli.main import main as posenc_main
 from tests.conftest import running_client
 from tests.infer_utils import random_inputs, run, session
 

@@ -15,11 +15,11 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_po
 from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
 from transformers.models.t5.modeling_t5 import T5Attention
 
-from models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
-from models.deberta import deberta_buckets, deberta_log_bucket_position
-from models.errors import ParameterError
-from models.relative import clipped_relative_indices
-from models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
+from posenc.models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slopes
+from posenc.models.deberta import deberta_buckets, deberta_log_bucket_position
+from posenc.models.errors import ParameterError
+from posenc.models.relative import clipped_relative_indices
+from posenc.models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
 from tests.memory_utils import traced_peak
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,

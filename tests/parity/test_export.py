@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply
 from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
 
-from models.export_onnx import (
+from posenc.models.export_onnx import (
     IR_VERSION,
     ExportError,
     ExportSpec,
@@ -24,8 +24,8 @@ from models.export_onnx import (
     export,
     op_counts,
 )
-from models.rope import make_rope_parameters
-from service.cli.main import main as posenc_main
+from posenc.models.rope import make_rope_parameters
+from posenc.service.cli.main import main as posenc_main
 from tests.infer_utils import REPOSITORY, random_inputs, run, session
 
 # Graphs built here by hand carry the exporter's IR version: helper.make_model would stamp the installed
@@ -46,7 +46,7 @@ GRID = [
 ]
 
 
-# Rope types beyond default/llama3: exported and compared when models.rope supports them.
+# Rope types beyond default/llama3: exported and compared when posenc.models.rope supports them.
 EXTRA_TYPES = [
     ("linear", {"rope_type": "linear", "factor": 4.0}),
     ("dynamic", {"rope_type": "dynamic", "factor": 2.0}),

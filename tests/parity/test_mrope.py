@@ -19,9 +19,9 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLModel, Qwen2VL
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLModel, Qwen3VLTextRotaryEmbedding
 
-from models.errors import ParameterError
-from models.mrope import Segment, SegmentKind, mrope_cos_sin, mrope_position_ids, segment_tokens
-from models.rope_params import make_rope_parameters
+from posenc.models.errors import ParameterError
+from posenc.models.mrope import Segment, SegmentKind, mrope_cos_sin, mrope_position_ids, segment_tokens
+from posenc.models.rope_params import make_rope_parameters
 from tests.rope_reference import cos_sin_tolerance
 
 MODELS: dict[str, Any] = {"qwen2_vl": Qwen2VLModel, "qwen2_5_vl": Qwen2_5_VLModel, "qwen3_vl": Qwen3VLModel}

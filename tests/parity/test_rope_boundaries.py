@@ -18,7 +18,7 @@ from safetensors.numpy import load as safetensors_load
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
-from models.rope import inv_freq_and_attention_factor, make_rope_parameters
+from posenc.models.rope import inv_freq_and_attention_factor, make_rope_parameters
 from tests.rope_reference import assert_inv_freq_close, llama_config
 
 # (rope_theta, head_dim, llama3 parameters, which boundary, index of the frequency that lies on it).

@@ -13,15 +13,15 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
-from models.errors import ParameterError
-from models.rope import (
+from posenc.models.errors import ParameterError
+from posenc.models.rope import (
     RopeParameters,
     inv_freq_and_attention_factor,
     make_rope_parameters,
     rope_cos_sin,
     rope_parameters_from_config,
 )
-from models.rope import yarn_correction_range as correction_range
+from posenc.models.rope import yarn_correction_range as correction_range
 from tests.rope_reference import (
     MODEL_CONFIGS,
     assert_inv_freq_close,

@@ -9,8 +9,8 @@ from transformers.models.m2m_100.modeling_m2m_100 import M2M100SinusoidalPositio
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 from transformers.models.xlm.modeling_xlm import create_sinusoidal_embeddings
 
-from models.errors import ParameterError
-from models.sinusoidal import sinusoidal_table
+from posenc.models.errors import ParameterError
+from posenc.models.sinusoidal import sinusoidal_table
 
 # References that compute in float64 and cast to float32 agree with ours to float32 rounding (<= 1 ulp).
 F32_ROUNDING = 1.2e-7

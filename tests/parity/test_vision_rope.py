@@ -16,8 +16,8 @@ from transformers.models.llama4.modeling_llama4 import Llama4VisionRotaryEmbeddi
 from transformers.models.pixtral.configuration_pixtral import PixtralVisionConfig
 from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding
 
-from models.errors import ParameterError
-from models.vision_rope import vision_cos_sin, vision_positions
+from posenc.models.errors import ParameterError
+from posenc.models.vision_rope import vision_cos_sin, vision_positions
 from tests.rope_reference import cos_sin_tolerance
 
 

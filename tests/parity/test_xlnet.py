@@ -13,9 +13,9 @@ import pytest
 from safetensors.numpy import load as load_safetensors
 from transformers.models.xlnet.modeling_xlnet import XLNetModel
 
-from models.errors import ParameterError
-from models.rope_types import default_inv_freq
-from models.xlnet import xlnet_distances, xlnet_relative_sinusoid
+from posenc.models.errors import ParameterError
+from posenc.models.rope_types import default_inv_freq
+from posenc.models.xlnet import xlnet_distances, xlnet_relative_sinusoid
 from tests.rope_reference import cos_sin_tolerance
 
 

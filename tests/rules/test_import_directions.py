@@ -1,7 +1,7 @@
 """The import directions of the code base, read from the source with `ast` (imports at any level, inside
 functions too): models never imports service; the tables, properties and check rooms never import inference;
-inference never imports tables or properties; only service.http knows the app; the CLI imports no route
-module and no CLI module imports itself back; nothing in service/ imports the test kit service.testing.
+inference never imports tables or properties; only posenc.service.http knows the app; the CLI imports no route
+module and no CLI module imports itself back; nothing in service/ imports the test kit posenc.service.testing.
 
 Each rule is also run on a planted violation, so none of them can pass by finding nothing to look at."""
 
@@ -19,7 +19,7 @@ from tests.infer_utils import ROOT
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # dotted: service.tables.rope
+    name: str  # dotted: posenc.service.tables.rope
     path: Path
     tree: ast.Module
 
@@ -51,7 +51,7 @@ def load_modules(root: Path, packages: tuple[str, ...] = ("models", "service")) 
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
             parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            name = ".".join(("posenc", *(parts[:-1] if parts[-1] == "__init__" else parts)))
             modules.append(Module(name, path, ast.parse(path.read_text(), filename=str(path))))
     return modules
 
@@ -69,19 +69,20 @@ def _forbidden(modules: list[Module], rooms: tuple[str, ...], banned: tuple[str,
 
 
 def models_never_import_service(modules: list[Module]) -> list[str]:
-    return list(_forbidden(modules, ("models",), ("service",)))
+    return list(_forbidden(modules, ("posenc.models",), ("posenc.service",)))
 
 
 def tables_properties_check_never_import_inference(modules: list[Module]) -> list[str]:
-    return list(_forbidden(modules, ("service.tables", "service.properties", "service.check"),
-                           ("service.inference",)))
+    return list(_forbidden(modules, ("posenc.service.tables", "posenc.service.properties", "posenc.service.check"),
+                           ("posenc.service.inference",)))
 
 
 def inference_never_imports_tables(modules: list[Module]) -> list[str]:
-    return list(_forbidden(modules, ("service.inference",), ("service.tables", "service.properties")))
+    return list(_forbidden(modules, ("posenc.service.inference",),
+                           ("posenc.service.tables", "posenc.service.properties")))
 
 
-APP_MODULES = ("service.http.app",)  # the factory: create_app, app_from_env
+APP_MODULES = ("posenc.service.http.app",)  # the factory: create_app, app_from_env
 APP_NAMES = {("fastapi", "FastAPI"), ("fastapi.applications", "FastAPI")}
 
 
@@ -97,7 +98,7 @@ def _touches_app(node: ast.AST) -> bool:
 def only_http_knows_the_app(modules: list[Module]) -> list[str]:
     found = []
     for module in modules:
-        if within(module.name, "service.http"):
+        if within(module.name, "posenc.service.http"):
             continue
         names = module.imported_names()
         found += [f"{module.name} imports {m}.{n}" for m, n in sorted(names & APP_NAMES)]
@@ -117,11 +118,11 @@ def route_modules(modules: list[Module]) -> set[str]:
 def cli_imports_no_route_module(modules: list[Module]) -> list[str]:
     routes = route_modules(modules)
     return [f"{module.name} imports the route module {target}" for module in modules
-            if within(module.name, "service.cli") for target in sorted(module.imports()) if target in routes]
+            if within(module.name, "posenc.service.cli") for target in sorted(module.imports()) if target in routes]
 
 
 def cli_has_no_import_circle(modules: list[Module]) -> list[str]:
-    cli = {m.name: m for m in modules if within(m.name, "service.cli")}
+    cli = {m.name: m for m in modules if within(m.name, "posenc.service.cli")}
     graph = {name: {t for t in module.imports() if t in cli and t != name} for name, module in cli.items()}
     circles = []
 
@@ -140,8 +141,8 @@ def cli_has_no_import_circle(modules: list[Module]) -> list[str]:
 
 
 def service_never_imports_the_test_kit(modules: list[Module]) -> list[str]:
-    return [line for line in _forbidden(modules, ("service",), ("service.testing",))
-            if not within(line.split()[0], "service.testing")]
+    return [line for line in _forbidden(modules, ("posenc.service",), ("posenc.service.testing",))
+            if not within(line.split()[0], "posenc.service.testing")]
 
 
 RULES = [models_never_import_service, tables_properties_check_never_import_inference, inference_never_imports_tables,
@@ -156,10 +157,11 @@ def modules() -> list[Module]:
 
 def test_the_tree_holds_the_rooms_the_rules_name(modules: list[Module]) -> None:
     names = {m.name for m in modules}
-    for room in ("models", "service.http", "service.tables", "service.properties", "service.check",
-                 "service.inference", "service.cli"):
+    for room in ("posenc.models", "posenc.service.http", "posenc.service.tables", "posenc.service.properties",
+                 "posenc.service.check", "posenc.service.inference", "posenc.service.cli"):
         assert room in names, f"{room} is gone: the import rules below would check nothing there"
-    assert {"service.tables.http", "service.check.routes", "service.inference.routes"} <= route_modules(modules)
+    routes = {"posenc.service.tables.http", "posenc.service.check.routes", "posenc.service.inference.routes"}
+    assert routes <= route_modules(modules)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.__name__)
@@ -170,23 +172,22 @@ def test_import_direction(modules: list[Module], rule: object) -> None:
 
 # One planted violation per rule: the module that breaks it, and its source.
 PLANTED = {
-    models_never_import_service: ("models/planted.py", "def f():\n    from service.errors import BadRequest\n"),
+    models_never_import_service: ("models/planted.py", "def f():\n    from posenc.service.errors import BadRequest\n"),
     tables_properties_check_never_import_inference: (
         "service/check/planted.py", "from ..inference import engine\n"),
-    inference_never_imports_tables: ("service/inference/planted.py", "import service.tables.registry\n"),
+    inference_never_imports_tables: ("service/inference/planted.py", "import posenc.service.tables.registry\n"),
     only_http_knows_the_app: ("service/tables/planted.py",
                               "async def route(request):\n    return request.app.state.settings\n"),
     cli_imports_no_route_module: ("service/cli/planted.py",
-                                  "def f():\n    from service.check.routes import CHECK_FORMATS\n"),
-    cli_has_no_import_circle: ("service/cli/common.py", "from service.cli import main\n"),
-    service_never_imports_the_test_kit: ("service/tables/planted.py", "from service.testing import kit\n"),
+                                  "def f():\n    from posenc.service.check.routes import CHECK_FORMATS\n"),
+    cli_has_no_import_circle: ("service/cli/common.py", "from posenc.service.cli import main\n"),
+    service_never_imports_the_test_kit: ("service/tables/planted.py", "from posenc.service.testing import kit\n"),
 }
 
 
 def _planted(modules: list[Module], path: str, source: str) -> list[Module]:
     """The tree with `source` added to the module at `path` (a new module where there is none)."""
-    parts = Path(path).with_suffix("").parts
-    name = ".".join(parts)
+    name = ".".join(("posenc", *Path(path).with_suffix("").parts))
     original = next((m for m in modules if m.name == name), None)
     text = (original.path.read_text() if original else "") + source
     return [m for m in modules if m.name != name] + [Module(name, ROOT / path, ast.parse(text))]
@@ -199,3 +200,35 @@ def test_each_rule_finds_a_planted_violation(modules: list[Module], rule: object
     found = rule(_planted(modules, path, source))
     assert found, f"{rule.__name__} missed {source!r} in {path}"
     assert all("planted" in line or "cli" in line for line in found), found
+
+
+# Folders whose Python files import the code base: they must reach it through `posenc` only. A bare `models`
+# or `service` would be this checkout's folder, not the installed package, and a project of the same name
+# would shadow it.
+IMPORTING_FOLDERS = ("service", "models", "posenc", "tests", "bench", "scripts", "docs")
+
+
+def bare_top_level_imports(root: Path) -> list[str]:
+    found = []
+    for folder in IMPORTING_FOLDERS:
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.resolve() != path.absolute():  # posenc/service, posenc/models: read once, in their folders
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            targets = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+            targets |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                        and node.level == 0}
+            found += [f"{path.relative_to(root)} imports {target}" for target in sorted(targets)
+                      if target.split(".")[0] in {"models", "service"}]
+    return found
+
+
+def test_the_code_base_is_imported_through_posenc_only() -> None:
+    assert bare_top_level_imports(ROOT) == []
+
+
+def test_a_bare_import_is_found(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "planted.py").write_text("from service.settings import Settings\nimport models.rope\n")
+    assert bare_top_level_imports(tmp_path) == ["tests/planted.py imports models.rope",
+                                                "tests/planted.py imports service.settings"]

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
-from service.cli.main import main as posenc_main
+from posenc.service.cli.main import main as posenc_main
 from tests.infer_utils import ROOT
 
 
 def test_service_runs_without_importing_torch() -> None:
     code = ("import sys\n"
             "from fastapi.testclient import TestClient\n"
-            "from service.http.app import create_app\n"
-            "from service.cli.main import build_parser\n"
+            "from posenc.service.http.app import create_app\n"
+            "from posenc.service.cli.main import build_parser\n"
             "with TestClient(create_app()) as c:\n"
             "    assert c.get('/v2/health/ready').status_code == 200\n"
             "build_parser().parse_args(['export', '--defaults'])\n"
@@ -27,8 +27,8 @@ def test_service_runs_without_importing_torch() -> None:
 def test_export_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch → ImportError
-    for name in ("models.export_onnx", "models.rope_attention"):
+    for name in ("posenc.models.export_onnx", "posenc.models.rope_attention"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.delattr("models.export_onnx", raising=False)
+    monkeypatch.delattr("posenc.models.export_onnx", raising=False)
     assert posenc_main(["export", "--defaults", "--repository", "/nonexistent"]) == 2
     assert "posenc[export]" in capsys.readouterr().err

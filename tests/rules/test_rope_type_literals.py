@@ -9,7 +9,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from models.rope_types import CONFIG_ALIASES, ROPE_TYPES
+from posenc.models.rope_types import CONFIG_ALIASES, ROPE_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRY = "models/rope_types.py"
@@ -67,7 +67,7 @@ def test_the_registry_itself_names_every_type() -> None:
 
 
 def test_the_api_offers_the_registry_types() -> None:
-    from service.tables.rope import RopeQuery
+    from posenc.service.tables.rope import RopeQuery
 
     offered = RopeQuery.model_json_schema()["properties"]["rope_type"]["enum"]
     assert offered == [name for name, spec in ROPE_TYPES.items() if not spec.engine_variant]

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.testing import ServerProcess
+from posenc.service.testing import ServerProcess
 
 
 @pytest.fixture(scope="module")

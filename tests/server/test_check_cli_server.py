@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli.main import main
+from posenc.service.cli.main import main
 from tests.conftest import CHECK_ROPE as ROPE
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from service.testing import kserve_request, request_head
+from posenc.service.testing import kserve_request, request_head
 from tests.infer_utils import random_inputs
 from tests.server.test_shutdown import running_server
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.testing import ServerProcess, http_request
+from posenc.service.testing import ServerProcess, http_request
 
 LIMIT = 16 * 1024
 
@@ -63,7 +63,7 @@ def test_a_head_under_the_limit_is_served(server: ServerProcess) -> None:
 
 def test_bodies_do_not_count_as_head(server: ServerProcess) -> None:
     """A whole request (head and a body six times the limit) in one read, twice on one connection: served."""
-    from service.testing import RequestedOutput, attention_inputs, kserve_request, request_bytes
+    from posenc.service.testing import RequestedOutput, attention_inputs, kserve_request, request_bytes
 
     request = kserve_request(attention_inputs(8, 8, 64, 1, 16), outputs=[RequestedOutput("output", binary=True)])
     assert len(request.body) > 6 * LIMIT

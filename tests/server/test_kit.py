@@ -1,4 +1,4 @@
-"""The test kit itself (service.testing): its KServe requests agree with the service's codec for every dtype,
+"""The test kit itself (posenc.service.testing): its KServe requests agree with the service's codec for every dtype,
 its load is bounded and stays on loopback, its servers report a failed start and are stopped within a bound."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
-from models.dtypes import DTYPES, DType
-from service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
-from service.inference.kserve_response import encode_infer_response
-from service.testing import (
+from posenc.models.dtypes import DTYPES, DType
+from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.testing import (
     HttpRequest,
     LoadGenerator,
     ServerProcess,

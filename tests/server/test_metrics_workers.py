@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.mmap_dict import MmapedDict
 
-from service.testing import ServerProcess
+from posenc.service.testing import ServerProcess
 
 ROUTE = "/v1/alibi/slopes"
 TABLE = f"{ROUTE}?num_heads=8&format=raw"

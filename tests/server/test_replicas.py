@@ -16,7 +16,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from service.testing import decode_response, http_request, kserve_request
+from posenc.service.testing import decode_response, http_request, kserve_request
 from tests.golden_requests import ERROR_REQUESTS, GET_REQUESTS, post_requests
 from tests.infer_utils import random_inputs
 from tests.server.test_shutdown import running_server

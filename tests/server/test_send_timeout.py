@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from service.testing import ServerProcess, http_request, request_bytes
+from posenc.service.testing import ServerProcess, http_request, request_bytes
 
 TIMEOUT = 1.5
 BIG = "/v1/alibi/bias?num_heads=16&query_length=1024&key_length=1024&format=raw&alibi_bias_max=7.5"  # 64 MiB

@@ -8,8 +8,8 @@ import urllib.request
 import numpy as np
 import pytest
 
-from models.sinusoidal import sinusoidal_table
-from service.testing import free_port, serve_command, serve_env
+from posenc.models.sinusoidal import sinusoidal_table
+from posenc.service.testing import free_port, serve_command, serve_env
 
 
 def test_safetensors_header_is_plain_json(server: str) -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from service.testing import serve_command, serve_env
+from posenc.service.testing import serve_command, serve_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_bad_variable_exits_2_naming_it(variable: str, value: str) -> None:
 
 
 def test_settings_or_exit_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from service.cli.common import settings_or_exit
+    from posenc.service.cli.common import settings_or_exit
 
     monkeypatch.setenv("POSENC_MAX_TABLE_BYTES", "lots")
     with pytest.raises(SystemExit) as exc:
@@ -34,7 +34,7 @@ def test_settings_or_exit_in_process(monkeypatch: pytest.MonkeyPatch, capsys: py
 
 
 def test_good_log_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.settings import Settings
+    from posenc.service.settings import Settings
 
     monkeypatch.setenv("POSENC_LOG_FORMAT", "json")
     monkeypatch.setenv("POSENC_ACCESS_LOG", "false")

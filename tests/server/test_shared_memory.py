@@ -15,8 +15,8 @@ import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
-from models.dtypes import lookup
-from service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
+from posenc.models.dtypes import lookup
+from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"

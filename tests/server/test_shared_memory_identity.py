@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.testing import (
+from posenc.service.testing import (
     SHARED_MEMORY_HEADERS,
     RequestedOutput,
     ServerProcess,

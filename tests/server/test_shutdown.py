@@ -20,7 +20,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from service.testing import ServerProcess, http_request, request_head
+from posenc.service.testing import ServerProcess, http_request, request_head
 
 HEADER_TIMEOUT, BODY_TIMEOUT, KEEP_ALIVE = 1.5, 1.0, 0.5
 SLACK = 2.0  # scheduling margin on a busy 2-core machine

@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from service.testing import ServerProcess
+from posenc.service.testing import ServerProcess
 from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"
