@@ -14,16 +14,56 @@ from typing import TYPE_CHECKING, Any
 from posenc.service import __version__
 
 if TYPE_CHECKING:
+    from posenc.service.client import (
+        AsyncClient,
+        BadRequestError,
+        Client,
+        InvalidParameterError,
+        NotAcceptableError,
+        NotFoundError,
+        PayloadTooLargeError,
+        PosencError,
+        Table,
+        UnavailableError,
+    )
     from posenc.service.http.app import create_app
+    from posenc.service.http.in_process import table
     from posenc.service.settings import Settings
 
-# public name -> the module that defines it
+# public name -> the module that defines it (docs/python.md lists them; the client's other errors are in
+# posenc.client)
 _PUBLIC: dict[str, str] = {
     "create_app": "posenc.service.http.app",
     "Settings": "posenc.service.settings",
+    "table": "posenc.service.http.in_process",
+    "Client": "posenc.service.client",
+    "AsyncClient": "posenc.service.client",
+    "Table": "posenc.service.client",
+    "PosencError": "posenc.service.client",
+    "BadRequestError": "posenc.service.client",
+    "InvalidParameterError": "posenc.service.client",
+    "NotFoundError": "posenc.service.client",
+    "NotAcceptableError": "posenc.service.client",
+    "PayloadTooLargeError": "posenc.service.client",
+    "UnavailableError": "posenc.service.client",
 }
 
-__all__ = ["Settings", "__version__", "create_app"]
+__all__ = [  # the names of _PUBLIC (tests/api/test_python_api.py keeps them equal)
+    "AsyncClient",
+    "BadRequestError",
+    "Client",
+    "InvalidParameterError",
+    "NotAcceptableError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PosencError",
+    "Settings",
+    "Table",
+    "UnavailableError",
+    "__version__",
+    "create_app",
+    "table",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -175,15 +175,7 @@ def decode_safetensors(body: bytes, name: str = "weight") -> np.ndarray:
     duplicate keys, known dtype codes, non-negative integer shapes, and data_offsets that match
     prod(shape) · itemsize and tile the data buffer from 0 to its end without holes or overlaps.
     """
-    if len(body) < 8:
-        raise BadRequest(f"safetensors: truncated: {len(body)} bytes, the header length field alone is 8")
-    (header_len,) = struct.unpack_from("<Q", body, 0)
-    if header_len > min(len(body) - 8, MAX_SAFETENSORS_HEADER):
-        raise BadRequest(f"safetensors: header length {header_len} exceeds the body ({len(body) - 8} bytes "
-                         f"after the length field) or the {MAX_SAFETENSORS_HEADER}-byte limit")
-    header = _safetensors_header(body[8:8 + header_len])
-    data = memoryview(body)[8 + header_len:]
-    entries = _checked_entries(header, len(data))
+    entries, data, _ = _safetensors_parts(body)
     if name in entries:
         chosen = name
     elif len(entries) == 1:
@@ -191,7 +183,34 @@ def decode_safetensors(body: bytes, name: str = "weight") -> np.ndarray:
     else:
         raise BadRequest(f"safetensors: no tensor named {name!r} and not exactly one tensor; found "
                          + (", ".join(sorted(entries)) or "none"))
-    dtype, shape, (begin, _end) = entries[chosen]
+    return _entry_array(data, entries[chosen])
+
+
+def decode_safetensors_bundle(body: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every tensor of a safetensors file (native byte order, C order, in header order) and its
+    `__metadata__`, with the checks of `decode_safetensors`."""
+    entries, data, metadata = _safetensors_parts(body)
+    return {name: _entry_array(data, entry) for name, entry in entries.items()}, metadata
+
+
+_Entry = tuple[np.dtype, tuple[int, ...], tuple[int, int]]  # dtype, shape, data offsets
+
+
+def _safetensors_parts(body: bytes) -> tuple[dict[str, _Entry], memoryview, dict[str, str]]:
+    if len(body) < 8:
+        raise BadRequest(f"safetensors: truncated: {len(body)} bytes, the header length field alone is 8")
+    (header_len,) = struct.unpack_from("<Q", body, 0)
+    if header_len > min(len(body) - 8, MAX_SAFETENSORS_HEADER):
+        raise BadRequest(f"safetensors: header length {header_len} exceeds the body ({len(body) - 8} bytes "
+                         f"after the length field) or the {MAX_SAFETENSORS_HEADER}-byte limit")
+    header = _safetensors_header(body[8:8 + header_len])
+    metadata = header.pop("__metadata__", {})
+    data = memoryview(body)[8 + header_len:]
+    return _checked_entries(header, len(data)), data, metadata
+
+
+def _entry_array(data: memoryview, entry: _Entry) -> np.ndarray:
+    dtype, shape, (begin, _end) = entry
     flat = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=begin)
     return flat.reshape(shape).astype(dtype, order="C", copy=True)
 
@@ -209,7 +228,7 @@ def _safetensors_header(raw: bytes) -> dict[str, Any]:
         raise BadRequest("safetensors: header is not valid UTF-8 JSON") from None
     if not isinstance(header, dict):
         raise BadRequest("safetensors: header must be a JSON object")
-    metadata = header.pop("__metadata__", {})
+    metadata = header.get("__metadata__", {})
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise BadRequest("safetensors: __metadata__ must map strings to strings")
     return header
