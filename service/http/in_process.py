@@ -10,13 +10,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from fastapi import FastAPI
+from starlette.types import ASGIApp
 
 from posenc.service.client import Client, Table
 from posenc.service.settings import Settings
 
 
-def app_client(app: FastAPI) -> Client:
+def app_client(app: ASGIApp) -> Client:
     """A client of `app` in-process. The app's lifespan is not run: tables need no model."""
     try:
         from fastapi.testclient import TestClient
@@ -25,7 +25,7 @@ def app_client(app: FastAPI) -> Client:
     return Client(http=TestClient(app))
 
 
-def app_table(app: FastAPI, path: str, /, *, body: Any = None, **params: Any) -> Table:
+def app_table(app: ASGIApp, path: str, /, *, body: Any = None, **params: Any) -> Table:
     """The table of `path` with these parameters, answered by `app`: {tensor name: read-only np.ndarray} with
     `.metadata` (see `posenc.service.client.Client.table`)."""
     return app_client(app).table(path, body=body, **params)
