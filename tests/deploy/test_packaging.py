@@ -1,37 +1,17 @@
 """The wheel: it carries the shipped models and serves them by default, and everything it installs lives
 under the one name `posenc`, so a project with its own `models` and `service` packages keeps them."""
 
-import shutil
 import subprocess
 import sys
-import sysconfig
 import tomllib
-import venv
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from posenc.service.testing import ServerProcess, http_request
+from tests.deploy.conftest import venv_with_wheel
 from tests.infer_utils import ROOT
 
 SHIPPED = "posenc.service.shipped_models"
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "posenc", "service", "models", "onnx")
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # built from a copy of what the wheel is made of: a build/ folder left in the checkout would add its files
-    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
-    for name in WHEEL_SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, symlinks=True)  # posenc/service, posenc/models
-        else:
-            shutil.copy2(ROOT / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(dist), str(source)], check=True, capture_output=True, timeout=300)
-    (built,) = dist.glob("posenc-*.whl")
-    return built
 
 
 def test_the_package_list_names_every_package() -> None:
@@ -86,15 +66,7 @@ print("both sides import")
 
 
 def test_the_wheel_beside_a_projects_own_models_and_service(wheel: Path, tmp_path: Path) -> None:
-    # a fresh venv that sees this environment's dependencies (a .pth file: not its site directory, so the
-    # editable install of the checkout is not active there) and gets posenc only from the wheel
-    env = tmp_path / "venv"
-    venv.create(env, with_pip=False)
-    python = env / "bin" / "python"
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
-    (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    zipfile.ZipFile(wheel).extractall(site)
+    python, site = venv_with_wheel(wheel, tmp_path / "venv")
     project = tmp_path / "project"
     for name, text in USER_PACKAGES.items():
         (project / name).parent.mkdir(parents=True, exist_ok=True)
