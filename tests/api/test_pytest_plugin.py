@@ -5,11 +5,13 @@ overridden fixture, and no fixture of this repository's own test suite shadowed.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from posenc.service.testing import pytest_plugin
+from posenc import pytest_plugin
 from tests.infer_utils import ROOT
 
 pytest_plugins = ["pytester"]
@@ -67,6 +69,14 @@ def test_the_entry_point_names_the_plugin() -> None:
 
     (point,) = [p for p in entry_points(group="pytest11") if p.name == "posenc"]
     assert point.load() is pytest_plugin
+
+
+def test_loading_the_plugin_imports_nothing_heavy() -> None:
+    code = ("import sys, posenc.pytest_plugin\n"
+            "loaded = {'numpy', 'fastapi', 'httpx2', 'pydantic'} & set(sys.modules)\n"
+            "assert not loaded, loaded\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_in_process_fixtures(pytester: pytest.Pytester) -> None:

@@ -12,9 +12,9 @@ import sys
 import pytest
 
 import posenc
+from posenc import pytest_plugin
 from posenc.client import ERRORS
 from posenc.service.tables import TABLES
-from posenc.service.testing import pytest_plugin
 from tests.infer_utils import ROOT
 
 PAGE = (ROOT / "docs" / "python.md").read_text()

@@ -14,8 +14,9 @@ wherever posenc is installed (entry point `pytest11`, name `posenc`; `-p no:pose
   for a client under test that runs as its own process: `.url`, `.host`, `.port`, `.address` (host:port),
   `.log()`, `.stop()` (also at the end of the session). One per session (per xdist worker).
 
-Nothing is imported here until a fixture runs: a project that does not use posenc pays nothing for the plugin.
-The in-process fixtures need httpx2 (the `client` extra); posenc_server needs nothing more than posenc.
+Nothing is imported here until a fixture runs (hence this module lives outside the test kit's package, whose
+import loads numpy): a project that does not use posenc pays nothing for the plugin. The in-process fixtures need
+httpx2 (the `client` extra); posenc_server needs nothing more than posenc, and runs the test kit's ServerProcess.
 """
 
 from __future__ import annotations
