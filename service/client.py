@@ -222,6 +222,7 @@ class Request:
     params: dict[str, str]
     content: bytes | None
     headers: dict[str, str]
+    cached: Table | None = None  # the kept answer whose ETag is sent in If-None-Match
 
     @property
     def key(self) -> str | None:
@@ -245,17 +246,18 @@ class _Answers:
         if body is None:
             request = Request("GET", path, query, None, {"Accept": MEDIA_TYPES["safetensors"]})
             cached = self._cache.get(request.key or "")
-            if cached is not None and cached.etag:
-                request.headers["If-None-Match"] = cached.etag
-            return request
+            if cached is None or not cached.etag:
+                return request
+            return Request("GET", path, query, None, {**request.headers, "If-None-Match": cached.etag}, cached)
         content, media_type = _body(body)
         return Request("POST", path, query, content, {"Content-Type": media_type})
 
     def table_answer(self, request: Request, status: int, body: bytes, headers: Mapping[str, str]) -> Table:
         key = request.key
-        if status == 304 and key is not None and key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
+        if status == 304 and request.cached is not None:  # kept by the request: the cache may have dropped it since
+            if key is not None and key in self._cache:
+                self._cache.move_to_end(key)
+            return request.cached
         if status != 200:
             raise error_from_answer(status, body, headers)
         try:
