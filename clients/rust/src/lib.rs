@@ -229,7 +229,7 @@ pub fn parse_infer_response(body: &[u8], header_length: Option<&str>) -> Result<
     Ok(result)
 }
 
-/// A response: status, the headers the client reads, and the whole body.
+/// A response read to the end: the headers the client asked to keep (lower-case names) and the body.
 struct Response {
     headers: BTreeMap<String, String>,
     body: Vec<u8>,
