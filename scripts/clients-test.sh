@@ -16,6 +16,7 @@
 # docs/clients.md gives each client's libraries and why.
 NAME=clients-test
 source "$(dirname "${BASH_SOURCE[0]}")/live-server.sh"
+# Per client: the Rust step compiles its crates from source first (about 2.5 min on a busy 2-core machine).
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 
 # Debian packages of every toolchain and library: C++ (cmake, g++, libcurl, nlohmann/json), Go, Java (Gson),
