@@ -2,7 +2,9 @@
 
     python scripts/client_fixtures.py OUT.json
 
-Writes `{"tables": [...], "infer": {...} | null}`. Each table case has the endpoint, its query
+Writes `{"dtypes": [...], "tables": [...], "infer": {...} | null}`. `dtypes` is models/dtypes.py's table
+(name, safetensors code, KServe datatype, element size in bytes, .npy descr without its byte-order
+character or null), which every client's own dtype table is checked against. Each table case has the endpoint, its query
 parameters and the expected tensors as little-endian bytes (base64) with dtype and shape: the
 sinusoidal cases straight from `posenc.models.sinusoidal`, every case also through the app in-process
 (`fastapi.testclient.TestClient`, lifespan included). Every case in CASES must answer 200: one that
@@ -134,10 +136,18 @@ def infer_case() -> dict[str, Any] | None:
             "outputs": {name: tensor_doc(a) for name, a in outputs.items()}}
 
 
+def dtype_table() -> list[dict[str, Any]]:
+    """models/dtypes.py's rows in the spellings the clients keep: the one table they are checked against."""
+    from posenc.models.dtypes import DTYPES
+
+    return [{"name": d.name, "safetensors": d.safetensors, "kserve": d.kserve, "size": d.numpy.itemsize,
+             "npy": d.npy} for d in DTYPES]
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit("usage: client_fixtures.py OUT.json")
-    doc = {"tables": table_cases(), "infer": infer_case()}
+    doc = {"dtypes": dtype_table(), "tables": table_cases(), "infer": infer_case()}
     Path(sys.argv[1]).write_text(json.dumps(doc))
     print(f"js fixtures: {len(doc['tables'])} table cases, infer: "
           f"{doc['infer']['model'] if doc['infer'] else 'none'}", file=sys.stderr)

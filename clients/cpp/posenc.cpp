@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -13,13 +14,6 @@ namespace posenc {
 namespace {
 
 using json = nlohmann::json;
-
-struct DType {
-  const char* name;
-  const char* safetensors;
-  const char* kserve;
-  size_t size;
-};
 
 constexpr DType kDTypes[] = {
     {"float64", "F64", "FP64", 8}, {"float32", "F32", "FP32", 4}, {"float16", "F16", "FP16", 2},
@@ -212,6 +206,8 @@ std::vector<int64_t> Tensor::to_int64() const {
   for (size_t i = 0; i < out.size(); ++i) out[i] = load<int64_t>(data.data() + 8 * i);
   return out;
 }
+
+std::vector<DType> dtypes() { return {std::begin(kDTypes), std::end(kDTypes)}; }
 
 Bundle parse_safetensors(const std::vector<uint8_t>& bytes) {
   if (bytes.size() < 8) throw std::runtime_error("posenc: safetensors: too short");

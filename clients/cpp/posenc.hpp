@@ -8,6 +8,7 @@
 // Tensor::data and are widened by to_double(). Errors of the service throw posenc::Error.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <stdexcept>
@@ -83,6 +84,16 @@ class Client {
   std::string base_url_;
   long timeout_seconds_;
 };
+
+/// One element type: the service's name, its safetensors code, KServe v2 datatype and size in bytes.
+struct DType {
+  const char* name;
+  const char* safetensors;
+  const char* kserve;
+  size_t size;
+};
+/// Every element type the client decodes (the table models/dtypes.py defines on the service side).
+std::vector<DType> dtypes();
 
 /// Decoders for bytes obtained elsewhere (files, other HTTP clients).
 Bundle parse_safetensors(const std::vector<uint8_t>& bytes);

@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "posenc.hpp"
 
@@ -106,6 +107,19 @@ int main() {
          const std::vector<int64_t> v = b.tensor.to_int64();
          // bidirectional, 32 buckets: key after query -> 16 + distance, before -> distance.
          check(b.name == "buckets" && v[0] == 0 && v[1] == 17 && v[6] == 1 && v[3 * 6 + 5] == 18, "t5 buckets");
+       }},
+      {"the dtype table matches models/dtypes.py",
+       [&] {
+         // name -> (safetensors, kserve, size), from the client and from the fixtures' `dtypes`.
+         using Row = std::tuple<std::string, std::string, size_t>;
+         std::map<std::string, Row> ours, want;
+         for (const posenc::DType& d : posenc::dtypes()) ours[d.name] = Row{d.safetensors, d.kserve, d.size};
+         for (const json& d : fixtures.at("dtypes")) {
+           want[d.at("name").get<std::string>()] =
+               Row{d.at("safetensors").get<std::string>(), d.at("kserve").get<std::string>(), d.at("size").get<size_t>()};
+         }
+         check(want.size() >= 13, "at least 13 dtypes in the fixtures");
+         check(ours == want, "the client's dtype table equals models/dtypes.py's");
        }},
       {"fixture tables byte for byte (safetensors and raw)",
        [&] {

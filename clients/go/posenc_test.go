@@ -26,7 +26,16 @@ type fixtureTensor struct {
 	B64   string `json:"b64"`
 }
 
+// One row of models/dtypes.py, as scripts/client_fixtures.py writes it.
+type fixtureDType struct {
+	Name        string `json:"name"`
+	Safetensors string `json:"safetensors"`
+	KServe      string `json:"kserve"`
+	Size        int    `json:"size"`
+}
+
 type fixtures struct {
+	DTypes []fixtureDType `json:"dtypes"`
 	Tables []struct {
 		Endpoint string                   `json:"endpoint"`
 		Params   map[string]string        `json:"params"`
@@ -233,5 +242,25 @@ func TestFloat16Decoding(t *testing.T) {
 		if got := Float16ToFloat64(bits); got != want {
 			t.Fatalf("%#04x: %v, want %v", bits, got, want)
 		}
+	}
+}
+
+// The client's dtype table against models/dtypes.py (the fixtures' dtypes): a dtype added or renamed
+// there fails here.
+func TestDTypeTableMatchesModels(t *testing.T) {
+	_, f := setup(t)
+	if len(f.DTypes) < 13 {
+		t.Fatalf("only %d dtypes in the fixtures", len(f.DTypes))
+	}
+	want := map[string]fixtureDType{}
+	for _, d := range f.DTypes {
+		want[d.Name] = d
+	}
+	got := map[string]fixtureDType{}
+	for _, d := range dtypes {
+		got[d.name] = fixtureDType{Name: d.name, Safetensors: d.safetensors, KServe: d.kserve, Size: d.size}
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("dtype table:\n client   %v\n dtypes.py %v", got, want)
 	}
 }

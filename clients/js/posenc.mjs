@@ -30,7 +30,7 @@ export const DTYPES = {
 };
 const BY_SAFETENSORS = Object.fromEntries(Object.entries(DTYPES).map(([name, [, st]]) => [st, name]));
 const BY_KSERVE = Object.fromEntries(Object.entries(DTYPES).map(([name, [, , kv]]) => [kv, name]));
-const NPY_DESCR = {
+export const NPY_DESCR = {
   "<f8": "float64", "<f4": "float32", "<f2": "float16", "<i8": "int64", "<i4": "int32", "<i2": "int16",
   "|i1": "int8", "<u8": "uint64", "<u4": "uint32", "<u2": "uint16", "|u1": "uint8", "|b1": "bool",
 };

@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, test } from "node:test";
 
-import { PosencClient, PosencError, parseNpy, parseSafetensors, typedArray } from "../posenc.mjs";
+import { DTYPES, NPY_DESCR, PosencClient, PosencError, parseNpy, parseSafetensors, typedArray } from "../posenc.mjs";
 
 const URL_ = process.env.POSENC_URL;
 const FIXTURES = process.env.POSENC_FIXTURES;
@@ -204,4 +204,16 @@ describe("inference (KServe v2, binary tensors)", () => {
     await assert.rejects(client.infer("no_such_model", [{ name: "x", shape: [1], dtype: "float32", data: [0] }]),
       (err) => err instanceof PosencError && err.status === 404);
   });
+});
+
+// The client's dtype table against models/dtypes.py (the fixtures' `dtypes`): names, safetensors and
+// KServe spellings, element sizes and .npy descrs, so a dtype added or renamed there fails here.
+test("the dtype table matches models/dtypes.py", () => {
+  const byName = Object.fromEntries(Object.entries(NPY_DESCR).map(([descr, name]) => [name, descr.slice(1)]));
+  const ours = Object.entries(DTYPES).map(([name, [Ctor, safetensors, kserve]]) =>
+    ({ name, safetensors, kserve, size: Ctor.BYTES_PER_ELEMENT, npy: byName[name] ?? null }));
+  const key = (d) => d.name;
+  assert.ok(fixtures.dtypes.length >= 13, `only ${fixtures.dtypes.length} dtypes in the fixtures`);
+  assert.deepEqual([...ours].sort((a, b) => key(a).localeCompare(key(b))),
+    [...fixtures.dtypes].sort((a, b) => key(a).localeCompare(key(b))));
 });

@@ -1,5 +1,5 @@
-//! Client of the posenc service (standard library only): positional-encoding tables as
-//! safetensors or raw tensors, and KServe v2 inference with binary tensors.
+//! Client of the posenc service: positional-encoding tables as safetensors or raw tensors, and
+//! KServe v2 inference with binary tensors. HTTP with `ureq` (plain http, no TLS), JSON with `serde_json`.
 //!
 //! ```no_run
 //! let client = posenc_client::Client::new("http://127.0.0.1:8000");
@@ -10,17 +10,17 @@
 //! All wire formats are little-endian; float16/bfloat16 stay raw bits in `Tensor::data` and are
 //! widened by `Tensor::to_f64`.
 
-pub mod http;
-pub mod json;
-
 use std::collections::BTreeMap;
 use std::fmt;
+use std::io::Read;
 use std::time::Duration;
 
-pub use json::Json;
+use serde_json::{json, Value};
+use url::Url;
 
-/// (service name, safetensors code, KServe v2 datatype, element size)
-const DTYPES: [(&str, &str, &str, usize); 13] = [
+/// Every element type the client decodes, as (service name, safetensors code, KServe v2 datatype,
+/// element size in bytes): the table models/dtypes.py defines on the service side.
+pub const DTYPES: [(&str, &str, &str, usize); 13] = [
     ("float64", "F64", "FP64", 8),
     ("float32", "F32", "FP32", 4),
     ("float16", "F16", "FP16", 2),
@@ -152,31 +152,33 @@ pub struct Bundle {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A JSON array of non-negative integers (a shape, data offsets).
+fn usizes(v: &Value) -> Option<Vec<usize>> {
+    v.as_array()?.iter().map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok())).collect()
+}
+
 /// safetensors bytes: u64 little-endian header length, JSON header, tensor bytes.
 pub fn parse_safetensors(bytes: &[u8]) -> Result<Bundle, Error> {
     let bad = |m: &str| Error::Decode(format!("safetensors: {}", m));
     let n = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).ok_or_else(|| bad("too short"))?;
     let n = usize::try_from(n).ok().filter(|n| *n <= bytes.len() - 8).ok_or_else(|| bad("header past the end"))?;
-    let text = std::str::from_utf8(&bytes[8..8 + n]).map_err(|_| bad("header is not UTF-8"))?;
-    let header = Json::parse(text).map_err(|e| bad(&e))?;
+    let header: BTreeMap<String, Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| bad(&format!("header: {}", e)))?;
     let data = &bytes[8 + n..];
     let mut bundle = Bundle { tensors: BTreeMap::new(), metadata: BTreeMap::new() };
-    for (name, info) in header.as_object().ok_or_else(|| bad("header is not an object"))? {
+    for (name, info) in header {
         if name == "__metadata__" {
-            for (k, v) in info.as_object().unwrap_or(&[]) {
-                bundle.metadata.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
-            }
+            bundle.metadata = serde_json::from_value(info).map_err(|e| bad(&format!("__metadata__: {}", e)))?;
             continue;
         }
-        let st = info.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("no dtype"))?;
-        let shape = info.get("shape").and_then(Json::as_usizes).ok_or_else(|| bad("no shape"))?;
-        let offsets = info.get("data_offsets").and_then(Json::as_usizes).unwrap_or_default();
-        let slice = match offsets[..] {
-            [begin, end] if begin <= end => data.get(begin..end),
+        let st = info["dtype"].as_str().ok_or_else(|| bad(&format!("no dtype for {}", name)))?;
+        let shape = usizes(&info["shape"]).ok_or_else(|| bad(&format!("no shape for {}", name)))?;
+        let slice = match usizes(&info["data_offsets"]).as_deref() {
+            Some(&[begin, end]) if begin <= end => data.get(begin..end),
             _ => None,
         }
         .ok_or_else(|| bad(&format!("bad data_offsets of {}", name)))?;
-        bundle.tensors.insert(name.clone(), Tensor::new(dtype(st)?.0, shape, slice.to_vec())?);
+        bundle.tensors.insert(name, Tensor::new(dtype(st)?.0, shape, slice.to_vec())?);
     }
     Ok(bundle)
 }
@@ -206,70 +208,109 @@ pub fn parse_infer_response(body: &[u8], header_length: Option<&str>) -> Result<
         Some(h) => h.parse::<usize>().ok().filter(|n| *n <= body.len()).ok_or_else(|| bad(h.to_string()))?,
         None => body.len(),
     };
-    let doc = Json::parse(std::str::from_utf8(&body[..n]).map_err(|_| bad("not UTF-8".into()))?).map_err(bad)?;
-    let text = |k: &str| doc.get(k).and_then(Json::as_str).unwrap_or_default().to_string();
+    let doc: Value = serde_json::from_slice(&body[..n]).map_err(|e| bad(e.to_string()))?;
+    let text = |k: &str| doc[k].as_str().unwrap_or_default().to_string();
     let mut result = InferResult { model_name: text("model_name"), id: text("id"), outputs: BTreeMap::new() };
     let mut offset = n;
-    for out in doc.get("outputs").and_then(Json::as_array).unwrap_or(&[]) {
-        let name = out.get("name").and_then(Json::as_str).unwrap_or_default();
-        let size = out
-            .get("parameters")
-            .and_then(|p| p.get("binary_data_size"))
-            .and_then(Json::as_f64)
-            .ok_or_else(|| bad(format!("output {} is not binary", name)))? as usize;
-        let bytes = body.get(offset..offset + size).ok_or_else(|| bad(format!("output {} past the end", name)))?;
+    for out in doc["outputs"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let name = out["name"].as_str().unwrap_or_default();
+        let size = out["parameters"]["binary_data_size"]
+            .as_u64()
+            .and_then(|s| usize::try_from(s).ok())
+            .ok_or_else(|| bad(format!("output {} is not binary", name)))?;
+        let bytes = body
+            .get(offset..offset.saturating_add(size))
+            .ok_or_else(|| bad(format!("output {} past the end", name)))?;
         offset += size;
-        let datatype = out.get("datatype").and_then(Json::as_str).unwrap_or_default();
-        let shape = out.get("shape").and_then(Json::as_usizes).ok_or_else(|| bad(format!("shape of {}", name)))?;
+        let datatype = out["datatype"].as_str().unwrap_or_default();
+        let shape = usizes(&out["shape"]).ok_or_else(|| bad(format!("shape of {}", name)))?;
         result.outputs.insert(name.to_string(), Tensor::new(dtype(datatype)?.0, shape, bytes.to_vec())?);
     }
     Ok(result)
 }
 
-/// Client of one posenc server.
+/// A response read to the end: the headers the client asked to keep (lower-case names) and the body.
+struct Response {
+    headers: BTreeMap<String, String>,
+    body: Vec<u8>,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+
+    /// Reads the body to the end, keeping the named headers (lower case).
+    fn read(r: ureq::Response, names: &[&str]) -> Result<Response, Error> {
+        let headers = names.iter().filter_map(|n| r.header(n).map(|v| (n.to_string(), v.to_string()))).collect();
+        let mut body = Vec::new();
+        r.into_reader().read_to_end(&mut body).map_err(|e| Error::Transport(format!("reading the body: {}", e)))?;
+        Ok(Response { headers, body })
+    }
+}
+
+/// Client of one posenc server (one `ureq::Agent`: connections are kept alive and reused).
 pub struct Client {
-    authority: Result<String, String>,
+    base: Result<Url, String>,
+    agent: ureq::Agent,
     pub timeout: Duration,
 }
 
 impl Client {
-    /// `base_url` like `http://127.0.0.1:8000`; requests time out after 30 s.
+    /// `base_url` like `http://127.0.0.1:8000` (a path prefix is kept); requests time out after 30 s.
     pub fn new(base_url: &str) -> Client {
-        Client { authority: http::authority(base_url), timeout: Duration::from_secs(30) }
+        let base = Url::parse(base_url)
+            .map_err(|e| format!("{}: {}", base_url, e))
+            .and_then(|u| if u.cannot_be_a_base() { Err(format!("{}: not a base URL", base_url)) } else { Ok(u) });
+        Client { base, agent: ureq::AgentBuilder::new().build(), timeout: Duration::from_secs(30) }
     }
 
-    fn send(&self, method: &str, target: &str, headers: &[(&str, String)], body: &[u8]) -> Result<http::Response, Error> {
-        let authority = self.authority.as_ref().map_err(|e| Error::Transport(e.clone()))?;
-        let r = http::request(authority, method, target, headers, body, self.timeout).map_err(Error::Transport)?;
-        if r.status >= 300 {
-            let text = String::from_utf8_lossy(&r.body).into_owned();
-            let doc = Json::parse(&text).ok();
-            let field = |k: &str| doc.as_ref().and_then(|d| d.get(k)).and_then(Json::as_str).map(str::to_string);
-            return Err(Error::Service {
-                status: r.status,
-                kind: field("type").unwrap_or_default(),
-                message: field("error").unwrap_or(text),
-            });
+    /// The base URL with `segments` appended to its path, each percent-encoded ('/' and '%' included).
+    fn url<'a>(&self, segments: impl IntoIterator<Item = &'a str>) -> Result<Url, Error> {
+        let mut url = self.base.clone().map_err(Error::Transport)?;
+        url.path_segments_mut().map_err(|_| Error::Transport("not a base URL".into()))?.pop_if_empty().extend(segments);
+        Ok(url)
+    }
+
+    /// Sends the request; an error status becomes `Error::Service` with the envelope's message and type.
+    fn send(&self, request: ureq::Request, body: Option<&[u8]>, headers: &[&str]) -> Result<Response, Error> {
+        let request = request.timeout(self.timeout);
+        let sent = match body {
+            Some(b) => request.send_bytes(b),
+            None => request.call(),
+        };
+        match sent {
+            Ok(r) => Response::read(r, headers),
+            Err(ureq::Error::Status(status, r)) => {
+                let text = String::from_utf8_lossy(&Response::read(r, &[])?.body).into_owned();
+                // The {"error", "type"} envelope; any other body is the message as it came.
+                let doc = serde_json::from_str::<Value>(&text).unwrap_or_default();
+                let (kind, message) = match doc["error"].as_str() {
+                    Some(error) => (doc["type"].as_str().unwrap_or_default().to_string(), error.to_string()),
+                    None => (String::new(), text),
+                };
+                Err(Error::Service { status, kind, message })
+            }
+            Err(ureq::Error::Transport(t)) => Err(Error::Transport(t.to_string())),
         }
-        Ok(r)
     }
 
-    fn get(&self, path: &str, params: &[(&str, &str)], extra: &[(&str, &str)]) -> Result<http::Response, Error> {
-        let query: Vec<String> =
-            params.iter().chain(extra).map(|(k, v)| format!("{}={}", http::escape(k), http::escape(v))).collect();
-        self.send("GET", &format!("{}?{}", path, query.join("&")), &[], &[])
+    fn get(&self, path: &str, params: &[(&str, &str)], extra: &[(&str, &str)], headers: &[&str]) -> Result<Response, Error> {
+        let mut url = self.url(path.split('/').filter(|s| !s.is_empty()))?;
+        url.query_pairs_mut().extend_pairs(params.iter().chain(extra));
+        self.send(self.agent.request_url("GET", &url), None, headers)
     }
 
     /// GET a v1 table (e.g. "/v1/rope") as safetensors: every tensor and the metadata.
     pub fn table(&self, path: &str, params: &[(&str, &str)]) -> Result<Bundle, Error> {
-        parse_safetensors(&self.get(path, params, &[("format", "safetensors")])?.body)
+        parse_safetensors(&self.get(path, params, &[("format", "safetensors")], &[])?.body)
     }
 
     /// GET one tensor with format=raw (`tensor`: None for one-tensor tables); returns (X-Tensor-Name, tensor).
     pub fn raw_tensor(&self, path: &str, params: &[(&str, &str)], tensor: Option<&str>) -> Result<(String, Tensor), Error> {
         let mut extra = vec![("format", "raw")];
         extra.extend(tensor.map(|t| ("tensor", t)));
-        let r = self.get(path, params, &extra)?;
+        let r = self.get(path, params, &extra, &["x-tensor-name", "x-tensor-dtype", "x-tensor-shape"])?;
         let header = |k: &str| r.header(k).unwrap_or_default().to_string();
         let (name, dtype, shape) = (header("x-tensor-name"), header("x-tensor-dtype"), header("x-tensor-shape"));
         Ok((name, parse_raw(r.body, &dtype, &shape)?))
@@ -281,28 +322,27 @@ impl Client {
         let mut specs = Vec::new();
         let mut payload = Vec::new();
         for (name, t) in inputs {
-            let shape = t.shape.iter().map(|d| Json::Num(*d as f64)).collect();
-            specs.push(Json::Obj(vec![
-                ("name".into(), Json::Str(name.to_string())),
-                ("shape".into(), Json::Arr(shape)),
-                ("datatype".into(), Json::Str(dtype(&t.dtype)?.2.to_string())),
-                ("parameters".into(), Json::Obj(vec![("binary_data_size".into(), Json::Num(t.data.len() as f64))])),
-            ]));
+            specs.push(json!({
+                "name": name,
+                "shape": t.shape,
+                "datatype": dtype(&t.dtype)?.2,
+                "parameters": {"binary_data_size": t.data.len()},
+            }));
             payload.extend_from_slice(&t.data);
         }
-        let mut header = vec![("inputs".to_string(), Json::Arr(specs))];
-        header.push(("parameters".into(), Json::Obj(vec![("binary_data_output".into(), Json::Bool(true))])));
+        let mut header = json!({"inputs": specs, "parameters": {"binary_data_output": true}});
         if let Some(id) = id {
-            header.push(("id".into(), Json::Str(id.to_string())));
+            header["id"] = json!(id);
         }
-        let head = Json::Obj(header).dump();
+        let head = header.to_string();
         let mut body = head.clone().into_bytes();
         body.extend_from_slice(&payload);
-        let headers = [
-            ("Content-Type", "application/octet-stream".to_string()),
-            ("Inference-Header-Content-Length", head.len().to_string()),
-        ];
-        let r = self.send("POST", &format!("/v2/models/{}/infer", http::escape(model)), &headers, &body)?;
+        let request = self
+            .agent
+            .request_url("POST", &self.url(["v2", "models", model, "infer"])?)
+            .set("Content-Type", "application/octet-stream")
+            .set("Inference-Header-Content-Length", &head.len().to_string());
+        let r = self.send(request, Some(&body), &["inference-header-content-length"])?;
         parse_infer_response(&r.body, r.header("inference-header-content-length"))
     }
 }

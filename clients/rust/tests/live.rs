@@ -6,7 +6,8 @@
 //! in-process, inference outputs by onnxruntime run on the model file); scripts/clients-test.sh
 //! does all of it.
 
-use posenc_client::{bf16_to_f64, f16_to_f64, Client, Error, Json, Tensor};
+use posenc_client::{bf16_to_f64, f16_to_f64, Client, Error, Tensor, DTYPES};
+use serde_json::Value;
 
 fn env(name: &str) -> String {
     std::env::var(name)
@@ -19,35 +20,13 @@ fn client() -> Client {
     Client::new(&env("POSENC_URL"))
 }
 
-fn fixtures() -> Json {
-    Json::parse(&std::fs::read_to_string(env("POSENC_FIXTURES")).unwrap()).unwrap()
+fn fixtures() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(env("POSENC_FIXTURES")).unwrap()).unwrap()
 }
 
-fn base64_decode(text: &str) -> Vec<u8> {
-    let (mut acc, mut bits, mut out) = (0u32, 0, Vec::new());
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => continue, // '=' padding
-        };
-        acc = (acc << 6) | v as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
-}
-
-fn fixture_tensor(doc: &Json) -> Tensor {
-    let dtype = doc.get("dtype").and_then(Json::as_str).unwrap();
-    let shape = doc.get("shape").and_then(Json::as_usizes).unwrap();
-    Tensor::new(dtype, shape, base64_decode(doc.get("b64").and_then(Json::as_str).unwrap())).unwrap()
+fn fixture_tensor(doc: &Value) -> Tensor {
+    let shape = doc["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+    Tensor::new(doc["dtype"].as_str().unwrap(), shape, base64::decode(doc["b64"].as_str().unwrap()).unwrap()).unwrap()
 }
 
 const ROPE: [(&str, &str); 2] = [("max_position", "4"), ("head_dim", "8")];
@@ -89,19 +68,14 @@ fn alibi_slopes_and_t5_buckets() {
 #[test]
 fn fixture_tables_byte_for_byte() {
     let (c, f) = (client(), fixtures());
-    let cases = f.get("tables").and_then(Json::as_array).unwrap();
+    let cases = f["tables"].as_array().unwrap();
     assert!(cases.len() >= 10, "only {} table cases", cases.len());
     for case in cases {
-        let endpoint = case.get("endpoint").and_then(Json::as_str).unwrap();
-        let params: Vec<(&str, &str)> = case
-            .get("params")
-            .and_then(Json::as_object)
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str().unwrap()))
-            .collect();
+        let endpoint = case["endpoint"].as_str().unwrap();
+        let params: Vec<(&str, &str)> =
+            case["params"].as_object().unwrap().iter().map(|(k, v)| (k.as_str(), v.as_str().unwrap())).collect();
         let bundle = c.table(endpoint, &params).unwrap();
-        let tensors = case.get("tensors").and_then(Json::as_object).unwrap();
+        let tensors = case["tensors"].as_object().unwrap();
         assert_eq!(bundle.tensors.len(), tensors.len(), "{}", endpoint);
         for (name, doc) in tensors {
             let want = fixture_tensor(doc);
@@ -132,18 +106,13 @@ fn a_4xx_is_a_service_error_with_the_message() {
 #[test]
 fn kserve_binary_infer_equals_onnxruntime() {
     let f = fixtures();
-    let case = f.get("infer").filter(|c| **c != Json::Null).expect("the fixtures hold an inference case");
-    let inputs: Vec<(String, Tensor)> = case
-        .get("inputs")
-        .and_then(Json::as_object)
-        .unwrap()
-        .iter()
-        .map(|(k, doc)| (k.clone(), fixture_tensor(doc)))
-        .collect();
+    let case = f.get("infer").filter(|c| !c.is_null()).expect("the fixtures hold an inference case");
+    let inputs: Vec<(String, Tensor)> =
+        case["inputs"].as_object().unwrap().iter().map(|(k, doc)| (k.clone(), fixture_tensor(doc))).collect();
     let refs: Vec<(&str, &Tensor)> = inputs.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    let model = case.get("model").and_then(Json::as_str).unwrap();
+    let model = case["model"].as_str().unwrap();
     let result = client().infer(model, &refs, Some("rust-client-test")).unwrap();
-    let outputs = case.get("outputs").and_then(Json::as_object).unwrap();
+    let outputs = case["outputs"].as_object().unwrap();
     assert_eq!((result.id.as_str(), result.outputs.len()), ("rust-client-test", outputs.len()));
     for (name, doc) in outputs {
         let want = fixture_tensor(doc);
@@ -157,10 +126,36 @@ fn kserve_binary_infer_equals_onnxruntime() {
 }
 
 #[test]
-fn half_precision_decoding_and_json() {
+fn half_precision_decoding() {
     assert_eq!((f16_to_f64(0x3c00), f16_to_f64(0xc000), f16_to_f64(0x0001)), (1.0, -2.0, 2f64.powi(-24)));
     assert_eq!(f16_to_f64(0xfc00), f64::NEG_INFINITY);
     assert_eq!((bf16_to_f64(0x3f80), bf16_to_f64(0xc0a0)), (1.0, -5.0));
-    let doc = Json::parse(r#"{"a": [1, -2.5e1, "x\u0041", true, null]}"#).unwrap();
-    assert_eq!(doc.dump(), r#"{"a":[1,-25,"xA",true,null]}"#);
+}
+
+#[test]
+fn dtype_table_matches_models_dtypes() {
+    // The client's table against models/dtypes.py (the fixtures' `dtypes`): a dtype added or renamed there fails here.
+    let f = fixtures();
+    let want: std::collections::BTreeMap<&str, (&str, &str, usize)> = f["dtypes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let text = |k: &str| d[k].as_str().unwrap();
+            (text("name"), (text("safetensors"), text("kserve"), d["size"].as_u64().unwrap() as usize))
+        })
+        .collect();
+    let ours = DTYPES.iter().map(|(n, st, kv, size)| (*n, (*st, *kv, *size))).collect();
+    assert!(want.len() >= 13, "only {} dtypes in the fixtures", want.len());
+    assert_eq!(want, ours);
+}
+
+#[test]
+fn a_bad_base_url_is_a_transport_error() {
+    for url in ["not a url", "mailto:x@example.org"] {
+        match Client::new(url).table("/v1/rope", &ROPE) {
+            Err(Error::Transport(m)) => assert!(m.contains(url), "{}", m),
+            other => panic!("{}: expected a transport error, got {:?}", url, other.map(|b| b.metadata)),
+        }
+    }
 }

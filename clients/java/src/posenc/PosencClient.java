@@ -1,7 +1,15 @@
 package posenc;
 
+import com.google.gson.Gson;
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParseException;
+import com.google.gson.stream.JsonReader;
+import com.google.gson.stream.JsonToken;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
+import java.io.StringReader;
 import java.net.URI;
 import java.net.URLEncoder;
 import java.net.http.HttpClient;
@@ -11,14 +19,12 @@ import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
-import java.util.ArrayList;
 import java.util.LinkedHashMap;
-import java.util.List;
 import java.util.Map;
 
 /**
- * Client of one posenc server (java.net.http only): v1 tables as safetensors or raw tensors, and
- * KServe v2 inference with binary tensors.
+ * Client of one posenc server (java.net.http, JSON with Gson): v1 tables as safetensors or raw tensors,
+ * and KServe v2 inference with binary tensors.
  *
  * <pre>
  * PosencClient client = new PosencClient("http://127.0.0.1:8000");
@@ -34,6 +40,8 @@ public final class PosencClient {
     /** Outputs of one inference, by name. */
     public record InferResult(String modelName, String id, Map<String, Tensor> outputs) {
     }
+
+    private static final Gson GSON = new Gson();
 
     private final String baseUrl;
     private final HttpClient http;
@@ -79,25 +87,33 @@ public final class PosencClient {
      */
     public InferResult infer(String model, Map<String, Tensor> inputs, String id)
             throws IOException, InterruptedException {
-        Map<String, Object> header = new LinkedHashMap<>();
+        JsonObject header = new JsonObject();
         if (id != null) {
-            header.put("id", id);
+            header.addProperty("id", id);
         }
-        List<Object> specs = new ArrayList<>();
+        JsonArray specs = new JsonArray();
         ByteArrayOutputStream payload = new ByteArrayOutputStream();
         for (Map.Entry<String, Tensor> e : inputs.entrySet()) {
             Tensor t = e.getValue();
-            List<Object> shape = new ArrayList<>();
+            JsonArray shape = new JsonArray();
             for (long d : t.shape()) {
                 shape.add(d);
             }
-            specs.add(Map.of("name", e.getKey(), "shape", shape, "datatype", t.dtype().kserve,
-                    "parameters", Map.of("binary_data_size", t.data().length)));
+            JsonObject spec = new JsonObject();
+            spec.addProperty("name", e.getKey());
+            spec.add("shape", shape);
+            spec.addProperty("datatype", t.dtype().kserve);
+            JsonObject parameters = new JsonObject();
+            parameters.addProperty("binary_data_size", t.data().length);
+            spec.add("parameters", parameters);
+            specs.add(spec);
             payload.write(t.data());
         }
-        header.put("inputs", specs);
-        header.put("parameters", Map.of("binary_data_output", true));
-        byte[] head = Json.write(header).getBytes(StandardCharsets.UTF_8);
+        header.add("inputs", specs);
+        JsonObject parameters = new JsonObject();
+        parameters.addProperty("binary_data_output", true);
+        header.add("parameters", parameters);
+        byte[] head = header.toString().getBytes(StandardCharsets.UTF_8);
         ByteArrayOutputStream body = new ByteArrayOutputStream();
         body.write(head);
         payload.writeTo(body);
@@ -112,31 +128,58 @@ public final class PosencClient {
     }
 
     /** A v2 infer response: a JSON header of {@code headerLength} bytes, then the binary outputs in order. */
-    @SuppressWarnings("unchecked")
     public static InferResult parseInferResponse(byte[] body, String headerLength) {
         int n = headerLength == null ? body.length : Integer.parseInt(headerLength);
         if (n < 0 || n > body.length) {
             throw new IllegalArgumentException("Inference-Header-Content-Length " + n + " past the body");
         }
-        Map<String, Object> doc = (Map<String, Object>) Json.parse(new String(body, 0, n, StandardCharsets.UTF_8));
+        JsonObject doc = parseObject(new String(body, 0, n, StandardCharsets.UTF_8));
         Map<String, Tensor> outputs = new LinkedHashMap<>();
         int offset = n;
-        for (Object o : (List<Object>) doc.get("outputs")) {
-            Map<String, Object> out = (Map<String, Object>) o;
-            Map<String, Object> parameters = (Map<String, Object>) out.get("parameters");
-            if (parameters == null || !(parameters.get("binary_data_size") instanceof Double)) {
-                throw new IllegalArgumentException("output " + out.get("name") + " is not binary");
+        for (JsonElement o : doc.getAsJsonArray("outputs")) {
+            JsonObject out = o.getAsJsonObject();
+            String name = out.get("name").getAsString();
+            JsonElement size = out.has("parameters") && out.get("parameters").isJsonObject()
+                    ? out.getAsJsonObject("parameters").get("binary_data_size") : null;
+            if (size == null || !size.isJsonPrimitive() || !size.getAsJsonPrimitive().isNumber()) {
+                throw new IllegalArgumentException("output " + name + " is not binary");
             }
-            int size = ((Double) parameters.get("binary_data_size")).intValue();
-            if (size < 0 || offset + size > body.length) {
-                throw new IllegalArgumentException("output " + out.get("name") + " runs past the body");
+            int bytes = size.getAsInt();
+            if (bytes < 0 || offset + bytes > body.length) {
+                throw new IllegalArgumentException("output " + name + " runs past the body");
             }
-            byte[] data = java.util.Arrays.copyOfRange(body, offset, offset + size);
-            offset += size;
-            outputs.put((String) out.get("name"),
-                    new Tensor(DType.of((String) out.get("datatype")), Safetensors.longs(out.get("shape")), data));
+            byte[] data = java.util.Arrays.copyOfRange(body, offset, offset + bytes);
+            offset += bytes;
+            outputs.put(name, new Tensor(DType.of(out.get("datatype").getAsString()),
+                    Safetensors.longs(out.getAsJsonArray("shape")), data));
         }
-        return new InferResult((String) doc.get("model_name"), (String) doc.get("id"), outputs);
+        return new InferResult(text(doc, "model_name"), text(doc, "id"), outputs);
+    }
+
+    /**
+     * One JSON object, strictly (RFC 8259: no comments, unquoted names or trailing text, which Gson's
+     * lenient default would accept); JsonParseException on anything else.
+     */
+    public static JsonObject parseObject(String text) {
+        try (JsonReader reader = new JsonReader(new StringReader(text))) {
+            reader.setLenient(false);
+            JsonElement value = GSON.getAdapter(JsonElement.class).read(reader);
+            if (reader.peek() != JsonToken.END_DOCUMENT) {
+                throw new JsonParseException("trailing characters after the JSON value");
+            }
+            if (!value.isJsonObject()) {
+                throw new JsonParseException("not a JSON object");
+            }
+            return value.getAsJsonObject();
+        } catch (IOException e) {
+            throw new JsonParseException(e.getMessage(), e);
+        }
+    }
+
+    /** A string member of {@code doc}, or null when absent or JSON null. */
+    static String text(JsonObject doc, String name) {
+        JsonElement v = doc.get(name);
+        return v == null || v.isJsonNull() ? null : v.getAsString();
     }
 
     private HttpRequest get(String path, Map<String, String> params) {
@@ -152,20 +195,22 @@ public final class PosencClient {
     }
 
     /** Sends the request; a status >= 300 becomes a PosencException with the envelope's message and type. */
-    @SuppressWarnings("unchecked")
     private HttpResponse<byte[]> send(HttpRequest request) throws IOException, InterruptedException {
         HttpResponse<byte[]> r = http.send(request, HttpResponse.BodyHandlers.ofByteArray());
         if (r.statusCode() >= 300) {
-            String text = new String(r.body(), StandardCharsets.UTF_8);
+            String body = new String(r.body(), StandardCharsets.UTF_8);
+            JsonObject doc = null;
             try {
-                if (Json.parse(text) instanceof Map<?, ?> doc && doc.get("error") instanceof String message) {
-                    Object type = ((Map<String, Object>) doc).getOrDefault("type", "");
-                    throw new PosencException(r.statusCode(), String.valueOf(type), message);
-                }
-            } catch (IllegalArgumentException notJson) {
+                doc = parseObject(body);
+            } catch (JsonParseException | IllegalStateException notJson) {
                 // not the JSON envelope: keep the text
             }
-            throw new PosencException(r.statusCode(), "", text);
+            JsonElement message = doc == null ? null : doc.get("error");
+            if (message != null && message.isJsonPrimitive() && message.getAsJsonPrimitive().isString()) {
+                String type = doc.has("type") && doc.get("type").isJsonPrimitive() ? doc.get("type").getAsString() : "";
+                throw new PosencException(r.statusCode(), type, message.getAsString());
+            }
+            throw new PosencException(r.statusCode(), "", body);
         }
         return r;
     }

@@ -1,5 +1,9 @@
 package posenc;
 
+import com.google.gson.JsonArray;
+import com.google.gson.JsonElement;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParseException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -8,6 +12,7 @@ import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 
 /**
  * Tests of the Java client against a live posenc server (no test framework: plain checks).
@@ -26,7 +31,7 @@ public final class PosencClientTest {
     }
 
     private static PosencClient client;
-    private static Map<String, Object> fixtures;
+    private static JsonObject fixtures;
     private static final Map<String, String> ROPE = Map.of("max_position", "4", "head_dim", "8");
 
     private static void check(boolean ok, String what) {
@@ -35,15 +40,10 @@ public final class PosencClientTest {
         }
     }
 
-    @SuppressWarnings("unchecked")
-    private static Map<String, Object> map(Object o) {
-        return (Map<String, Object>) o;
-    }
-
-    private static Tensor fixtureTensor(Object o) {
-        Map<String, Object> doc = map(o);
-        return new Tensor(DType.of((String) doc.get("dtype")), Safetensors.longs(doc.get("shape")),
-                Base64.getDecoder().decode((String) doc.get("b64")));
+    private static Tensor fixtureTensor(JsonElement o) {
+        JsonObject doc = o.getAsJsonObject();
+        return new Tensor(DType.of(doc.get("dtype").getAsString()), Safetensors.longs(doc.getAsJsonArray("shape")),
+                Base64.getDecoder().decode(doc.get("b64").getAsString()));
     }
 
     private static boolean same(Tensor a, Tensor b) {
@@ -83,19 +83,17 @@ public final class PosencClientTest {
                 "t5 buckets " + Arrays.toString(v));
     }
 
-    @SuppressWarnings("unchecked")
     private static void fixtureTables() throws Exception {
-        List<Object> cases = (List<Object>) fixtures.get("tables");
-        check(cases.size() >= 10, "at least 10 table cases in the fixtures");
-        for (Object o : cases) {
-            Map<String, Object> c = map(o);
-            String endpoint = (String) c.get("endpoint");
+        check(fixtures.getAsJsonArray("tables").size() >= 10, "at least 10 table cases in the fixtures");
+        for (JsonElement o : fixtures.getAsJsonArray("tables")) {
+            JsonObject c = o.getAsJsonObject();
+            String endpoint = c.get("endpoint").getAsString();
             Map<String, String> params = new LinkedHashMap<>();
-            map(c.get("params")).forEach((k, v) -> params.put(k, (String) v));
+            c.getAsJsonObject("params").entrySet().forEach(p -> params.put(p.getKey(), p.getValue().getAsString()));
             Map<String, Tensor> got = client.table(endpoint, params).tensors();
-            Map<String, Object> tensors = map(c.get("tensors"));
+            JsonObject tensors = c.getAsJsonObject("tensors");
             check(got.size() == tensors.size(), endpoint + ": tensor count");
-            for (Map.Entry<String, Object> e : tensors.entrySet()) {
+            for (Map.Entry<String, JsonElement> e : tensors.entrySet()) {
                 Tensor want = fixtureTensor(e.getValue());
                 check(same(got.get(e.getKey()), want), "safetensors " + endpoint + " " + e.getKey());
                 PosencClient.NamedTensor raw = client.rawTensor(endpoint, params, e.getKey());
@@ -121,14 +119,14 @@ public final class PosencClientTest {
     }
 
     private static void infer() throws Exception {
-        check(fixtures.get("infer") != null, "the fixtures hold an inference case (a model in onnx/)");
-        Map<String, Object> c = map(fixtures.get("infer"));
+        check(fixtures.get("infer").isJsonObject(), "the fixtures hold an inference case (a model in onnx/)");
+        JsonObject c = fixtures.getAsJsonObject("infer");
         Map<String, Tensor> inputs = new LinkedHashMap<>();
-        map(c.get("inputs")).forEach((name, doc) -> inputs.put(name, fixtureTensor(doc)));
-        PosencClient.InferResult r = client.infer((String) c.get("model"), inputs, "java-client-test");
-        Map<String, Object> outputs = map(c.get("outputs"));
+        c.getAsJsonObject("inputs").entrySet().forEach(e -> inputs.put(e.getKey(), fixtureTensor(e.getValue())));
+        PosencClient.InferResult r = client.infer(c.get("model").getAsString(), inputs, "java-client-test");
+        JsonObject outputs = c.getAsJsonObject("outputs");
         check("java-client-test".equals(r.id()) && r.outputs().size() == outputs.size(), "id and outputs");
-        for (Map.Entry<String, Object> e : outputs.entrySet()) {
+        for (Map.Entry<String, JsonElement> e : outputs.entrySet()) {
             Tensor want = fixtureTensor(e.getValue());
             Tensor got = r.outputs().get(e.getKey());
             check(got != null && got.dtype() == want.dtype() && Arrays.equals(got.shape(), want.shape()),
@@ -150,11 +148,40 @@ public final class PosencClientTest {
         check(Tensor.float16ToDouble((short) 0xfc00) == Double.NEGATIVE_INFINITY, "f16 -inf");
         Tensor bf = new Tensor(DType.BFLOAT16, new long[] {2}, new byte[] {(byte) 0x80, 0x3f, (byte) 0xa0, (byte) 0xc0});
         check(Arrays.equals(bf.toDoubles(), new double[] {1, -5}), "bf16 1, -5");
-        check(Json.parse("{\"a\": [1, -2.5e1, \"x\\u0041\", true, null]}").toString().equals("{a=[1.0, -25.0, xA, true, null]}"),
-                "json reader");
     }
 
-    @SuppressWarnings("unchecked")
+    private static void strictJson() {
+        JsonObject doc = PosencClient.parseObject("{\"a\": [1, -2.5e1, \"x\\u0041\", true, null]}");
+        JsonArray a = doc.getAsJsonArray("a");
+        check(a.size() == 5 && a.get(0).getAsInt() == 1 && a.get(1).getAsDouble() == -25
+                && a.get(2).getAsString().equals("xA") && a.get(3).getAsBoolean() && a.get(4).isJsonNull(),
+                "parsed: " + doc);
+        for (String bad : List.of("{\"a\": 1} x", "{a: 1}", "{\"a\": 1 // c\n}", "[1]", "")) {
+            try {
+                PosencClient.parseObject(bad);
+                check(false, "accepted " + bad);
+            } catch (JsonParseException expected) {
+                // refused, as it should be
+            }
+        }
+    }
+
+    /** The client's dtype table against models/dtypes.py (the fixtures' dtypes): name, spellings, size. */
+    private static void dtypeTable() {
+        Map<String, String> ours = new TreeMap<>();
+        for (DType d : DType.values()) {
+            ours.put(d.serviceName, d.safetensors + " " + d.kserve + " " + d.size);
+        }
+        Map<String, String> want = new TreeMap<>();
+        for (JsonElement o : fixtures.getAsJsonArray("dtypes")) {
+            JsonObject d = o.getAsJsonObject();
+            want.put(d.get("name").getAsString(), d.get("safetensors").getAsString() + " "
+                    + d.get("kserve").getAsString() + " " + d.get("size").getAsInt());
+        }
+        check(want.size() >= 13, "at least 13 dtypes in the fixtures");
+        check(ours.equals(want), "dtype table: client " + ours + ", models/dtypes.py " + want);
+    }
+
     public static void main(String[] args) throws Exception {
         String url = System.getenv("POSENC_URL");
         String path = System.getenv("POSENC_FIXTURES");
@@ -163,7 +190,7 @@ public final class PosencClientTest {
             System.exit(2);
         }
         client = new PosencClient(url);
-        fixtures = (Map<String, Object>) Json.parse(Files.readString(Path.of(path)));
+        fixtures = PosencClient.parseObject(Files.readString(Path.of(path)));
         Map<String, Body> tests = new LinkedHashMap<>();
         tests.put("rope safetensors: cos(1) at row 1, col 0", PosencClientTest::ropeSafetensors);
         tests.put("rope raw float16 and bfloat16", PosencClientTest::ropeRawHalf);
@@ -171,7 +198,9 @@ public final class PosencClientTest {
         tests.put("fixture tables byte for byte (safetensors and raw)", PosencClientTest::fixtureTables);
         tests.put("a 4xx is PosencException with the service's message", PosencClientTest::errors);
         tests.put("KServe v2 binary infer equals onnxruntime", PosencClientTest::infer);
-        tests.put("float16/bfloat16 decoding and the JSON reader", PosencClientTest::decoding);
+        tests.put("float16/bfloat16 decoding", PosencClientTest::decoding);
+        tests.put("JSON is read strictly (Gson, lenient mode off)", PosencClientTest::strictJson);
+        tests.put("the dtype table matches models/dtypes.py", PosencClientTest::dtypeTable);
         List<String> failures = new ArrayList<>();
         for (Map.Entry<String, Body> t : tests.entrySet()) {
             try {
