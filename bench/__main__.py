@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import signal
 import sys
 import tempfile
@@ -48,8 +47,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--case", action="append", metavar="MODEL:B:S",
                         help="infer: a latency case (repeatable); default: a small set per device")
     parser.add_argument("--repeat", type=int, default=9, help="infer: timed calls per column (median reported)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="infer: intra-op threads (default: the usable cores)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="infer: the server's intra-op threads and torch's threads (default 0: each one's own "
+                        "default; the onnxruntime anchor always runs with onnxruntime's defaults)")
     args = parser.parse_args(argv)
     if args.seconds < 1 or (args.rounds is not None and args.rounds < 1) or args.repeat < 1:
         parser.error("--seconds, --rounds and --repeat must be at least 1")

@@ -201,7 +201,8 @@ def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], t
                 f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency")]
     if "torch" in times:
         rows.append(Row(f"onnxruntime vs torch eager {where}", med(ort), med(times["torch"]), "ms", False, None,
-                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, {threads} threads"))
+                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, "
+                        f"{threads or 'default'} threads"))
     rows.append(Row(f"HTTP shm copied (/dev/shm, TCP) vs in-process onnxruntime {where}", med(copied), med(ort), "ms",
                     False, None, f"{spread(copied, ort, False)}; objects that may shrink are read and written with "
                     "pread/pwrite"))
@@ -222,7 +223,8 @@ def run(bench: Bench) -> Report:
     all_inputs = {case: inputs(case[1], case[2], case[0]) for case in cases}
     largest = max(sum(a.nbytes for a in arrays.values()) for arrays in all_inputs.values())
     binding_column, has_torch = device == "cuda", torch_version() is not None
-    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on uvicorn, device {device}, {threads} intra-op threads, "
+    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on uvicorn, device {device}, server intra-op threads "
+             f"{threads or 'default'}, onnxruntime anchor with default session options, "
              f"{args.repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
     if device == "cuda":
         import torch
@@ -248,7 +250,7 @@ def run(bench: Bench) -> Report:
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
-                session = ort_session(model, device, threads)
+                session = ort_session(model, device)
                 expected = session.run(["output"], arrays)[0]
                 binary, request_bytes, response_bytes = binary_call(raw, model, arrays)
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)

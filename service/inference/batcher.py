@@ -21,6 +21,11 @@ With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than th
 (requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
 runs of every model together stay under it: a run waits for its bytes before it starts.
 
+A run whose shape (the batch key, rows and sequence length) last ran in less than `inline_run_us` runs on
+the event loop itself: handing it to a worker thread and back (a queue, a thread wake-up, the GIL twice, a
+call back into the loop) costs about as much as such a run, which holds the loop for at most about that
+bound. The first run of a shape, and any shape whose last run took longer, goes to a worker thread.
+
 The array work (chunks, stacking with right-padding, handing each request its rows) is
 `posenc.service.inference.batch_arrays`; this module is the queue and its scheduling.
 """
@@ -36,7 +41,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -48,6 +53,7 @@ log = logging.getLogger("posenc.inference.batcher")
 
 RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run_model` of one model
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
+T = TypeVar("T")
 
 
 class BatchObserver(Protocol):
@@ -59,6 +65,8 @@ class BatchObserver(Protocol):
 
     def observe_run(self, model: str, seconds: float) -> None: ...
 
+# Shapes whose last run time is remembered (for running short ones on the event loop), the oldest dropped first.
+MAX_SHAPES_TIMED = 1024
 # Padding may at most double the work of a batch (padded elements <= valid elements).
 MAX_PADDING_RATIO = 2.0
 
@@ -82,7 +90,7 @@ class Batcher:
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
         batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
         observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
-        run_budget: MemoryBudget | None = None,
+        run_budget: MemoryBudget | None = None, inline_run_us: int = 0,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -96,6 +104,10 @@ class Batcher:
         self.run_budget = run_budget
         self.name = name
         self.observer = observer
+        self.inline_below = inline_run_us / 1e6
+        # Seconds the last run of each shape took: (batch key, rows, sequence length) -> seconds.
+        self._run_seconds: dict[tuple[object, ...], float] = {}
+        self.inline_runs = 0  # runs made on the event loop (no worker thread)
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
@@ -131,13 +143,23 @@ class Batcher:
         """`submit` for a request that already holds its place (`admission`)."""
         chunks = split_rows(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
-            loop = asyncio.get_running_loop()
             results = []
             for chunk, chunk_out in chunks:
-                async with self._reserve(rows_of(chunk), self._seq(chunk)):
-                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk, 1, chunk_out))
+                rows, seq = rows_of(chunk), self._seq(chunk)
+                async with self._reserve(rows, seq):
+                    results.append(await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1,
+                                                       chunk_out))
             return joined(results, out)
         return await self._submit_batched(chunks, out)
+
+    async def _execute(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
+        worker thread."""
+        seconds = self._run_seconds.get(shape)
+        if seconds is not None and seconds < self.inline_below:
+            self.inline_runs += 1
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
         """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
@@ -252,13 +274,13 @@ class Batcher:
                 and self.run_bytes(rows, seq) > self.run_budget.capacity)
 
     async def _run_group(self, group: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         live = [item for item in group if not item.future.done()]  # a cancelled request is not run
         if not live:
             return
         try:
-            async with self._reserve(sum(item.rows for item in live), max(item.seq for item in live)):
-                outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
+            rows, seq = sum(item.rows for item in live), max(item.seq for item in live)
+            async with self._reserve(rows, seq):
+                outputs = await self._execute((live[0].key, rows, seq), self._run_batch, live)
         except Exception as exc:
             if len(live) == 1:
                 _settle(live[0], exc=exc)
@@ -275,9 +297,13 @@ class Batcher:
         started = time.perf_counter()
         outputs = self.run(inputs, out) if out else self.run(inputs)
         seconds = time.perf_counter() - started
+        rows = rows_of(inputs)
         with self._stats_lock:
-            self.inference_count += rows_of(inputs)
+            self.inference_count += rows
             self.execution_count += 1
+            if len(self._run_seconds) >= MAX_SHAPES_TIMED:
+                del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
+            self._run_seconds[(self._key(inputs), rows, self._seq(inputs))] = seconds
         if self.observer is not None:
             self.observer.observe_run(self.name, seconds)
             self.observer.observe_batch(self.name, requests)
