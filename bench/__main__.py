@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target")
     parser.add_argument("--seconds", type=int, default=2, help="seconds per load round and side (default 2)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3)")
+    parser.add_argument("--quick", action="store_true", help="a short run for CI (fewer cases, rounds and seconds; "
+                        "noisier ratios)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
     parser.add_argument("--clients", type=int, default=CLIENTS, help="batching: concurrent clients (default 16)")

@@ -64,6 +64,7 @@ CASES = {
             ("llama3_1_attention", 1, 512)],
     "cuda": [("rope_attention", 4, 512), ("rope_attention", 8, 2048), ("llama3_1_attention", 8, 2048)],
 }
+QUICK_CASES, QUICK_REPEAT = 3, 5  # --quick: the first cases of the device, rounds per column
 TARGET_ROWS = 4096  # B·S from which the large-request targets hold
 SMALL_ROWS = 128  # B·S up to which a request is small: its fixed cost is what is measured
 MID_ROWS = 1024  # B·S from which (below TARGET_ROWS) HTTP binary is held to a share of onnxruntime's throughput
@@ -236,13 +237,15 @@ def run(bench: Bench) -> Report:
     device, threads = args.device, args.threads
     if device == "cuda":
         require_cuda()
-    cases: list[tuple[str, int, int]] = args.case or CASES[device]
+    quick = getattr(args, "quick", False)
+    cases: list[tuple[str, int, int]] = args.case or CASES[device][:QUICK_CASES if quick else None]
+    repeat = min(args.repeat, QUICK_REPEAT) if quick else args.repeat
     all_inputs = {case: inputs(case[1], case[2], case[0]) for case in cases}
     largest = max(sum(a.nbytes for a in arrays.values()) for arrays in all_inputs.values())
     binding_column, has_torch = device == "cuda", torch_version() is not None
     notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on uvicorn, device {device}, server intra-op threads "
              f"{threads or 'default'}, onnxruntime anchor with default session options, "
-             f"{args.repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
+             f"{repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
     if device == "cuda":
         import torch
         notes.append(f"# GPU {torch.cuda.get_device_name(0)}")
@@ -286,7 +289,7 @@ def run(bench: Bench) -> Report:
                         calls["torch"] = eager
                     np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
                     np.testing.assert_allclose(calls["shm copied"](), expected, atol=1e-4, rtol=1e-4)
-                    times = side_by_side(calls, args.repeat)
+                    times = side_by_side(calls, repeat)
                 finally:
                     shared.close()
                     zero_copy.close()
