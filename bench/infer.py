@@ -30,6 +30,7 @@ gets onnxruntime vs torch eager and the copied shared memory (informational).
 
 from __future__ import annotations
 
+import http.client
 import json
 import mmap
 import os
@@ -180,8 +181,14 @@ class ZeroCopyCase:
         self.request = kserve_request(shared_memory_inputs(arrays, self.names[0]), outputs=[output])
 
     def _post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-        self.conn.request("POST", path, body=body, headers=headers or {})
-        response = self.conn.getresponse()
+        try:
+            self.conn.request("POST", path, body=body, headers=headers or {})
+            response = self.conn.getresponse()
+        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
+            # the server closed the kept-alive connection while other columns ran (its keep-alive timeout): again
+            self.conn.close()
+            self.conn.request("POST", path, body=body, headers=headers or {})
+            response = self.conn.getresponse()
         answer = response.read()
         if response.status != 200:
             raise RuntimeError(f"{path}: HTTP {response.status}: {answer[:300]!r}")
