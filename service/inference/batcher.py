@@ -158,8 +158,19 @@ class Batcher:
         seconds = self._run_seconds.get(shape)
         if seconds is not None and seconds < self.inline_below:
             self.inline_runs += 1
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+            return self._timed(shape, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, shape, fn, *args)
+
+    def _timed(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, remembering how long it took for `shape` (what it would hold the event loop for)."""
+        started = time.perf_counter()
+        result = fn(*args)
+        seconds = time.perf_counter() - started
+        with self._stats_lock:
+            if shape not in self._run_seconds and len(self._run_seconds) >= MAX_SHAPES_TIMED:
+                del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
+            self._run_seconds[shape] = seconds
+        return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
         """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
@@ -297,13 +308,9 @@ class Batcher:
         started = time.perf_counter()
         outputs = self.run(inputs, out) if out else self.run(inputs)
         seconds = time.perf_counter() - started
-        rows = rows_of(inputs)
         with self._stats_lock:
-            self.inference_count += rows
+            self.inference_count += rows_of(inputs)
             self.execution_count += 1
-            if len(self._run_seconds) >= MAX_SHAPES_TIMED:
-                del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
-            self._run_seconds[(self._key(inputs), rows, self._seq(inputs))] = seconds
         if self.observer is not None:
             self.observer.observe_run(self.name, seconds)
             self.observer.observe_batch(self.name, requests)

@@ -316,3 +316,19 @@ def test_the_engine_runs_a_short_repeated_request_on_the_event_loop() -> None:
         return engine.batchers["rope_attention"].inline_runs
 
     assert asyncio.run(scenario()) == 2
+
+
+def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every new shape is remembered; past MAX_SHAPES_TIMED the oldest is forgotten (a client cannot grow it)."""
+    monkeypatch.setattr("posenc.service.inference.batcher.MAX_SHAPES_TIMED", 2)
+    batcher = Batcher(ThreadRecorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0,
+                      max_queue_size=64, inline_run_us=1_000_000)
+
+    async def scenario() -> None:
+        for seq in (1, 2, 3, 3):
+            await batcher.submit(_request(1, seq, 1.0))
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert [shape[1:] for shape in batcher._run_seconds] == [(1, 2), (1, 3)]
+    assert batcher.inline_runs == 1
