@@ -5,8 +5,9 @@ request and the queued requests compatible with it (same shapes apart from the b
 from the sequence axis when `seq_axes` is given, i.e. for causal models, which are right-padded to the
 longest sequence) up to `max_batch_size` rows, concatenates them once, runs the model in a worker
 thread and hands every request its own rows. Requests larger than `max_batch_size` are split into
-chunks and reassembled. One batch per model runs at a time (onnxruntime already uses every core for
-one run); the requests that arrive meanwhile form the next batch.
+chunks and reassembled. Up to `max_runs` batches of a model run at a time (the worker threads: as many
+runs as batching off would have in flight, so that batching never serialises what would otherwise
+overlap); the requests that arrive while every run is taken form the next batch.
 
 So batching never waits by default (`max_queue_delay_us=0`): a request that finds the model idle runs
 at once, alone, and batches form only from requests that are actually waiting. A positive delay makes
@@ -90,7 +91,7 @@ class Batcher:
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
         batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
         observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
-        run_budget: MemoryBudget | None = None, inline_run_us: int = 0,
+        run_budget: MemoryBudget | None = None, inline_run_us: int = 0, max_runs: int = 1,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -112,6 +113,9 @@ class Batcher:
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.max_runs = max(1, max_runs)
+        self._slots: asyncio.Semaphore | None = None  # one per run that may be in flight
+        self._runs: set[asyncio.Task[None]] = set()
         # Statistics (Triton's names): rows inferred and model executions; bumped from worker threads.
         self._stats_lock = threading.Lock()
         self.inference_count = 0
@@ -210,6 +214,7 @@ class Batcher:
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
+            self._slots = asyncio.Semaphore(self.max_runs)
             self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
 
     def _seq(self, inputs: Arrays) -> int:
@@ -230,7 +235,7 @@ class Batcher:
         return tuple(key)
 
     async def _dispatch(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self._slots is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -239,13 +244,25 @@ class Batcher:
             if self.delay > 0:
                 await self._fill_window()
             while self._queue:
-                group = self._take_group()
-                try:
-                    await self._run_group(group)
-                except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
-                    log.exception("batcher %s failed on a group", self.name)
-                    for item in group:
-                        _settle(item, exc=exc)
+                await self._slots.acquire()  # a run is free: what queued while waiting for it forms this batch
+                if not self._queue:
+                    self._slots.release()
+                    break
+                run = asyncio.get_running_loop().create_task(self._run_slot(self._take_group()))
+                self._runs.add(run)
+                run.add_done_callback(self._runs.discard)
+
+    async def _run_slot(self, group: list[_Item]) -> None:
+        """Run one group in a slot of `max_runs`, freed at the end."""
+        assert self._slots is not None
+        try:
+            await self._run_group(group)
+        except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
+            log.exception("batcher %s failed on a group", self.name)
+            for item in group:
+                _settle(item, exc=exc)
+        finally:
+            self._slots.release()
 
     async def _fill_window(self) -> None:
         """Wait (at most the queue delay) until a full batch is queued."""
@@ -330,9 +347,10 @@ class Batcher:
 
     async def close(self) -> None:
         """Stop the dispatcher; queued requests get 503."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, *self._runs) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
 

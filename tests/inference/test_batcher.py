@@ -332,3 +332,28 @@ def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -
     asyncio.run(scenario())
     assert [key[0][2] for key, _, _ in batcher._run_seconds] == [(2, 2), (3, 2)]  # x without its batch axis
     assert batcher.inline_runs == 1
+
+
+@pytest.mark.parametrize("max_runs", [1, 2])
+def test_up_to_max_runs_batches_run_at_once(max_runs: int) -> None:
+    """Batching never serialises what batching off would overlap: with `max_runs` runs free, that many requests
+    run at once (counted while every run is held), and only what queues behind them is batched."""
+    gate = threading.Event()
+    run = Recorder(gate)
+    batcher = Batcher(run, ThreadPoolExecutor(4), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      max_runs=max_runs)
+
+    async def scenario() -> int:
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.ensure_future(batcher.submit(_request(1, 3, float(i)))))
+            await asyncio.sleep(0.02)  # one at a time: each finds the runs as the previous ones left them
+        in_flight = len(batcher._runs)
+        gate.set()
+        await asyncio.gather(*tasks)
+        await batcher.close()
+        return in_flight
+
+    assert asyncio.run(scenario()) == max_runs
+    # the first max_runs requests ran alone, the rest queued behind them and ran as one batch
+    assert sorted(run.shapes) == sorted([(1, 3, 2)] * max_runs + [(4 - max_runs, 3, 2)])
