@@ -250,8 +250,8 @@ def run(bench: Bench) -> Report:
     all_inputs = {case: inputs(case[1], case[2], case[0]) for case in cases}
     largest = max(sum(a.nbytes for a in arrays.values()) for arrays in all_inputs.values())
     binding_column, has_torch = device == "cuda", torch_version() is not None
-    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on uvicorn, device {device}, server intra-op threads "
-             f"{threads or 'default'}, onnxruntime anchor with default session options, "
+    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on posenc's server, device {device}, "
+             f"server intra-op threads {threads or 'default'}, onnxruntime anchor with default session options, "
              f"{repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
     if device == "cuda":
         import torch
