@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import signal
 import sys
 import tempfile
@@ -38,6 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target")
     parser.add_argument("--seconds", type=int, default=2, help="seconds per load round and side (default 2)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3)")
+    parser.add_argument("--quick", action="store_true", help="a short run for CI (fewer cases, rounds and seconds; "
+                        "noisier ratios)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
     parser.add_argument("--clients", type=int, default=CLIENTS, help="batching: concurrent clients (default 16)")
@@ -48,8 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--case", action="append", metavar="MODEL:B:S",
                         help="infer: a latency case (repeatable); default: a small set per device")
     parser.add_argument("--repeat", type=int, default=9, help="infer: timed calls per column (median reported)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                        help="infer: intra-op threads (default: the usable cores)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="infer: the server's intra-op threads and torch's threads (default 0: each one's own "
+                        "default; the onnxruntime anchor always runs with onnxruntime's defaults)")
     args = parser.parse_args(argv)
     if args.seconds < 1 or (args.rounds is not None and args.rounds < 1) or args.repeat < 1:
         parser.error("--seconds, --rounds and --repeat must be at least 1")

@@ -43,7 +43,8 @@ def rows_per_run(server: ServerProcess, before: tuple[int, int]) -> float:
 
 def on_off(bench: Bench, report: Report) -> None:
     args, load = bench.args, bench.load
-    rounds, clients = args.rounds or 5, args.clients
+    quick = getattr(args, "quick", False)
+    rounds, clients, seconds = args.rounds or (3 if quick else 5), args.clients, 1 if quick else args.seconds
     table = [f"| {clients} concurrent clients, single requests ({MODEL}) | batching | requests/s | median latency "
              "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
     with bench.servers() as servers:
@@ -54,8 +55,8 @@ def on_off(bench: Bench, report: Report) -> None:
             target = infer_target(inputs(1, seq), bench.work_dir)
             load.round(on.port, target, 1, clients), load.round(off.port, target, 1, clients)  # warm-up
             before = {server.name: model_stats(server.port) for server in (on, off)}
-            a, b = interleaved(rounds, lambda t=target: load.round(on.port, t, args.seconds, clients),
-                               lambda t=target: load.round(off.port, t, args.seconds, clients))
+            a, b = interleaved(rounds, lambda t=target: load.round(on.port, t, seconds, clients),
+                               lambda t=target: load.round(off.port, t, seconds, clients))
             per_run = {server.name: rows_per_run(server, before[server.name]) for server in (on, off)}
             va, vb = [r.rps for r in a], [r.rps for r in b]
             p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b])
@@ -70,7 +71,7 @@ def on_off(bench: Bench, report: Report) -> None:
 
 
 def per_row(bench: Bench, report: Report) -> None:
-    """onnxruntime ms per row for each batch size (every B in every round), on a session built like the server's."""
+    """onnxruntime ms per row for each batch size (every B in every round), with onnxruntime's default options."""
     args = bench.args
     session = ort_session(MODEL)
     for seq in PER_ROW_SEQS:
@@ -88,8 +89,9 @@ def per_row(bench: Bench, report: Report) -> None:
 
 def run(bench: Bench) -> Report:
     report = Report(notes=["# batching: posenc serve with POSENC_BATCHING=true vs false (otherwise POSENC_* unset), "
-                           f"{bench.args.clients} connections; onnxruntime per row in-process (a session built "
-                           "like the server's)"])
+                           f"{bench.args.clients} connections; onnxruntime per row in-process (default session "
+                           "options)"])
     on_off(bench, report)
-    per_row(bench, report)
+    if not getattr(bench.args, "quick", False):  # --quick: the on/off ratios only
+        per_row(bench, report)
     return report

@@ -1,9 +1,8 @@
-"""The in-process anchors of the inference benchmarks: onnxruntime sessions built like the server's, I/O binding
-on CUDA, and torch eager (the module the graphs were exported from; optional)."""
+"""The in-process anchors of the inference benchmarks: onnxruntime as a user would run it in-process (default
+session options), I/O binding on CUDA, and torch eager (the module the graphs were exported from; optional)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -29,13 +28,11 @@ def require_cuda() -> None:
         raise SystemExit("--device cuda: " + "; ".join(problems))
 
 
-def ort_session(model: str, device: str = "cpu", threads: int | None = None) -> ort.InferenceSession:
-    """A session built like posenc's (service/inference/repository.py): intra-op threads (default: the usable
-    cores), one inter-op thread, no spinning; the CUDA provider first with device cuda."""
+def ort_session(model: str, device: str = "cpu") -> ort.InferenceSession:
+    """The anchor: a session with onnxruntime's default options (its own thread pool size, spinning on), as a
+    user running the model in-process gets it; the CUDA provider first with device cuda. The server chooses its
+    own options (service/inference/repository.py); the anchor never copies them."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-    options.inter_op_num_threads = 1
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(ROOT / "onnx" / model / "model.onnx"), sess_options=options, providers=providers)
     if device == "cuda" and session.get_providers()[0] != CUDA:
@@ -73,14 +70,16 @@ def torch_version() -> str | None:
 
 
 def torch_call(model: str, inputs: dict[str, np.ndarray], device: str, threads: int) -> Callable[[], object] | None:
-    """The torch module `model` was exported from, eager, on `device` with `threads` threads; None without torch."""
+    """The torch module `model` was exported from, eager, on `device` with `threads` threads (0: torch's default);
+    None without torch."""
     try:
         import torch
 
         from posenc.models.export_onnx import default_specs
     except ImportError:
         return None
-    torch.set_num_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
     spec = {s.name: s for s in default_specs()}[model]
     module = spec.module().to(device).eval()
     tensors = [torch.from_numpy(inputs[k]).to(device) for k in ("query", "key", "value", "position_ids")]

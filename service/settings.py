@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     inference_threads: int = Field(
         4, ge=1, le=256, description="Worker threads that call onnxruntime `run` (it releases the GIL)."
     )
+    inline_run_us: int = Field(
+        2000, ge=0, le=1_000_000,
+        description="A model run whose shape last ran in less than this (microseconds) runs on the event loop instead "
+        "of a worker thread: the hand-off to a thread and back costs about as much as such a run. 0: always a worker "
+        "thread.",
+    )
     batching: bool = Field(
         True, description="Dynamic batching per model; false runs every request on its own (still in a worker thread)."
     )

@@ -8,12 +8,25 @@ what a body will take, for reserving memory before it is read. A client that goe
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 from starlette.requests import ClientDisconnect
 
 from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, echo
+
+# The scope extension by which posenc's server (`posenc.service.http.server`) reads a request body straight into a
+# handler's buffer: `await scope["extensions"][RECEIVE_INTO](view)` -> bytes received (-1: more than `view`).
+RECEIVE_INTO = "posenc.receive_into"
+ReceiveInto = Callable[[memoryview], Awaitable[int]]
+
+
+def receive_into_of(scope: Any) -> ReceiveInto | None:
+    """The server's RECEIVE_INTO of this request, if it has one (not under another server or a test client)."""
+    extensions = scope.get("extensions") or {}
+    receive: ReceiveInto | None = extensions.get(RECEIVE_INTO)
+    return receive
 
 
 def declared_length(content_length: str | None, limit: int) -> int:
@@ -65,23 +78,23 @@ async def read_body(content_length: str | None, chunks: AsyncIterable[bytes], li
 
 
 async def read_aligned_body(content_length: str | None, chunks: AsyncIterable[bytes], limit: int,
-                            align_at: int) -> memoryview:
+                            align_at: int, receive_into: ReceiveInto | None = None) -> memoryview:
     """The request body in one buffer sized from Content-Length, each chunk copied into place as it arrives
     (no list of chunks joined afterwards), with `read_body`'s limits: 413 over `limit` (a declared length
     before anything is read), 400 for a body longer or shorter than its Content-Length, 499 when the
     client goes away. The buffer is placed so that byte `align_at` of the body sits on an ALIGNMENT-byte
     boundary: numpy views of binary tensors after a JSON header of that length need no copy. A chunked
-    body (no Content-Length) grows one bytearray and is not aligned."""
-    buffer, start, size = await _read(content_length, chunks, limit, align_at=align_at)
-    return memoryview(buffer)[start:start + size]
+    body (no Content-Length) grows one bytearray and is not aligned. With `receive_into` (the server's
+    RECEIVE_INTO) a body with a Content-Length is copied into the buffer by the server as it is parsed, and
+    `chunks` is not read."""
+    buffer, start, size = await _read(content_length, chunks, limit, align_at=align_at, receive_into=receive_into)
+    return buffer[start:start + size]
 
 
-def _address(buffer: bytearray) -> int:
-    return int(np.frombuffer(buffer, dtype=np.uint8).ctypes.data)
 
 
-async def _read(content_length: str | None, chunks: AsyncIterable[bytes], limit: int,
-                align_at: int) -> tuple[bytearray, int, int]:
+async def _read(content_length: str | None, chunks: AsyncIterable[bytes], limit: int, align_at: int,
+                receive_into: ReceiveInto | None = None) -> tuple[memoryview, int, int]:
     """(buffer, start, size): the body is buffer[start:start + size]."""
     declared = _declared(content_length, limit)
     received = 0
@@ -93,22 +106,38 @@ async def _read(content_length: str | None, chunks: AsyncIterable[bytes], limit:
                 if received > limit:
                     raise PayloadTooLarge(_too_large(received, limit, at_least=True))
                 buffer += chunk
-            return buffer, 0, received
+            return memoryview(buffer), 0, received
         pad = ALIGNMENT if declared else 0
-        buffer = bytearray(declared + pad)
-        start = (-(_address(buffer) + align_at)) % ALIGNMENT if pad else 0
-        with memoryview(buffer) as view:
-            async for chunk in chunks:
-                end = received + len(chunk)
-                if end > declared:
+        array = np.empty(declared + pad, np.uint8)  # not zeroed: every byte of the body is written
+        start = (-(array.ctypes.data + align_at)) % ALIGNMENT if pad else 0
+        with array.data as view:
+            if receive_into is None:
+                received = await _copy_chunks(chunks, view[start:start + declared])
+            else:
+                received = await receive_into(view[start:start + declared])
+                if received < 0:
                     raise BadRequest(f"the request body is longer than its Content-Length ({declared} bytes)")
-                view[start + received:start + end] = chunk
-                received = end
     except ClientDisconnect:
-        raise ClientClosedRequest(f"the client disconnected after {received} bytes of the body") from None
+        raise ClientClosedRequest(f"the client disconnected before the end of the body ({received} bytes read)"
+                                  ) from None
     if received != declared:
         raise BadRequest(f"the request body ended after {received} of the {declared} bytes of its Content-Length")
-    return buffer, start, declared
+    return array.data, start, declared
+
+
+async def _copy_chunks(chunks: AsyncIterable[bytes], view: memoryview) -> int:
+    """Copy the chunks to `view`, refusing more than it holds (its Content-Length); the bytes received."""
+    received = 0
+    try:
+        async for chunk in chunks:
+            end = received + len(chunk)
+            if end > len(view):
+                raise BadRequest(f"the request body is longer than its Content-Length ({len(view)} bytes)")
+            view[received:end] = chunk
+            received = end
+    except ClientDisconnect:
+        raise ClientClosedRequest(f"the client disconnected after {received} bytes of the body") from None
+    return received
 
 
 def _too_large(size: int, limit: int, at_least: bool = False) -> str:

@@ -15,6 +15,9 @@ is installed, which `uvicorn[standard]` guarantees):
   with the JSON error envelope and the connection is closed, before the rest is read or buffered;
 * a send timeout (`POSENC_SEND_TIMEOUT`): a response whose client stops reading (the write buffer stays
   full) for that long has its connection cut, and `posenc_send_timeouts_total` counts it;
+* a body read into the application's buffer (`RECEIVE_INTO`, a scope extension): a handler that has one
+  buffer for the whole body (an inference) gets every chunk copied there as it is parsed, with no pause of
+  the socket at each 64 KiB and no ASGI message per chunk; the body timer and the limits stay as they are;
 * a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
   has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
   graceful timeout runs out, instead of keeping the process alive forever.
@@ -38,14 +41,17 @@ import socket
 import threading
 from collections.abc import Generator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import uvicorn
+from starlette.requests import ClientDisconnect
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import HANDLED_SIGNALS, ServerState
 
 from posenc.service.errors import HeadersTooLarge
+from posenc.service.http.bodies import RECEIVE_INTO
 from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import count_send_timeout, shared_metrics_dir
 from posenc.service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
@@ -103,6 +109,16 @@ class HeadTooLargeError(Exception):
     """Raised from a parser callback to stop parsing a request head over POSENC_MAX_HEADER_BYTES."""
 
 
+@dataclass(eq=False)
+class BodySink:
+    """Where the parser puts the body of `cycle`'s request while a handler waits in `receive_into`."""
+
+    cycle: RequestResponseCycle
+    view: memoryview
+    received: int
+    overflow: bool = False
+
+
 def _cancel(handle: asyncio.TimerHandle | None) -> None:
     if handle is not None:
         handle.cancel()
@@ -129,6 +145,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.cut_timer: asyncio.TimerHandle | None = None
         self.send_timer: asyncio.TimerHandle | None = None
         self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.http.unix)
+        self.sink: BodySink | None = None  # the body being read straight into a handler's buffer
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
 
@@ -181,6 +198,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.head_timer = None
         super().on_headers_complete()
         if not (self.parser.should_upgrade() and self._should_upgrade()):  # a WebSocket is not ours to time
+            extensions: dict[Any, Any] = self.scope.setdefault("extensions", {})
+            extensions[RECEIVE_INTO] = partial(self.receive_into, self.cycle)
             self._restart_body_timer()  # stopped by on_message_complete: at once when there is no body
 
     def on_response_complete(self) -> None:
@@ -202,8 +221,47 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
     # -- body: while a body is read, the client must keep sending
 
     def on_body(self, body: bytes) -> None:
-        super().on_body(body)
+        sink = self.sink
+        if sink is not None and sink.cycle is self.cycle and not sink.cycle.response_complete:
+            end = sink.received + len(body)
+            if end > len(sink.view):  # cannot happen with Content-Length (the parser stops there): refused
+                sink.overflow = True
+                sink.cycle.message_event.set()
+            elif not sink.overflow:
+                sink.view[sink.received:end] = body
+                sink.received = end
+        else:
+            super().on_body(body)
         self._restart_body_timer()
+
+    async def receive_into(self, cycle: RequestResponseCycle, view: memoryview) -> int:
+        """The rest of `cycle`'s request body copied into `view` as the parser meets it (the socket is not paused
+        and no ASGI message is made per chunk); the bytes received. -1 when the body is longer than `view`;
+        `ClientDisconnect` when the client went away (or the body timer gave up on it). The handler must not
+        have called `receive()` for body bytes it wants here: those are gone."""
+        if cycle.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
+        buffered = len(cycle.body)  # what arrived before the handler asked (uvicorn's buffer, at most ~64 KiB)
+        if buffered > len(view):
+            return -1
+        view[:buffered] = cycle.body
+        cycle.body = bytearray()
+        sink = BodySink(cycle, view, buffered)
+        self.sink = sink
+        try:
+            self.flow.resume_reading()
+            while cycle.more_body and not sink.overflow:
+                if cycle.disconnected or cycle.response_complete:
+                    raise ClientDisconnect
+                await cycle.message_event.wait()
+                cycle.message_event.clear()
+            if cycle.disconnected:
+                raise ClientDisconnect
+        finally:
+            if self.sink is sink:
+                self.sink = None
+        return -1 if sink.overflow else sink.received
 
     def on_message_complete(self) -> None:
         self.in_head, self.head_bytes = True, 0  # what comes next is the head of the next request

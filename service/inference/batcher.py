@@ -5,8 +5,9 @@ request and the queued requests compatible with it (same shapes apart from the b
 from the sequence axis when `seq_axes` is given, i.e. for causal models, which are right-padded to the
 longest sequence) up to `max_batch_size` rows, concatenates them once, runs the model in a worker
 thread and hands every request its own rows. Requests larger than `max_batch_size` are split into
-chunks and reassembled. One batch per model runs at a time (onnxruntime already uses every core for
-one run); the requests that arrive meanwhile form the next batch.
+chunks and reassembled. Up to `max_runs` batches of a model run at a time (the worker threads: as many
+runs as batching off would have in flight, so that batching never serialises what would otherwise
+overlap); the requests that arrive while every run is taken form the next batch.
 
 So batching never waits by default (`max_queue_delay_us=0`): a request that finds the model idle runs
 at once, alone, and batches form only from requests that are actually waiting. A positive delay makes
@@ -20,6 +21,11 @@ A batch that fails is retried request by request, so one bad request cannot fail
 With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than the budget's capacity
 (requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
 runs of every model together stay under it: a run waits for its bytes before it starts.
+
+A run whose shape (the batch key, rows and sequence length) last ran in less than `inline_run_us` runs on
+the event loop itself: handing it to a worker thread and back (a queue, a thread wake-up, the GIL twice, a
+call back into the loop) costs about as much as such a run, which holds the loop for at most about that
+bound. The first run of a shape, and any shape whose last run took longer, goes to a worker thread.
 
 The array work (chunks, stacking with right-padding, handing each request its rows) is
 `posenc.service.inference.batch_arrays`; this module is the queue and its scheduling.
@@ -36,7 +42,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -48,6 +54,7 @@ log = logging.getLogger("posenc.inference.batcher")
 
 RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run_model` of one model
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
+T = TypeVar("T")
 
 
 class BatchObserver(Protocol):
@@ -59,6 +66,8 @@ class BatchObserver(Protocol):
 
     def observe_run(self, model: str, seconds: float) -> None: ...
 
+# Shapes whose last run time is remembered (for running short ones on the event loop), the oldest dropped first.
+MAX_SHAPES_TIMED = 1024
 # Padding may at most double the work of a batch (padded elements <= valid elements).
 MAX_PADDING_RATIO = 2.0
 
@@ -82,7 +91,7 @@ class Batcher:
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
         batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
         observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
-        run_budget: MemoryBudget | None = None,
+        run_budget: MemoryBudget | None = None, inline_run_us: int = 0, max_runs: int = 1,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -96,10 +105,17 @@ class Batcher:
         self.run_budget = run_budget
         self.name = name
         self.observer = observer
+        self.inline_below = inline_run_us / 1e6
+        # Seconds the last run of each shape took: (batch key, rows, sequence length) -> seconds.
+        self._run_seconds: dict[tuple[object, ...], float] = {}
+        self.inline_runs = 0  # runs made on the event loop (no worker thread)
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self.max_runs = max(1, max_runs)
+        self._slots: asyncio.Semaphore | None = None  # one per run that may be in flight
+        self._runs: set[asyncio.Task[None]] = set()
         # Statistics (Triton's names): rows inferred and model executions; bumped from worker threads.
         self._stats_lock = threading.Lock()
         self.inference_count = 0
@@ -131,13 +147,34 @@ class Batcher:
         """`submit` for a request that already holds its place (`admission`)."""
         chunks = split_rows(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
-            loop = asyncio.get_running_loop()
             results = []
             for chunk, chunk_out in chunks:
-                async with self._reserve(rows_of(chunk), self._seq(chunk)):
-                    results.append(await loop.run_in_executor(self.executor, self._run_counted, chunk, 1, chunk_out))
+                rows, seq = rows_of(chunk), self._seq(chunk)
+                async with self._reserve(rows, seq):
+                    results.append(await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1,
+                                                       chunk_out))
             return joined(results, out)
         return await self._submit_batched(chunks, out)
+
+    async def _execute(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
+        worker thread."""
+        seconds = self._run_seconds.get(shape)
+        if seconds is not None and seconds < self.inline_below:
+            self.inline_runs += 1
+            return self._timed(shape, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, shape, fn, *args)
+
+    def _timed(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+        """`fn(*args)`, remembering how long it took for `shape` (what it would hold the event loop for)."""
+        started = time.perf_counter()
+        result = fn(*args)
+        seconds = time.perf_counter() - started
+        with self._stats_lock:
+            if shape not in self._run_seconds and len(self._run_seconds) >= MAX_SHAPES_TIMED:
+                del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
+            self._run_seconds[shape] = seconds
+        return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
         """At most `rows` rows per run, fewer where one run of them would exceed the run budget (at least 1)."""
@@ -177,6 +214,7 @@ class Batcher:
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
             self._wake = asyncio.Event()
+            self._slots = asyncio.Semaphore(self.max_runs)
             self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
 
     def _seq(self, inputs: Arrays) -> int:
@@ -197,7 +235,7 @@ class Batcher:
         return tuple(key)
 
     async def _dispatch(self) -> None:
-        assert self._wake is not None
+        assert self._wake is not None and self._slots is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -206,13 +244,25 @@ class Batcher:
             if self.delay > 0:
                 await self._fill_window()
             while self._queue:
-                group = self._take_group()
-                try:
-                    await self._run_group(group)
-                except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
-                    log.exception("batcher %s failed on a group", self.name)
-                    for item in group:
-                        _settle(item, exc=exc)
+                await self._slots.acquire()  # a run is free: what queued while waiting for it forms this batch
+                if not self._queue:
+                    self._slots.release()
+                    break
+                run = asyncio.get_running_loop().create_task(self._run_slot(self._take_group()))
+                self._runs.add(run)
+                run.add_done_callback(self._runs.discard)
+
+    async def _run_slot(self, group: list[_Item]) -> None:
+        """Run one group in a slot of `max_runs`, freed at the end."""
+        assert self._slots is not None
+        try:
+            await self._run_group(group)
+        except Exception as exc:  # never leave a request waiting if the dispatcher itself trips
+            log.exception("batcher %s failed on a group", self.name)
+            for item in group:
+                _settle(item, exc=exc)
+        finally:
+            self._slots.release()
 
     async def _fill_window(self) -> None:
         """Wait (at most the queue delay) until a full batch is queued."""
@@ -252,13 +302,13 @@ class Batcher:
                 and self.run_bytes(rows, seq) > self.run_budget.capacity)
 
     async def _run_group(self, group: list[_Item]) -> None:
-        loop = asyncio.get_running_loop()
         live = [item for item in group if not item.future.done()]  # a cancelled request is not run
         if not live:
             return
         try:
-            async with self._reserve(sum(item.rows for item in live), max(item.seq for item in live)):
-                outputs = await loop.run_in_executor(self.executor, self._run_batch, live)
+            rows, seq = sum(item.rows for item in live), max(item.seq for item in live)
+            async with self._reserve(rows, seq):
+                outputs = await self._execute((live[0].key, rows, seq), self._run_batch, live)
         except Exception as exc:
             if len(live) == 1:
                 _settle(live[0], exc=exc)
@@ -297,9 +347,10 @@ class Batcher:
 
     async def close(self) -> None:
         """Stop the dispatcher; queued requests get 503."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [task for task in (self._task, *self._runs) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
 

@@ -210,7 +210,8 @@ class Engine:
             max_queue_size=settings.max_queue_size, batching=settings.batching,
             seq_axes={k: v for k, v in seq_axes.items() if v is not None}, pad=pad, name=model.name,
             observer=self.observer, run_bytes=cost.run_bytes if cost else None,
-            run_budget=self.run_budget if cost else None,
+            run_budget=self.run_budget if cost else None, inline_run_us=settings.inline_run_us,
+            max_runs=settings.inference_threads,
         )
 
     def get(self, name: str, version: str | None = None) -> RepositoryEntry:

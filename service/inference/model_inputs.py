@@ -96,6 +96,8 @@ def _check_shared_dims(declared: Sequence[ModelTensor], given: Mapping[str, Inpu
 
 
 def _check_positions(positions: np.ndarray, max_position: int) -> None:
+    if positions.size == 0 or (positions.min() >= 0 and positions.max() < max_position):
+        return  # two reductions, no temporaries: the common case
     bad = (positions < 0) | (positions >= max_position)
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])

@@ -243,3 +243,117 @@ def test_outputs_land_in_the_callers_arrays(case: str, shapes: list[tuple[int, i
         assert run.given_out == in_place
     else:
         assert len(run.shapes) == 1 and run.given_out == [False]  # one padded batch, then copied into each `out`
+
+
+class ThreadRecorder(Recorder):
+    """A Recorder that notes the thread of every run and takes `seconds` per run."""
+
+    def __init__(self, seconds: float = 0.0) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.threads: list[threading.Thread] = []
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.threads.append(threading.current_thread())
+        if self.seconds:
+            threading.Event().wait(self.seconds)
+        return super().__call__(inputs)
+
+
+@pytest.mark.parametrize("batching", [True, False])
+def test_a_shape_whose_last_run_was_short_runs_on_the_event_loop(batching: bool) -> None:
+    """No thread hop for a run known to be short: the first run of a shape goes to a worker thread (its time is
+    unknown), the next ones of that shape run on the loop; another shape starts in a worker thread again."""
+    run = ThreadRecorder()
+    batcher = Batcher(run, ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      batching=batching, inline_run_us=1_000_000)
+
+    async def scenario() -> threading.Thread:
+        for rows, seq in [(1, 3), (1, 3), (1, 3), (2, 3), (2, 3)]:
+            result = await batcher.submit(_request(rows, seq, 1.0))
+            np.testing.assert_array_equal(result["output"], _request(rows, seq, 1.0)["x"] + 1)
+        await batcher.close()
+        return threading.current_thread()
+
+    loop_thread = asyncio.run(scenario())
+    assert [thread is loop_thread for thread in run.threads] == [False, True, True, False, True]
+    assert batcher.inline_runs == 3
+    assert batcher.execution_count == 5
+
+
+def test_a_long_run_and_the_default_off_take_a_worker_thread() -> None:
+    """A shape whose last run took longer than the bound keeps going to a worker thread; a bound of 0 never
+    runs on the loop."""
+    for seconds, bound_us in [(0.02, 5_000), (0.0, 0)]:
+        run = ThreadRecorder(seconds)
+        batcher = Batcher(run, ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                          inline_run_us=bound_us)
+
+        async def scenario(batcher: Batcher = batcher) -> threading.Thread:
+            for _ in range(3):
+                await batcher.submit(_request(1, 3, 1.0))
+            await batcher.close()
+            return threading.current_thread()
+
+        loop_thread = asyncio.run(scenario())
+        assert not any(thread is loop_thread for thread in run.threads)
+        assert batcher.inline_runs == 0
+
+
+def test_the_engine_runs_a_short_repeated_request_on_the_event_loop() -> None:
+    """The shipped model at B=1, S=16: after the first run, no thread hop (counted)."""
+    engine = Engine(Settings(model_repository=REPOSITORY, inline_run_us=1_000_000))
+
+    async def scenario() -> int:
+        assert engine.load() == []
+        model = engine.models["rope_attention"]
+        assert isinstance(model, LoadedModel)
+        inputs = random_inputs(8, 8, 64, 1, 16)
+        expected = run_model(model, inputs)["output"]
+        for _ in range(3):
+            np.testing.assert_allclose((await engine.infer(model, inputs))["output"], expected, rtol=1e-6)
+        await engine.close()
+        return engine.batchers["rope_attention"].inline_runs
+
+    assert asyncio.run(scenario()) == 2
+
+
+def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every new shape is remembered; past MAX_SHAPES_TIMED the oldest is forgotten (a client cannot grow it)."""
+    monkeypatch.setattr("posenc.service.inference.batcher.MAX_SHAPES_TIMED", 2)
+    batcher = Batcher(ThreadRecorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0,
+                      max_queue_size=64, inline_run_us=1_000_000)
+
+    async def scenario() -> None:
+        for seq in (1, 2, 3, 3):
+            await batcher.submit(_request(1, seq, 1.0))
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert [key[0][2] for key, _, _ in batcher._run_seconds] == [(2, 2), (3, 2)]  # x without its batch axis
+    assert batcher.inline_runs == 1
+
+
+@pytest.mark.parametrize("max_runs", [1, 2])
+def test_up_to_max_runs_batches_run_at_once(max_runs: int) -> None:
+    """Batching never serialises what batching off would overlap: with `max_runs` runs free, that many requests
+    run at once (counted while every run is held), and only what queues behind them is batched."""
+    gate = threading.Event()
+    run = Recorder(gate)
+    batcher = Batcher(run, ThreadPoolExecutor(4), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      max_runs=max_runs)
+
+    async def scenario() -> int:
+        tasks = []
+        for i in range(4):
+            tasks.append(asyncio.ensure_future(batcher.submit(_request(1, 3, float(i)))))
+            await asyncio.sleep(0.02)  # one at a time: each finds the runs as the previous ones left them
+        in_flight = len(batcher._runs)
+        gate.set()
+        await asyncio.gather(*tasks)
+        await batcher.close()
+        return in_flight
+
+    assert asyncio.run(scenario()) == max_runs
+    # the first max_runs requests ran alone, the rest queued behind them and ran as one batch
+    assert sorted(run.shapes) == sorted([(1, 3, 2)] * max_runs + [(4 - max_runs, 3, 2)])
