@@ -7,7 +7,9 @@ import asyncio
 import io
 import logging
 
-from posenc.service.http.logs import LoopBatchedStreamHandler
+import pytest
+
+from posenc.service.http.logs import TEXT_FORMAT, LoopBatchedStreamHandler, TextFormatter
 
 
 class CountingStream(io.StringIO):
@@ -66,3 +68,12 @@ def test_records_outside_a_loop_are_written_at_once_after_what_is_pending() -> N
     asyncio.run(pending())
     handler.flush()  # logging's shutdown flushes every handler
     assert stream.getvalue().endswith("exit\nin the loop\n")
+
+
+@pytest.mark.parametrize("created", [1700000000.0, 1700000000.999, 1700000001.0005, 1700000001.5, 1699999999.25])
+def test_text_formatter_writes_what_logging_writes(created: float) -> None:
+    cached, plain = TextFormatter(TEXT_FORMAT), logging.Formatter(TEXT_FORMAT)
+    for when in (created, created + 0.25, created - 3.5):  # the same second, a later and an earlier one
+        record = logging.LogRecord("posenc.access", logging.INFO, __file__, 0, "GET %s", ("/healthz",), None)
+        record.created, record.msecs = when, (when - int(when)) * 1000
+        assert cached.format(record) == plain.format(record)
