@@ -12,7 +12,8 @@ interleaved rounds:
 Uncached tables, computed in row blocks on every core against the one-piece computation of before
 (`POSENC_TABLE_BLOCK_BYTES=0`), for the 131,072 x 128 RoPE table (cos and sin: 128 MiB of float32):
   compute  GB/s of the computation alone, in this process: `RowBlocks` with the service's defaults (one thread
-           per core) vs `query.compute()`, target >= 1.7; and on one thread (the split alone), informational
+           per core) vs `query.compute()`, target >= 1.7; on one thread (the split alone), and the process's
+           CPU time per table (what other load cannot take away), informational
   served   GB/s of the whole uncached request (compute, encode, send), one client, two servers with the table
            cache off, one with row blocks and one without, informational (not with --quick)
 """
@@ -20,7 +21,9 @@ Uncached tables, computed in row blocks on every core against the one-piece comp
 from __future__ import annotations
 
 import json
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -115,17 +118,33 @@ def compute_rows(bench: Bench, report: Report, rounds: int) -> None:
     defaults = Settings()
     blocks = RowBlocks(defaults.table_threads, defaults.table_block_bytes)
     one_thread = RowBlocks(1, defaults.table_block_bytes)
-    old, new, single = interleaved(rounds, call_ms(query.compute),
-                                   call_ms(lambda: blocks.compute(query, specs)),
-                                   call_ms(lambda: one_thread.compute(query, specs)))
+    old, new, single = interleaved(rounds, timed(query.compute), timed(lambda: blocks.compute(query, specs)),
+                                   timed(lambda: one_thread.compute(query, specs)))
     blocks.close()
     one_thread.close()
     what = f"uncached {UNCACHED_ROWS}x{UNCACHED_HEAD_DIM} RoPE compute: row blocks vs one piece"
-    for label, times, goal in ((f"{what}, {blocks.threads} threads", new, 1.7), (f"{what}, 1 thread", single, None)):
-        report.rows.append(Row(label, gigabytes / (med(times) / 1000), gigabytes / (med(old) / 1000), "GB/s", True,
-                               goal, f"{spread([1 / t for t in times], [1 / t for t in old])}; "
-                               f"{med(times):.0f}/{med(old):.0f} ms"))
+    old_ms = [wall for wall, _ in old]
+    for label, sides, goal in ((f"{what}, {blocks.threads} threads", new, 1.7), (f"{what}, 1 thread", single, None)):
+        times = [wall for wall, _ in sides]
+        report.rows.append(Row(label, gigabytes / (med(times) / 1000), gigabytes / (med(old_ms) / 1000), "GB/s", True,
+                               goal, f"{spread([1 / t for t in times], [1 / t for t in old_ms])}; "
+                               f"{med(times):.0f}/{med(old_ms):.0f} ms"))
         log(f"{label}: {report.rows[-1].ratio:.3f}")
+    # CPU time is what other processes on a shared machine cannot take away: the split's own gain per core
+    report.rows.append(Row(f"{what}: CPU time of this process per table, {blocks.threads} threads",
+                           med([cpu for _, cpu in new]), med([cpu for _, cpu in old]), "s", False, None,
+                           spread([cpu for _, cpu in new], [cpu for _, cpu in old], higher_is_better=False)))
+    log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+
+
+def timed(fn: Callable[[], object]) -> Callable[[], tuple[float, float]]:
+    """A side of `interleaved`: one call of `fn`, its wall milliseconds and this process's CPU seconds."""
+    def side() -> tuple[float, float]:
+        before, start = os.times(), time.perf_counter()
+        fn()
+        wall, after = 1000 * (time.perf_counter() - start), os.times()
+        return wall, after.user + after.system - before.user - before.system
+    return side
 
 
 def served_rows(bench: Bench, report: Report, rounds: int) -> None:
