@@ -35,7 +35,7 @@ class TextFormatter(logging.Formatter):
             second = int(record.created)
             text = time.strftime(self.default_time_format, self.converter(record.created))
             self._second = (second, text)
-        return self.default_msec_format % (text, record.msecs)
+        return self.default_msec_format % (text, record.msecs) if self.default_msec_format else text
 
 
 class JsonFormatter(logging.Formatter):
