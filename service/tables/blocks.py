@@ -52,6 +52,8 @@ class RowBlocks:
         if not set(query.row_tensors) <= set(specs):
             raise RuntimeError(f"{type(query).__name__}: row_tensors {query.row_tensors} not among {list(specs)}")
         rows = specs[query.row_tensors[0]].shape[0]
+        if rows < 2:
+            return None
         row_bytes = sum(specs[name].nbytes for name in query.row_tensors) // rows
         per_block = max(1, self.block_bytes // max(row_bytes, 1))
         return row_blocks(rows, per_block) if rows > per_block else None
