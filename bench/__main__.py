@@ -3,6 +3,7 @@
     python -m bench all                            # every sub-benchmark (about 8 minutes on 2 cores)
     python -m bench tables --rounds 3              # one of them
     python -m bench tables batching --check        # exit 1 when a ratio is below its target
+    python -m bench tables --quick                 # fewer, shorter rounds (what CI prints): about a minute
 
 Sub-benchmarks (each module's docstring says what it measures and against what):
   tables    cached small table, /healthz and the cached 64 MiB table vs a bare FastAPI endpoint (bench/tables.py)
@@ -35,10 +36,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("benchmarks", nargs="+", choices=[*BENCHMARKS, "all"], metavar="BENCHMARK",
                         help=f"one or more of {', '.join(BENCHMARKS)}, or all")
     parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target")
-    parser.add_argument("--seconds", type=int, default=2, help="seconds per load round and side (default 2)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3)")
-    parser.add_argument("--quick", action="store_true", help="a short run for CI (fewer cases, rounds and seconds; "
-                        "noisier ratios)")
+    parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds (unless given: --seconds 1, "
+                        "--rounds 2, --repeat 3): ratios in about a minute per sub-benchmark, noisier")
+    parser.add_argument("--seconds", type=int, help="seconds per load round and side (default 2; quick 1)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3; quick 2)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
     parser.add_argument("--clients", type=int, default=CLIENTS, help="batching: concurrent clients (default 16)")
@@ -48,11 +49,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="infer: where every column runs: the server (POSENC_PROVIDERS), onnxruntime and torch")
     parser.add_argument("--case", action="append", metavar="MODEL:B:S",
                         help="infer: a latency case (repeatable); default: a small set per device")
-    parser.add_argument("--repeat", type=int, default=9, help="infer: timed calls per column (median reported)")
+    parser.add_argument("--repeat", type=int, help="infer: timed calls per column (median reported; default 9, "
+                        "quick 3)")
     parser.add_argument("--threads", type=int, default=0,
                         help="infer: the server's intra-op threads and torch's threads (default 0: each one's own "
                         "default; the onnxruntime anchor always runs with onnxruntime's defaults)")
     args = parser.parse_args(argv)
+    # quick: every sub-benchmark reads these three, so each runs fewer, shorter rounds
+    args.seconds = args.seconds if args.seconds is not None else (1 if args.quick else 2)
+    args.repeat = args.repeat if args.repeat is not None else (3 if args.quick else 9)
+    if args.quick and args.rounds is None:
+        args.rounds = 2
     if args.seconds < 1 or (args.rounds is not None and args.rounds < 1) or args.repeat < 1:
         parser.error("--seconds, --rounds and --repeat must be at least 1")
     if args.case:

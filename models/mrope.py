@@ -23,6 +23,7 @@ from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_params import RopeParameters
 from posenc.models.rope_types import F32, rope_type_spec
+from posenc.models.row_blocks import table_rows
 
 MropeModel = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 SegmentKind = Literal["text", "image", "video"]
@@ -190,12 +191,14 @@ def mrope_cos_sin(
     section: Sequence[int],
     interleaved: bool,
     dtype: npt.DTypeLike = np.float32,
+    rows: slice | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """cos, sin [S, rotary_dim] (half layout: cat(f, f)) for position ids [3, S]; also inv_freq, attention factor.
 
     Frequency j uses the position of its axis (`mrope_axis`); as everywhere in posenc, angles and cos/sin
     are float64 from the float32 inv_freq, times the attention factor, cast once. Runtime-dependent
-    rope_types see seq_len = max position + 1 (`dynamic_rope_update`).
+    rope_types see seq_len = max position + 1 (`dynamic_rope_update`), of all S positions. `rows`: only
+    these rows of the tables (`posenc.models.row_blocks.table_rows`), bit for bit as in the whole tables.
     """
     if position_ids.ndim != 2 or position_ids.shape[0] != 3:
         raise ParameterError("position_ids", f"must have shape [3, S], got {list(position_ids.shape)}")
@@ -207,8 +210,9 @@ def mrope_cos_sin(
     inv_freq = spec.inv_freq(params, seq_len).astype(F32)  # [d/2]
     attention_factor = float(spec.attention_factor(params))
     axis = mrope_axis(section, interleaved)  # [d/2]
-    positions = position_ids[axis].T.astype(np.float64)  # [S, d/2]: each frequency's own axis
-    angles = positions * inv_freq.astype(np.float64)[None, :]  # [S, d/2]
+    span = table_rows(rows, position_ids.shape[1])
+    positions = position_ids[axis, span.start:span.stop].T.astype(np.float64)  # [rows, d/2]: each frequency's axis
+    angles = positions * inv_freq.astype(np.float64)[None, :]  # [rows, d/2]
     out_dtype = np.dtype(dtype)
     cos = cast(np.cos(angles) * attention_factor, out_dtype)
     sin = cast(np.sin(angles) * attention_factor, out_dtype)

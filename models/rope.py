@@ -23,6 +23,7 @@ from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_frequencies import F32, yarn_correction_range
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import ROPE_TYPES, RopeType, rope_type_spec
+from posenc.models.row_blocks import table_rows
 
 __all__ = [
     "ROPE_TYPES",
@@ -86,6 +87,7 @@ def rope_cos_sin(
     layout: Layout = "half",
     form: Form = "full",
     dtype: npt.DTypeLike | str = np.float32,
+    rows: slice | None = None,
 ) -> tuple[np.ndarray, np.ndarray, RopeInfo]:
     """cos and sin tables for positions offset .. offset + max_position - 1.
 
@@ -95,7 +97,9 @@ def rope_cos_sin(
     cache layout; `layout` does not apply). Both include the attention factor, like transformers'
     cos/sin. For dynamic and longrope the frequencies are those of a batch whose largest position
     is the last row (seq_len = offset + max_position). dtype: numpy dtype or API name
-    (float32/float16/bfloat16/float64); values are computed in float64 and cast once.
+    (float32/float16/bfloat16/float64); values are computed in float64 and cast once. `rows`: only
+    these rows of that table (`posenc.models.row_blocks.table_rows`; seq_len stays offset + max_position),
+    bit for bit as in the whole table; the first axis then has len(rows) entries.
     """
     if isinstance(max_position, bool) or not isinstance(max_position, int) or max_position < 1:
         raise ParameterError("max_position", f"must be an integer >= 1, got {max_position!r}")
@@ -108,9 +112,10 @@ def rope_cos_sin(
     out_dtype = np_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
 
     seq_len = offset + max_position
+    span = table_rows(rows, max_position)
     inv_freq, attention_factor = inv_freq_and_attention_factor(params, seq_len)
-    positions = np.arange(offset, seq_len, dtype=np.float64)  # [max_position]
-    angles = positions[:, None] * inv_freq.astype(np.float64)[None, :]  # [max_position, table_dim/2]
+    positions = np.arange(offset + span.start, offset + span.stop, dtype=np.float64)  # [rows]
+    angles = positions[:, None] * inv_freq.astype(np.float64)[None, :]  # [rows, table_dim/2]
     cos, sin = np.cos(angles), np.sin(angles)
     if attention_factor != 1.0:
         cos *= attention_factor

@@ -18,6 +18,7 @@ import numpy.typing as npt
 from posenc.models.bounds import DEFAULT_SINUSOIDAL_BASE
 from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
+from posenc.models.row_blocks import table_rows
 
 SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
 DEFAULT_FAIRSEQ_PADDING_IDX = 1  # fairseq dictionaries' <pad> index
@@ -57,12 +58,14 @@ def sinusoidal_table(
     offset: int = 0,
     padding_idx: int = DEFAULT_FAIRSEQ_PADDING_IDX,
     dtype: npt.DTypeLike = np.float32,
+    rows: slice | None = None,
 ) -> np.ndarray:
     """Rows for positions offset .. offset + max_position - 1 of the `variant` table.
 
     Returns `dtype` [max_position, dim]. `padding_idx` is read by `fairseq` only: the row whose
     position equals it is all zeros (fairseq's table index is the position, real tokens start at
-    padding_idx + 1).
+    padding_idx + 1). `rows`: only these rows of that table (`posenc.models.row_blocks.table_rows`),
+    bit for bit as in the whole table: [len(rows), dim].
     """
     if max_position < 1:
         raise ParameterError("max_position", f"must be >= 1 (got {max_position})")
@@ -70,12 +73,14 @@ def sinusoidal_table(
         raise ParameterError("dim", f"must be >= 1 (got {dim})")
     if not base > 0:
         raise ParameterError("base", f"must be > 0 (got {base})")
-    positions = np.arange(offset, offset + max_position, dtype=np.float64)[:, None]  # [P, 1]
+    span = table_rows(rows, max_position)
+    first = offset + span.start  # position of the first computed row
+    positions = np.arange(first, offset + span.stop, dtype=np.float64)[:, None]  # [P, 1]: P = len(span)
 
     if variant == "paper":
         omega = paper_frequencies((dim + 1) // 2, dim, base)  # [ceil(d/2)]
         angles = positions * omega  # [P, ceil(d/2)]
-        table = np.empty((max_position, dim), dtype=np.float64)
+        table = np.empty((len(span), dim), dtype=np.float64)
         np.sin(angles, out=table[:, 0::2])
         np.cos(angles[:, : dim // 2], out=table[:, 1::2])
     elif variant == "marian":
@@ -86,8 +91,8 @@ def sinusoidal_table(
         omega = log_spaced_frequencies(dim // 2, base, guard=variant == "tensor2tensor")  # [d//2]
         angles = positions * omega  # [P, d//2]
         table = _concatenated(angles, angles, dim)
-        if variant == "fairseq" and offset <= padding_idx < offset + max_position:
-            table[padding_idx - offset] = 0.0
+        if variant == "fairseq" and first <= padding_idx < first + len(span):
+            table[padding_idx - first] = 0.0
     else:
         raise ParameterError("variant", f"unknown variant {variant!r}; one of paper, tensor2tensor, fairseq, marian")
     return cast(table, dtype)

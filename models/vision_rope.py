@@ -27,6 +27,7 @@ import numpy.typing as npt
 from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_types import default_inv_freq
+from posenc.models.row_blocks import table_rows
 
 VisionRopeModel = Literal["pixtral", "llama4"]
 VisionForm = Literal["full", "half"]
@@ -58,23 +59,25 @@ def vision_frequencies(model: VisionRopeModel, head_dim: int, theta: float) -> n
     return np.concatenate([rope_freq, rope_freq])
 
 
-def vision_positions(model: VisionRopeModel, height: int, width: int) -> np.ndarray:
+def vision_positions(model: VisionRopeModel, height: int, width: int, rows: slice | None = None) -> np.ndarray:
     """Per patch, the position multiplying each half of the frequencies → int64 [rows, 2].
 
     Pixtral: (h, w) of an height × width grid, row-major. Llama 4 (height = width = side): (x, y) =
-    (i mod side + 1, i div side + 1) for i < side², then the CLS row (0, 0).
+    (i mod side + 1, i div side + 1) for i < side², then the CLS row (0, 0). `rows`: only these rows
+    (`posenc.models.row_blocks.table_rows`).
     """
     if height < 1 or width < 1:
         raise ParameterError("height" if height < 1 else "width", "must be >= 1")
-    if model == "pixtral":
-        h, w = np.meshgrid(np.arange(height), np.arange(width), indexing="ij")  # each [height, width]
-        return np.stack([h.ravel(), w.ravel()], axis=1).astype(np.int64)  # [height·width, 2]
-    if height != width:
+    if model != "pixtral" and height != width:
         raise ParameterError("width", f"Llama 4's vision grid is square (image_size // patch_size), got "
                                       f"{height} x {width}")
-    i = np.arange(height * height)
-    grid = np.stack([i % height + 1, i // height + 1], axis=1)  # [side², 2]
-    return np.concatenate([grid, np.zeros((1, 2), dtype=grid.dtype)]).astype(np.int64)  # [side² + 1, 2]
+    span = table_rows(rows, vision_rows(model, height, width))
+    patch = np.arange(span.start, min(span.stop, height * width), dtype=np.int64)  # row-major patch index
+    if model == "pixtral":
+        return np.stack([patch // width, patch % width], axis=1)  # [rows, 2]: (h, w)
+    grid = np.stack([patch % width + 1, patch // width + 1], axis=1)  # [rows, 2]: (x, y)
+    cls = np.zeros((span.stop - span.start - len(patch), 2), dtype=np.int64)  # the CLS row when in range
+    return np.concatenate([grid, cls])  # [rows, 2]
 
 
 def vision_rows(model: VisionRopeModel, height: int, width: int) -> int:
@@ -88,16 +91,17 @@ def vision_layout(model: VisionRopeModel) -> str:
 
 def vision_cos_sin(
     model: VisionRopeModel, head_dim: int, theta: float, height: int, width: int,
-    form: VisionForm = "full", dtype: npt.DTypeLike = np.float32,
+    form: VisionForm = "full", dtype: npt.DTypeLike = np.float32, rows: slice | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """cos, sin and the float32 frequencies [head_dim/2].
 
     form="full": [rows, head_dim] in the model's layout (Pixtral: cat(a, a), the cos/sin its rotary module
     returns; Llama 4: each pair's value twice, as `view_as_complex` pairs channels). form="half":
     [rows, head_dim/2], one column per frequency (Llama 4: real and imaginary parts of `freqs_ci`).
+    `rows`: only these rows (`posenc.models.row_blocks.table_rows`), bit for bit as in the whole table.
     """
     freqs = vision_frequencies(model, head_dim, theta)  # [head_dim/2]
-    positions = vision_positions(model, height, width).astype(np.float64)  # [rows, 2]
+    positions = vision_positions(model, height, width, rows).astype(np.float64)  # [rows, 2]
     quarter = head_dim // 4
     scale = np.repeat(positions, quarter, axis=1)  # [rows, head_dim/2]: row half, then column half
     angles = scale * freqs.astype(np.float64)[None, :]  # [rows, head_dim/2]

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_types import default_inv_freq
+from posenc.models.row_blocks import table_rows
 
 XLNetAttnType = Literal["bi", "uni"]
 XLNET_THETA = 10000.0  # hard-coded in the reference
@@ -40,12 +41,13 @@ def check_xlnet_parameters(qlen: int, klen: int, d_model: int) -> None:
 
 
 def xlnet_distances(qlen: int, klen: int, attn_type: XLNetAttnType, bi_data: bool,
-                    clamp_len: int) -> np.ndarray:
-    """Relative distance of each row and direction → int64 [rows, 2 if bi_data else 1] (fwd, bwd)."""
+                    clamp_len: int, rows: slice | None = None) -> np.ndarray:
+    """Relative distance of each row and direction → int64 [rows, 2 if bi_data else 1] (fwd, bwd);
+    `rows`: only these rows (`posenc.models.row_blocks.table_rows`)."""
     if attn_type not in ("bi", "uni"):
         raise ParameterError("attn_type", f"must be 'bi' or 'uni', got {attn_type!r}")
-    end = -qlen if attn_type == "bi" else -1
-    forward = np.arange(klen, end, -1, dtype=np.int64)  # [rows]: klen, klen − 1, …
+    span = table_rows(rows, xlnet_rows(qlen, klen, attn_type))
+    forward = np.arange(klen - span.start, klen - span.stop, -1, dtype=np.int64)  # [rows]: klen, klen − 1, …
     columns = [forward, -forward] if bi_data else [forward]  # bwd: arange(−klen, −end) = −fwd
     distances = np.stack(columns, axis=1)  # [rows, 1 | 2]
     if clamp_len > 0:
@@ -55,11 +57,13 @@ def xlnet_distances(qlen: int, klen: int, attn_type: XLNetAttnType, bi_data: boo
 
 def xlnet_relative_sinusoid(
     qlen: int, klen: int, d_model: int, attn_type: XLNetAttnType = "bi", bi_data: bool = False,
-    clamp_len: int = -1, dtype: npt.DTypeLike = np.float32,
+    clamp_len: int = -1, dtype: npt.DTypeLike = np.float32, rows: slice | None = None,
 ) -> np.ndarray:
-    """`relative_positional_encoding(qlen, klen)` (bsz=None) → [rows, 2 if bi_data else 1, d_model]."""
+    """`relative_positional_encoding(qlen, klen)` (bsz=None) → [rows, 2 if bi_data else 1, d_model]; `rows`:
+    only these rows of it (`posenc.models.row_blocks.table_rows`), bit for bit as in the whole table."""
     check_xlnet_parameters(qlen, klen, d_model)
     inv_freq = default_inv_freq(XLNET_THETA, d_model).astype(np.float64)  # [d_model/2]
-    angles = xlnet_distances(qlen, klen, attn_type, bi_data, clamp_len)[..., None] * inv_freq  # [rows, n, d/2]
+    distances = xlnet_distances(qlen, klen, attn_type, bi_data, clamp_len, rows)  # [rows, n]
+    angles = distances[..., None] * inv_freq  # [rows, n, d/2]
     out_dtype = np.dtype(dtype)
     return np.concatenate([cast(np.sin(angles), out_dtype), cast(np.cos(angles), out_dtype)], axis=-1)

@@ -99,6 +99,16 @@ class Settings(BaseSettings):
         description="glibc malloc heaps (M_ARENA_MAX) set at start-up; fewer heaps strand less freed memory. "
         "0 leaves glibc's default (8 per core).",
     )
+    table_threads: int = Field(
+        0, ge=0, le=1024,
+        description="Threads that compute large uncached tables in row blocks (numpy releases the GIL), shared by "
+        "all requests; 0 = one per CPU core of this process.",
+    )
+    table_block_bytes: int = Field(
+        MiB, ge=0, le=GiB,
+        description="Output bytes per row block of a table computed in blocks; a table of at most one block, or "
+        "a family without row blocks, is computed in one piece. 0 = every table in one piece, on one core.",
+    )
     max_request_bytes: int = Field(
         64 * MiB, ge=1, description="Largest request body accepted (uploads, inference); over it: 413."
     )

@@ -24,6 +24,7 @@ from posenc.service.inference.check_routes import router as check_inference_rout
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.settings import Settings
+from posenc.service.tables.blocks import RowBlocks
 from posenc.service.tables.cache import ByteLRUCache
 from posenc.service.tables.http import table_router
 
@@ -59,6 +60,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await engine.close()
             app.state.shared_memory.close()  # unmap every registered region
+            app.state.row_blocks.close()
 
     app = FastAPI(
         title="posenc",
@@ -71,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.table_cache = ByteLRUCache(settings.cache_bytes)
+    app.state.row_blocks = RowBlocks(settings.table_threads, settings.table_block_bytes)
     app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
                                            wait_seconds=settings.memory_wait_seconds)
     limit_malloc_arenas(settings.malloc_arenas)

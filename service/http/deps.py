@@ -22,6 +22,7 @@ from posenc.service.settings import Settings
 if TYPE_CHECKING:
     from posenc.service.inference.engine import Engine
     from posenc.service.inference.shared_memory import SharedMemoryRegistry
+    from posenc.service.tables.blocks import RowBlocks
     from posenc.service.tables.cache import ByteLRUCache
 
 STARTING = ["starting"]  # the readiness problems before start-up has finished
@@ -40,6 +41,11 @@ async def memory_budget_of(request: Request) -> MemoryBudget:
 async def table_cache_of(request: Request) -> ByteLRUCache:
     cache: ByteLRUCache = request.app.state.table_cache
     return cache
+
+
+async def row_blocks_of(request: Request) -> RowBlocks:
+    blocks: RowBlocks = request.app.state.row_blocks
+    return blocks
 
 
 async def engine_of(request: Request) -> Engine:
@@ -64,6 +70,7 @@ async def readiness_problems_of(request: Request) -> list[str]:
 SettingsDep = Annotated[Settings, Depends(settings_of)]
 MemoryBudgetDep = Annotated[MemoryBudget, Depends(memory_budget_of)]
 TableCacheDep = Annotated["ByteLRUCache", Depends(table_cache_of)]
+RowBlocksDep = Annotated["RowBlocks", Depends(row_blocks_of)]
 EngineDep = Annotated["Engine", Depends(engine_of)]
 SharedMemoryDep = Annotated["SharedMemoryRegistry", Depends(shared_memory_of)]
 ReadinessDep = Annotated[list[str], Depends(readiness_problems_of)]

@@ -15,6 +15,7 @@ cache, or a spelling not seen yet, does too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode
 
@@ -27,10 +28,24 @@ from posenc.service.http.health import LIVE, LIVENESS_PATH
 from posenc.service.http.metrics import scope_header
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
-from posenc.service.tables.cache import ByteLRUCache
+from posenc.service.tables.cache import ByteLRUCache, CachedBody
 from posenc.service.tables.http import CACHE_KEY_SCOPE, to_response
 
 MAX_SPELLING = 2048  # characters: the longest request spelling the fast path remembers
+# name=value pairs of characters that neither parse_qsl decodes nor urlencode quotes: such a query is its own
+# canonical spelling once its pairs are in order
+_PLAIN = "[A-Za-z0-9_.~-]"
+_PLAIN_QUERY = re.compile(f"{_PLAIN}+={_PLAIN}*(?:&{_PLAIN}+={_PLAIN}*)*")
+
+
+def canonical_query(query: str) -> tuple[str, bool]:
+    """`urlencode(sorted(parse_qsl(query, keep_blank_values=True)))`, and whether a `format` parameter is
+    among the pairs; a plain query (the usual one) is sorted as written, without decoding and re-quoting."""
+    if _PLAIN_QUERY.fullmatch(query):
+        pairs = sorted(query.split("&"), key=lambda pair: pair.split("=", 1))  # as the (name, value) tuples sort
+        return "&".join(pairs), any(pair.startswith("format=") for pair in pairs)
+    decoded = sorted(parse_qsl(query, keep_blank_values=True))
+    return urlencode(decoded), any(name == "format" for name, _ in decoded)
 
 
 def spelling(scope: Scope) -> str | None:
@@ -40,11 +55,21 @@ def spelling(scope: Scope) -> str | None:
     route = TABLES[scope["path"]]
     if route.method != "GET":
         return None
-    pairs = sorted(parse_qsl(scope["query_string"].decode("latin-1"), keep_blank_values=True))
-    key = scope["path"] + "?" + urlencode(pairs)
-    if not any(name == "format" for name, _ in pairs):
+    query, has_format = canonical_query(scope["query_string"].decode("latin-1"))
+    key = scope["path"] + "?" + query
+    if not has_format:
         key += "\naccept:" + (scope_header(scope, b"accept") or "")
     return key if len(key) <= MAX_SPELLING else None
+
+
+def hit_headers(cache_key: str, cached: CachedBody) -> list[tuple[bytes, bytes]]:
+    """The raw headers of a 200 from the cache, as `to_response` would send them: the answer's headers, then
+    Content-Length and Content-Type (table media types are not text/*: no charset is added)."""
+    raw = [(name.lower().encode("latin-1"), value.encode("latin-1"))
+           for name, value in answer_headers(cache_key, cached, "hit").items()]
+    raw.append((b"content-length", b"%d" % len(cached.body)))
+    raw.append((b"content-type", cached.media_type.encode("latin-1")))
+    return raw
 
 
 class FastPath:
@@ -73,11 +98,12 @@ class FastPath:
             if learned is not None:
                 self.cache.remember_spelling(spelled, learned)
             return
+        scope["route"] = self.routes[scope["path"]]
         validators = validator_headers(cache_key)
         if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):
-            answer = Answer(304, validators)
-        else:
-            self.cache.count_hit(cache_key)
-            answer = Answer(200, answer_headers(cache_key, cached, "hit"), cached.body, cached.media_type)
-        scope["route"] = self.routes[scope["path"]]
-        await to_response(answer)(scope, receive, send)
+            await to_response(Answer(304, validators))(scope, receive, send)
+            return
+        self.cache.count_hit(cache_key)
+        # the two ASGI messages themselves: what starlette's Response would send, without building one
+        await send({"type": "http.response.start", "status": 200, "headers": hit_headers(cache_key, cached)})
+        await send({"type": "http.response.body", "body": cached.body})

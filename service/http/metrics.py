@@ -48,6 +48,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from posenc.service import __version__
 
 access_log = logging.getLogger("posenc.access")  # docs/operations.md documents this name: logs filter on it
+ACCESS_MESSAGE = "%s %s %d %.1fms %dB"  # method, path, status, duration, response bytes
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -136,6 +137,9 @@ class Metrics:
                      multiprocess_mode="max")
         info.labels(version=__version__).set(1)
         self.shared_cache: SharedCacheMetrics | None = None
+        # (route, method, status) → its labelled request counter, latency histogram and byte counter: looked up
+        # once (prometheus_client's `labels` takes a lock and builds its key on every call)
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any, Any]] = {}
         if cache_of is not None and r is not None:
             r.register(TableCacheCollector(cache_of))
         elif cache_of is not None:
@@ -154,9 +158,15 @@ class Metrics:
         self.run_seconds.labels(model=model).observe(seconds)
 
     def observe_request(self, route: str, method: str, status: int, seconds: float, nbytes: int) -> None:
-        self.requests.labels(route=route, method=method, status=str(status)).inc()
-        self.latency.labels(route=route, method=method).observe(seconds)
-        self.response_bytes.labels(route=route).inc(nbytes)
+        children = self._request_children.get((route, method, status))
+        if children is None:
+            children = (self.requests.labels(route=route, method=method, status=str(status)),
+                        self.latency.labels(route=route, method=method), self.response_bytes.labels(route=route))
+            self._request_children[route, method, status] = children
+        requests, latency, response_bytes = children
+        requests.inc()
+        latency.observe(seconds)
+        response_bytes.inc(nbytes)
         if self.shared_cache is not None:
             self.shared_cache.sync()
 
@@ -265,8 +275,11 @@ class ObservabilityMiddleware:
             "request_id": scope_header(scope, b"x-request-id"),
             "client": (scope.get("client") or [None])[0],
         }
-        access_log.info("%s %s %d %.1fms %dB", method, fields["path"], status, fields["duration_ms"], nbytes,
-                        extra={"access": fields})
+        if access_log.isEnabledFor(logging.INFO):
+            # the record itself: `info` would also walk the stack for a caller no format prints
+            args = (method, fields["path"], status, fields["duration_ms"], nbytes)
+            access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, ACCESS_MESSAGE, args,
+                                                    None, "_record", {"access": fields}))
 
 
 router = APIRouter(tags=["operations"])

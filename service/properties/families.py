@@ -9,7 +9,7 @@ them under "metadata"); format=png draws the curves.
 
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import Field, create_model
@@ -44,6 +44,8 @@ def summary(scalars: Mapping[str, Any]) -> dict[str, str]:
 
 class PropertiesQuery(TableQuery):
     """What every properties route shares: format=png draws all curves (?tensor= draws one)."""
+
+    row_tensors: ClassVar[tuple[str, ...]] = ()  # measurements of a table, not its rows: computed in one piece
 
     def picture_tensors(self) -> tuple[str, ...]:
         return self.tensors

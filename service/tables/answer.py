@@ -38,6 +38,7 @@ from posenc.service.tables.cache import ByteLRUCache, CachedBody
 from posenc.service.tables.png import render
 
 if TYPE_CHECKING:  # the registry re-exports this module: it is imported from there only for types
+    from posenc.service.tables.blocks import RowBlocks
     from posenc.service.tables.registry import TableQuery, TensorSpec
 
 CACHE_CONTROL = "public, max-age=86400"
@@ -106,6 +107,7 @@ class TableRequest:
     cache: ByteLRUCache
     if_none_match: str | None = None
     method: str = "GET"
+    blocks: RowBlocks | None = None  # where a miss is computed: None, in one piece on the calling thread
 
     def _select(self, specs: Mapping[str, TensorSpec], picture_tensors: tuple[str, ...]) -> list[str]:
         names = list(specs)
@@ -172,13 +174,14 @@ class TableRequest:
 
         cached = self.cache.get(digest)
         if cached is None:
-            return Pending(query, specs, selected, canonical, digest, query.working_bytes(specs))
+            working = query.working_bytes(specs) if self.blocks is None else self.blocks.working_bytes(query, specs)
+            return Pending(query, specs, selected, canonical, digest, working)
         return _answer(digest, cached, "hit")
 
     def complete(self, pending: Pending) -> Answer:
         """Compute, encode and cache a table `prepare` found missing (blocking: call from a worker thread)."""
         query = pending.query
-        bundle = query.compute()
+        bundle = query.compute() if self.blocks is None else self.blocks.compute(query, pending.specs)
         _check_bundle(bundle, pending.specs)
         metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **pending.canonical, **bundle.metadata}
         selected = {n: bundle.tensors[n] for n in pending.selected}

@@ -71,9 +71,9 @@ class FromConfigQuery(RopeFromConfigQuery):
         vision = self.table
         return super().working_bytes(specs) if vision is None else vision.working_bytes(specs)
 
-    def compute(self) -> Bundle:
+    def compute_rows(self, rows: slice | None) -> Bundle:
         vision = self.table
-        return super().compute() if vision is None else vision.compute()
+        return super().compute_rows(rows) if vision is None else vision.compute_rows(rows)
 
 
 register_table("/v1/rope/from-config", FromConfigQuery,

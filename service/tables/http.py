@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from posenc.service.arrays import FORMATS, negotiate_format
 from posenc.service.budget import MemoryBudget, release_free_memory
 from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
+from posenc.service.http.deps import MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
 from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
@@ -29,6 +29,7 @@ async def table_request(
     request: Request,
     settings: SettingsDep,
     cache: TableCacheDep,
+    blocks: RowBlocksDep,
     format: Annotated[
         str | None,
         Query(description="Response format: " + ", ".join(FORMATS) + ". Wins over the Accept header; "
@@ -48,6 +49,7 @@ async def table_request(
         cache=cache,
         if_none_match=if_none_match,
         method=request.method,
+        blocks=blocks,
     )
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -255,6 +255,7 @@ class MropeQuery(MropeSequenceQuery):
 
     endpoint = "rope/mrope"
     tensors = ("cos", "sin", "inv_freq")
+    row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
     body = _body("The sequence (" + SEGMENTS_DOC + ") or explicit `position_ids` [3, S].")
 
     head_dim: int = Field(ge=2, le=MAX_DIM, description="Attention head size (all of it is rotated).")
@@ -301,10 +302,15 @@ class MropeQuery(MropeSequenceQuery):
         # positions, angles, cos and sin in float64 over [S, head_dim/2]
         return super().working_bytes(specs) + 4 * FLOAT64_TEMPORARY * specs["cos"].size // 2
 
-    def compute(self) -> Bundle:
-        ids, delta = self.position_ids()
+    @cached_property
+    def resolved_ids(self) -> tuple[np.ndarray, int | None]:
+        """`position_ids()`, built once for every row block."""
+        return self.position_ids()
+
+    def compute_rows(self, rows: slice | None) -> Bundle:
+        ids, delta = self.resolved_ids
         cos, sin, inv_freq, factor = mrope_cos_sin(self.rope, ids, self.section, self.is_interleaved,
-                                                   np_dtype(self.dtype))
+                                                   np_dtype(self.dtype), rows)
         metadata = {"attention_factor": repr(factor), "layout": "half"}
         if delta is not None:
             metadata["rope_deltas"] = str(delta)

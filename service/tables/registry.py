@@ -86,6 +86,9 @@ class TableQuery(BaseModel):
     endpoint: ClassVar[str]  # the path without /v1/: names the table in the ETag and the metadata
     tensors: ClassVar[tuple[str, ...]]  # the names `specs` returns, in response order (for ?tensor= and docs)
     body: ClassVar[Body | None] = None
+    # Tensors whose first axis is the table's rows and whose rows `compute_rows` computes in any range on
+    # their own (the service computes large tables in row blocks on every core); empty: one piece.
+    row_tensors: ClassVar[tuple[str, ...]] = ()
     _upload: Any = PrivateAttr(default=None)
 
     @property
@@ -110,6 +113,14 @@ class TableQuery(BaseModel):
         raise NotImplementedError
 
     def compute(self) -> Bundle:
+        """Every tensor of `specs` and the metadata (a family with `row_tensors`: `compute_rows` of all rows)."""
+        if self.row_tensors:
+            return self.compute_rows(None)
+        raise NotImplementedError
+
+    def compute_rows(self, rows: slice | None) -> Bundle:
+        """`compute` with only `rows` of the `row_tensors` (None: all), bit for bit those rows of the whole
+        table; the other tensors and the metadata as `compute` gives them."""
         raise NotImplementedError
 
     def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:

@@ -10,7 +10,7 @@ scaling parameter comes from the rope_type registry.
 import json
 from collections.abc import Mapping
 from functools import cached_property
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -73,6 +73,7 @@ class RopeTableQuery(TableQuery):
     """Rows, layout and dtype of a RoPE table: what both RoPE routes ask besides the RoPE itself."""
 
     tensors = ("cos", "sin", "inv_freq")
+    row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
 
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
     layout: Layout = Field("half", description=(
@@ -114,8 +115,9 @@ class RopeTableQuery(TableQuery):
         """Metadata beyond the parameters."""
         return {}
 
-    def compute(self) -> Bundle:
-        cos, sin, info = rope_cos_sin(self.rope, self.rows, self.offset, self.layout, self.form, np_dtype(self.dtype))
+    def compute_rows(self, rows: slice | None) -> Bundle:
+        cos, sin, info = rope_cos_sin(self.rope, self.rows, self.offset, self.layout, self.form, np_dtype(self.dtype),
+                                      rows)
         metadata = {"attention_factor": repr(info.attention_factor), "seq_len": str(info.seq_len),
                     "table_dim": str(self.rope.table_dim), **self.metadata()}
         if info.factor_set is not None:

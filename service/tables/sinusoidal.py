@@ -1,7 +1,7 @@
 """Absolute sinusoidal position tables (docs/ENCODINGS.md §6)."""
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -18,6 +18,7 @@ class SinusoidalQuery(TableQuery):
 
     endpoint = "sinusoidal"
     tensors = ("pe",)
+    row_tensors: ClassVar[tuple[str, ...]] = ("pe",)
 
     max_position: int = Field(ge=1, le=MAX_ROWS, description="Number of rows (positions).")
     dim: int = Field(ge=1, le=MAX_DIM, description="Embedding width (columns).")
@@ -43,9 +44,9 @@ class SinusoidalQuery(TableQuery):
     def specs(self) -> dict[str, TensorSpec]:
         return {"pe": TensorSpec((self.max_position, self.dim), np_dtype(self.dtype))}
 
-    def compute(self) -> Bundle:
+    def compute_rows(self, rows: slice | None) -> Bundle:
         pe = sinusoidal_table(self.max_position, self.dim, self.variant, self.base, self.offset, self.padding_idx,
-                              np_dtype(self.dtype))
+                              np_dtype(self.dtype), rows)
         return Bundle({"pe": pe})
 
 

@@ -1,7 +1,7 @@
 """Vision-encoder 2-D RoPE, `GET /v1/rope/vision`: Pixtral and Llama 4 vision (docs/ENCODINGS.md §13)."""
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -32,6 +32,7 @@ class VisionRopeQuery(TableQuery):
 
     endpoint = "rope/vision"
     tensors = ("cos", "sin", "inv_freq")
+    row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
 
     model: VisionRopeModel = Field("pixtral", description=(
         "pixtral (rotate_half layout) or llama4 (complex pairs: interleaved layout, CLS row last)."))
@@ -101,14 +102,15 @@ class VisionRopeQuery(TableQuery):
         # positions, angles, cos and sin in float64 over [rows, head_dim/2]
         return super().working_bytes(specs) + 4 * FLOAT64_TEMPORARY * specs["cos"].shape[0] * self.head_dim // 2
 
-    def compute(self) -> Bundle:
+    def compute_rows(self, rows: slice | None) -> Bundle:
         cos, sin, freqs = vision_cos_sin(self.model, self.head_dim, self.rope_theta, *self.grid, self.form,
-                                         np_dtype(self.dtype))
-        rows = "patches row-major (h, w)" if self.model == "pixtral" else "patches row-major, then the CLS token"
+                                         np_dtype(self.dtype), rows)
+        row_order = "patches row-major (h, w)" if self.model == "pixtral" else "patches row-major, then the CLS token"
         return Bundle({"cos": cos, "sin": sin, "inv_freq": freqs},
                       {"layout": vision_layout(self.model) if self.form == "full" else "per-frequency",
-                       "rows": rows, "columns": ("row (h) frequencies, then column (w)" if self.model == "pixtral"
-                                                 else "column (x) frequencies, then row (y)")})
+                       "rows": row_order, "columns": ("row (h) frequencies, then column (w)"
+                                                      if self.model == "pixtral"
+                                                      else "column (x) frequencies, then row (y)")})
 
 
 register_table("/v1/rope/vision", VisionRopeQuery, summary="2-D RoPE of vision encoders (Pixtral, Llama 4 vision)",

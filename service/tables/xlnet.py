@@ -1,6 +1,7 @@
 """XLNet / Transformer-XL relative sinusoid `GET /v1/relative/sinusoidal` (docs/ENCODINGS.md §12)."""
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -20,6 +21,7 @@ class XLNetRelativeQuery(TableQuery):
 
     endpoint = "relative/sinusoidal"
     tensors = ("pos_emb",)
+    row_tensors: ClassVar[tuple[str, ...]] = ("pos_emb",)
 
     qlen: int = Field(ge=1, le=MAX_SEQUENCE, description="Query length (tokens of the current segment).")
     klen: int = Field(ge=1, le=MAX_SEQUENCE, description="Key length (memory + current segment).")
@@ -43,9 +45,9 @@ class XLNetRelativeQuery(TableQuery):
         # angles, sin and cos in float64 over half the table each
         return super().working_bytes(specs) + 2 * FLOAT64_TEMPORARY * specs["pos_emb"].size
 
-    def compute(self) -> Bundle:
+    def compute_rows(self, rows: slice | None) -> Bundle:
         pos_emb = xlnet_relative_sinusoid(self.qlen, self.klen, self.d_model, self.attn_type, self.bi_data,
-                                          self.clamp_len, np_dtype(self.dtype))
+                                          self.clamp_len, np_dtype(self.dtype), rows)
         end = -self.qlen + 1 if self.attn_type == "bi" else 0
         return Bundle({"pos_emb": pos_emb}, {
             "row_order": f"relative distance klen - row: {self.klen} ... {end}",

@@ -129,3 +129,38 @@ def test_liveness_is_answered_before_routing_and_counted(client: TestClient) -> 
         assert r.status_code == 200 and r.json() == {"status": "ok", "version": __version__}
         assert r.headers["content-type"] == "application/json"
     assert 'posenc_http_requests_total{method="GET",route="/healthz",status="200"} 2.0' in client.get("/metrics").text
+
+
+QUERIES = ["", "a=1", "num_heads=12", "num_heads=12&dtype=float32", "dtype=float32&num_heads=12", "b=2&a=1&a=0",
+           "format=json&a=1", "a=&b=", "x=1.5e3&x=-2&x=~_.-", "a.b=1&a-b=2&a_b=3&a~b=4&A=5",
+           # not plain: decoded and re-quoted
+           "a=1+2", "a=%41&b=%7E", "a", "a=1&&b=2", "=1", "a=b=c", "a=1;b=2", "c=%E2%82%AC&a=,", "format%3D=1",
+           "a=1&format", "FORMAT=json", "formats=x"]
+
+
+@pytest.mark.parametrize("query", QUERIES)
+def test_canonical_query_is_the_sorted_urlencoded_pairs(query: str) -> None:
+    from urllib.parse import parse_qsl, urlencode
+
+    from posenc.service.http.fastpath import canonical_query
+
+    pairs = sorted(parse_qsl(query, keep_blank_values=True))
+    assert canonical_query(query) == (urlencode(pairs), any(name == "format" for name, _ in pairs))
+
+
+@pytest.mark.parametrize("fmt", [*FORMATS, "png"])
+def test_cached_hits_send_the_headers_a_response_would(fmt: str) -> None:
+    """The fast path writes its ASGI messages itself: the same raw headers, in the same order, as the full
+    path's starlette Response."""
+    from posenc.service.http.fastpath import hit_headers
+    from posenc.service.tables.answer import Answer, answer_headers
+    from posenc.service.tables.http import to_response
+
+    with running_client() as client:
+        url = _single(TABLE_REQUESTS[3], fmt)
+        client.get(url)
+        cache = client.app.state.table_cache  # type: ignore[attr-defined]
+        ((key, slot),) = cache._slots.items()  # the one entry
+    cached = slot.entry
+    response = to_response(Answer(200, answer_headers(key, cached, "hit"), cached.body, cached.media_type))
+    assert hit_headers(key, cached) == response.raw_headers
