@@ -113,7 +113,7 @@ class RopeAttention(nn.Module):
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids [B, S] int64 → cos, sin [B, S, R/2] float32 (attention factor included)."""
         inv_freq = self.inv_freq  # [R/2]
-        if self.inv_freq_sets is not None:
+        if self.inv_freq_sets is not None and self.switch_position is not None:
             second = position_ids.amax(dim=1, keepdim=True) >= self.switch_position  # [B, 1] bool
             inv_freq = self.inv_freq_sets[second.to(torch.int64)]  # [B, 1, R/2]: one Gather node
         freqs = position_ids.unsqueeze(-1).to(torch.float32) * inv_freq  # [B, S, R/2]

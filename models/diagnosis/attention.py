@@ -124,7 +124,8 @@ def attention_hypotheses(spec: AttentionSpec, inputs: Mapping[str, np.ndarray]) 
     if not math.isclose(spec.scale, 1.0 / spec.head_dim):
         out.append(Hypothesis("scale_1_over_d", f"your scores are scaled by 1/D = 1/{spec.head_dim}; the model uses "
                               f"1/√D = {spec.scale:.6g}", build(scale=1.0 / spec.head_dim)))
-    if spec.num_heads != spec.num_kv_heads:
+    # one kv head (MQA): every query head reads it, tiled or repeated alike, so the mistake cannot happen
+    if 1 < spec.num_kv_heads < spec.num_heads:
         group = spec.num_heads // spec.num_kv_heads
         out.append(Hypothesis("gqa_grouping", f"your query head h reads kv head h mod {spec.num_kv_heads} (tiled); the "
                               f"model repeats each kv head over {group} consecutive query heads (h // {group})",
