@@ -9,7 +9,8 @@
 # Checks: image facts (non-root, no torch, no compiler, exactly one onnxruntime), health and
 # HEALTHCHECK, the KServe v2 endpoints, one table in each wire format, /metrics, every shipped model
 # READY in the repository index, one inference call on a shipped model (the repository must ship one:
-# onnx/*/config.json), an empty and a broken model repository (up, /v2 present, but unready), a bad POSENC_* value (exits, naming the variable).
+# onnx/*/config.json), an empty and a broken model repository (up, /v2 present, but unready), a bad
+# POSENC_* value (exits, naming the variable).
 # Every wait is bounded; containers are removed on exit.
 set -euo pipefail
 
