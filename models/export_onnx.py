@@ -7,7 +7,7 @@ value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic) and
 `scaled_dot_product_attention` becomes one ONNX `Attention` node; `check_fused_graph` refuses a graph
 that decomposed either. The only constant is inv_freq [R/2]: cos/sin are computed in the graph from
 position_ids (so the file stays a few KB and any position below `max_position` works). longrope graphs
-hold both factor sets [2, R/2] and pick one per row (ReduceMax, GreaterOrEqual, Gather; see
+hold both factor sets [2, R/2] and pick one per row (ReduceMax, GreaterOrEqual, GatherND; see
 `posenc.models.rope_attention`).
 
 Regenerate the shipped repository with `posenc export --defaults --repository onnx`

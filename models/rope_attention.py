@@ -115,7 +115,7 @@ class RopeAttention(nn.Module):
         inv_freq = self.inv_freq  # [R/2]
         if self.inv_freq_sets is not None and self.switch_position is not None:
             second = position_ids.amax(dim=1, keepdim=True) >= self.switch_position  # [B, 1] bool
-            inv_freq = self.inv_freq_sets[second.to(torch.int64)]  # [B, 1, R/2]: one Gather node
+            inv_freq = self.inv_freq_sets[second.to(torch.int64)]  # [B, 1, R/2]: one GatherND node
         freqs = position_ids.unsqueeze(-1).to(torch.float32) * inv_freq  # [B, S, R/2]
         cos, sin = torch.cos(freqs), torch.sin(freqs)
         if self.attention_factor != 1.0:
