@@ -6,7 +6,9 @@ value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic) and
 `torch.onnx.ops.rotary_embedding` becomes ONNX `RotaryEmbedding` (one node for q, one for k) and
 `scaled_dot_product_attention` becomes one ONNX `Attention` node; `check_fused_graph` refuses a graph
 that decomposed either. The only constant is inv_freq [R/2]: cos/sin are computed in the graph from
-position_ids (so the file stays a few KB and any position below `max_position` works).
+position_ids (so the file stays a few KB and any position below `max_position` works). longrope graphs
+hold both factor sets [2, R/2] and pick one per row (ReduceMax, GreaterOrEqual, GatherND; see
+`posenc.models.rope_attention`).
 
 Regenerate the shipped repository with `posenc export --defaults --repository onnx`
 (or `python -m posenc.models.export_onnx --defaults`).
@@ -33,11 +35,13 @@ from posenc.models.export_args import ROPE_OPTIONS, add_export_arguments
 from posenc.models.rope import (
     RopeParameters,
     inv_freq_and_attention_factor,
+    inv_freq_switch,
     make_rope_parameters,
     rope_parameters_from_config,
 )
 from posenc.models.rope_attention import Layout, RopeAttention
 from posenc.models.rope_types import LLAMA_3_1_ROPE, RUNTIME_DEPENDENT_TYPES
+from posenc.models.shipped_models import SHIPPED_MODELS
 
 OPSET = 23
 IR_VERSION = 10  # onnxruntime 1.30/1.31 refuse IR 14, which onnx 1.23 stamps on new models by default
@@ -77,25 +81,38 @@ class ExportSpec:
 
 
 def default_specs() -> list[ExportSpec]:
-    """The shipped repository: a plain MHA graph and a Llama-3.1-8B-shaped GQA graph."""
+    """The shipped repository: a plain MHA graph, a Llama-3.1-8B-shaped GQA graph, and the public models'
+    attention of `posenc.models.shipped_models` (each from its config.json fields)."""
     plain = make_rope_parameters(head_dim=64, rope_theta=10000.0, max_position_embeddings=4096)
     llama31 = make_rope_parameters(head_dim=128, max_position_embeddings=131072, **LLAMA_3_1_ROPE)
     return [
         ExportSpec("rope_attention", plain, num_heads=8, num_kv_heads=8, max_position=4096),
         ExportSpec("llama3_1_attention", llama31, num_heads=32, num_kv_heads=8, max_position=131072),
+        *(spec_from_hf_config(model.config, model.name, max_position=model.max_position, source=model.source())
+          for model in SHIPPED_MODELS),
     ]
 
 
+def frozen_seq_len(rope: RopeParameters, max_position: int) -> int | None:
+    """The seq_len a graph freezes inv_freq at: a runtime-dependent type without a single switch (dynamic) at
+    the graph's max_position; None for the others (longrope keeps both of its sets and switches per row)."""
+    if rope.rope_type in RUNTIME_DEPENDENT_TYPES and inv_freq_switch(rope) is None:
+        return max_position
+    return None
+
+
 def spec_from_hf_config(
-    config: Mapping[str, Any], name: str, *, layout: Layout = "half", causal: bool = True, max_batch_size: int = 8
+    config: Mapping[str, Any], name: str, *, layout: Layout = "half", causal: bool = True, max_batch_size: int = 8,
+    max_position: int | None = None, source: Mapping[str, Any] | None = None,
 ) -> ExportSpec:
     """A graph with a Hugging Face model's attention geometry and rope settings (config.json dict).
 
     Multimodal configs keep the language model in `text_config`; its geometry is used then.
-    dynamic / longrope freeze inv_freq at seq_len = max_position_embeddings: for dynamic that is the
-    unscaled base, exactly what transformers uses for every position the graph accepts
-    (< max_position); for longrope it selects the long factors (transformers uses the short ones
-    while a batch stays within original_max_position_embeddings) — stated in config.json.
+    `max_position` (default: the config's max_position_embeddings) bounds the graph's positions, e.g. the
+    context a model card gives for a rope_scaling block it documents; `source` adds provenance to
+    config.json's `source`. dynamic freezes inv_freq at seq_len = max_position: the unscaled base, exactly
+    what transformers uses for every position the graph accepts (< max_position); longrope keeps its short
+    and long factors and switches per row (`posenc.models.rope_attention`) — stated in config.json.
     """
     if "num_attention_heads" not in config and isinstance(config.get("text_config"), Mapping):
         config = {**config["text_config"], **{k: v for k, v in config.items() if k == "architectures"}}
@@ -105,14 +122,14 @@ def spec_from_hf_config(
         raise ParameterError("num_attention_heads", "the config must give an integer num_attention_heads") from None
     num_kv_heads = int(config.get("num_key_value_heads") or num_heads)
     rope, info = rope_parameters_from_config(config)
-    max_position = int(info.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096)
-    # dynamic / longrope inv_freq depends on the run-time sequence length in transformers; a static graph
-    # freezes it at the graph's max_position (config.json says so in rope.inv_freq_seq_len)
-    frozen = max_position if rope.rope_type in RUNTIME_DEPENDENT_TYPES else None
-    source = {"model_type": config.get("model_type"), "architectures": config.get("architectures")}
+    if max_position is None:
+        max_position = int(info.get("max_position_embeddings") or config.get("max_position_embeddings") or 4096)
+    described = {"model_type": config.get("model_type"), "architectures": config.get("architectures"),
+                 **(source or {})}
     return ExportSpec(name, rope, num_heads, num_kv_heads, layout=layout, causal=causal,
-                      max_batch_size=max_batch_size, max_position=max_position, inv_freq_seq_len=frozen,
-                      source={k: v for k, v in source.items() if v is not None})
+                      max_batch_size=max_batch_size, max_position=max_position,
+                      inv_freq_seq_len=frozen_seq_len(rope, max_position),
+                      source={k: v for k, v in described.items() if v is not None})
 
 
 def _example_inputs(spec: ExportSpec) -> tuple[torch.Tensor, ...]:
@@ -180,7 +197,14 @@ def build_config(spec: ExportSpec, model_bytes: bytes, model: onnx.ModelProto) -
     rope = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(spec.rope).items()}
     rope.update(layout=spec.layout, inv_freq_seq_len=spec.inv_freq_seq_len, attention_factor_resolved=attention_factor,
                 inv_freq=[float(x) for x in inv_freq])
-    if spec.rope.rope_type in RUNTIME_DEPENDENT_TYPES:
+    switch = inv_freq_switch(spec.rope) if spec.inv_freq_seq_len is None else None
+    if switch is not None:
+        length, second = switch
+        rope.update(switch_position=length, inv_freq_switched=[float(x) for x in second])
+        rope["note"] = (f"{spec.rope.rope_type}: a row whose largest position is >= {length} uses inv_freq_switched, "
+                        "the others inv_freq (transformers decides per batch: max(position_ids) + 1 > "
+                        f"{length}; per row, a row's result does not depend on what it is batched with)")
+    elif spec.rope.rope_type in RUNTIME_DEPENDENT_TYPES:
         rope["note"] = (f"{spec.rope.rope_type}: inv_freq is frozen at seq_len={spec.inv_freq_seq_len} "
                         "(transformers recomputes it per batch; a static graph cannot)")
     return {
@@ -231,10 +255,9 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
     rope_kwargs = {k: getattr(args, k) for k in ROPE_OPTIONS if getattr(args, k) is not None}
     rope_kwargs["max_position_embeddings"] = args.max_position
     rope = make_rope_parameters(**rope_kwargs)
-    frozen = args.max_position if rope.rope_type in RUNTIME_DEPENDENT_TYPES else None
     return ExportSpec(args.name, rope, args.num_heads, args.num_kv_heads or args.num_heads, layout=args.layout,
                       causal=args.causal, max_batch_size=args.max_batch_size, max_position=args.max_position,
-                      inv_freq_seq_len=frozen)
+                      inv_freq_seq_len=frozen_seq_len(rope, args.max_position))
 
 
 def run_export(args: argparse.Namespace) -> list[Path]:

@@ -33,6 +33,7 @@ __all__ = [
     "RopeParameters",
     "RopeType",
     "inv_freq_and_attention_factor",
+    "inv_freq_switch",
     "make_rope_parameters",
     "rope_cos_sin",
     "rope_parameters_from_config",
@@ -71,6 +72,20 @@ def inv_freq_and_attention_factor(
     """
     spec = rope_type_spec(params.rope_type)
     return spec.inv_freq(params, seq_len).astype(F32), float(spec.attention_factor(params))
+
+
+def inv_freq_switch(params: RopeParameters) -> tuple[int, np.ndarray] | None:
+    """Where the frequencies change once with the batch: (L, float32 inv_freq of batches whose seq_len > L).
+
+    Up to L, `inv_freq_and_attention_factor(params)` holds. longrope: L = original_max_position_embeddings,
+    the long factors past it. None for the other types (dynamic rescales at every length past
+    max_position_embeddings, a graph limited to those positions never does); the attention factor does not switch.
+    """
+    spec = rope_type_spec(params.rope_type)
+    if spec.switch_length is None:
+        return None
+    length = spec.switch_length(params)
+    return length, spec.inv_freq(params, length + 1).astype(F32)
 
 
 def _expand(table: np.ndarray, layout: Layout) -> np.ndarray:

@@ -10,6 +10,11 @@ passes the rest through), in the half-split (NeoX, `rotate_half`) or interleaved
 scale 1/sqrt(head_dim), causal (upper-left aligned, query i sees keys 0..i) or bidirectional, and
 Hq a multiple of Hkv (MHA, GQA, MQA).
 
+longrope switches to its long factors once a batch reaches past original_max_position_embeddings
+(`seq_len = max(position_ids) + 1 > L` in transformers' `dynamic_rope_update`). The module holds both
+frequency sets and picks one per row from the row's largest position, so a row's result does not
+depend on the rows it is batched with (for a batch of one row this is exactly transformers' choice).
+
 Eager mode computes the rotation explicitly (the numeric reference); under `torch.onnx.export`
 the same computation is expressed with `torch.onnx.ops.rotary_embedding`, which the exporter emits
 as one ONNX `RotaryEmbedding` node, and SDPA becomes one ONNX `Attention` node (opset 23).
@@ -25,7 +30,7 @@ import torch
 from torch import nn
 
 from posenc.models.errors import ParameterError
-from posenc.models.rope import RopeParameters, inv_freq_and_attention_factor
+from posenc.models.rope import RopeParameters, inv_freq_and_attention_factor, inv_freq_switch
 
 Layout = Literal["half", "interleaved"]
 
@@ -58,10 +63,13 @@ class RopeAttention(nn.Module):
 
     query [B, Hq, S, D] float32; key, value [B, Hkv, S, D] float32; position_ids [B, S] int64;
     output [B, Hq, S, D] float32. `inv_freq_seq_len` is the `seq_len` handed to
-    `inv_freq_and_attention_factor` (frozen at build time; matters only for dynamic / longrope).
+    `inv_freq_and_attention_factor` (frozen at build time; matters only for dynamic / longrope). Left
+    None for a type whose frequencies switch once (`inv_freq_switch`: longrope), both sets are kept
+    (`inv_freq_sets` [2, R/2]) and each row picks one at run time.
     """
 
     inv_freq: torch.Tensor
+    inv_freq_sets: torch.Tensor | None
 
     def __init__(
         self,
@@ -96,10 +104,19 @@ class RopeAttention(nn.Module):
         self.attention_factor = float(attention_factor)
         self.scale = 1.0 / math.sqrt(rope.head_dim)
         self.register_buffer("inv_freq", torch.from_numpy(inv_freq.copy()), persistent=False)
+        switch = inv_freq_switch(rope) if inv_freq_seq_len is None else None
+        # rows whose largest position is >= switch_position (seq_len > L) use the second set
+        self.switch_position = switch[0] if switch is not None else None
+        sets = np.stack([inv_freq, switch[1]]) if switch is not None else None  # [2, R/2]
+        self.register_buffer("inv_freq_sets", None if sets is None else torch.from_numpy(sets), persistent=False)
 
     def cos_sin(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids [B, S] int64 → cos, sin [B, S, R/2] float32 (attention factor included)."""
-        freqs = position_ids.unsqueeze(-1).to(torch.float32) * self.inv_freq  # [B, S, R/2]
+        inv_freq = self.inv_freq  # [R/2]
+        if self.inv_freq_sets is not None and self.switch_position is not None:
+            second = position_ids.amax(dim=1, keepdim=True) >= self.switch_position  # [B, 1] bool
+            inv_freq = self.inv_freq_sets[second.to(torch.int64)]  # [B, 1, R/2]: one GatherND node
+        freqs = position_ids.unsqueeze(-1).to(torch.float32) * inv_freq  # [B, S, R/2]
         cos, sin = torch.cos(freqs), torch.sin(freqs)
         if self.attention_factor != 1.0:
             cos, sin = cos * self.attention_factor, sin * self.attention_factor

@@ -89,6 +89,10 @@ def _longrope_batch_info(p: RopeParameters, seq_len: int) -> Mapping[str, Any]:
     return {"factor_set": longrope_factor_set(p, seq_len)}
 
 
+def _longrope_switch_length(p: RopeParameters) -> int:
+    return int(p.original_max_position_embeddings or 0)
+
+
 @dataclass(frozen=True)
 class RopeTypeSpec:
     """What one rope_type is.
@@ -102,6 +106,9 @@ class RopeTypeSpec:
     factor_from_lengths: a missing factor is max_position_embeddings / original (yarn, longrope);
     default_factor: the factor when none is given and none is derived (None: required);
     runtime_dependent: inv_freq depends on the batch's sequence length (transformers recomputes it);
+    switch_length: for a runtime-dependent type whose inv_freq takes one of two values, the seq_len up to
+        which the first holds (longrope: original_max_position_embeddings; past it, the long factors);
+        None: no such single switch (dynamic rescales at every length past max_position_embeddings);
     scaled: it rescales the default frequencies, so a port may have skipped or doubled the scaling;
     whole_head: the frequencies span the whole head (Gemma's proportional): the exponent divides by
         head_dim, rotary_dim = 2·int(partial_rotary_factor·head_dim // 2) may be 0, head_dim must be even
@@ -123,6 +130,7 @@ class RopeTypeSpec:
     factor_from_lengths: bool = False
     default_factor: float | None = None
     runtime_dependent: bool = False
+    switch_length: Callable[[RopeParameters], int] | None = None
     scaled: bool = False
     whole_head: bool = False
     engine_variant: bool = False
@@ -180,8 +188,8 @@ ROPE_TYPES: dict[str, RopeTypeSpec] = {
         frozenset({"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"}),
         ("short_factor", "long_factor", "original_max_position_embeddings", "factor"),
         frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
-        longrope_inv_freq, longrope_attention_factor, factor_from_lengths=True, runtime_dependent=True, scaled=True,
-        batch_info=_longrope_batch_info, missing_hint=_DERIVED_HINT,
+        longrope_inv_freq, longrope_attention_factor, factor_from_lengths=True, runtime_dependent=True,
+        switch_length=_longrope_switch_length, scaled=True, batch_info=_longrope_batch_info, missing_hint=_DERIVED_HINT,
     ),
     "llama3": RopeTypeSpec(
         frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),

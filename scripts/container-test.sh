@@ -7,9 +7,10 @@
 # when present (no registry is reachable there), else $CONTAINER_ENGINE or docker.
 # Containers run with --network host on a free port (POSENC_PORT), so no -p publishing is needed.
 # Checks: image facts (non-root, no torch, no compiler, exactly one onnxruntime), health and
-# HEALTHCHECK, the KServe v2 endpoints, one table in each wire format, /metrics, one inference call
-# on a shipped model (the repository must ship one: onnx/*/config.json), an empty and a broken model
-# repository (up, /v2 present, but unready), a bad POSENC_* value (exits, naming the variable).
+# HEALTHCHECK, the KServe v2 endpoints, one table in each wire format, /metrics, every shipped model
+# READY in the repository index, one inference call on a shipped model (the repository must ship one:
+# onnx/*/config.json), an empty and a broken model repository (up, /v2 present, but unready), a bad
+# POSENC_* value (exits, naming the variable).
 # Every wait is bounded; containers are removed on exit.
 set -euo pipefail
 
@@ -137,6 +138,10 @@ step_serve() {
     return
   fi
   model_args=(--model "$(basename "$(dirname "$model")")" --model-config "$model")
+  # every shipped model must be listed by the repository index and READY
+  local shipped=()
+  mapfile -t shipped < <(find "$REPO/onnx" -mindepth 2 -maxdepth 2 -name config.json -exec dirname {} \; | xargs -n1 basename | sort)
+  model_args+=(--expect-models "${shipped[@]}")
   log "serve: inference check with model ${model_args[1]}"
   "${CHECK[@]}" check "http://127.0.0.1:$port" "${model_args[@]}" || { fail "HTTP checks"; show_logs main; }
   healthy main || fail "HEALTHCHECK does not report healthy"

@@ -2,14 +2,15 @@
 
     python3 scripts/container_check.py wait-ready URL [--timeout S]
     python3 scripts/container_check.py wait-live URL [--timeout S]
-    python3 scripts/container_check.py check URL [--model NAME --model-config PATH]
+    python3 scripts/container_check.py check URL [--model NAME --model-config PATH] [--expect-models NAME ...]
     python3 scripts/container_check.py expect-unready URL
 
 `check` covers health, the KServe v2 server endpoints (`/v2`, `/v2/health/ready`), one table in each
-wire format (decoded and compared value by value), the metrics endpoint and, with `--model`, one
-binary KServe v2 inference call. `expect-unready` wants the service up (`/healthz`, `/v2`) but
-unready (503 on `/readyz` and `/v2/health/ready`); a service without `/v2` fails it. Exit status
-0 = all good; failures print one line each to stderr.
+wire format (decoded and compared value by value), the metrics endpoint, with `--expect-models` the
+repository index (exactly those models, each READY) and, with `--model`, one binary KServe v2 inference
+call. `expect-unready` wants the service up (`/healthz`, `/v2`) but unready (503 on `/readyz` and
+`/v2/health/ready`); a service without `/v2` fails it. Exit status 0 = all good; failures print one line
+each to stderr.
 """
 
 from __future__ import annotations
@@ -141,6 +142,15 @@ def check_v2_server(url: str, ready: bool) -> None:
     expect(status == wanted, f"/v2/health/ready: HTTP {status}, expected {wanted}: {body[:200]!r}")
 
 
+def check_index(url: str, models: list[str]) -> None:
+    """The repository index lists exactly these models (the image's repository), each READY."""
+    status, _, body = http("POST", url + "/v2/repository/index", b"{}", {"Content-Type": "application/json"})
+    expect(status == 200, f"/v2/repository/index: HTTP {status}: {body[:200]!r}")
+    listed = {entry["name"]: entry["state"] for entry in json.loads(body)}
+    expect(listed == dict.fromkeys(models, "READY"),
+           f"/v2/repository/index: {listed}, expected {sorted(models)} all READY")
+
+
 def check_metrics(url: str) -> None:
     status, headers, body = http("GET", url + "/metrics")
     expect(status == 200 and headers.get("content-type", "").startswith("text/plain"), f"/metrics: HTTP {status}")
@@ -204,6 +214,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--model")
     parser.add_argument("--model-config", help="the model's config.json (for its `causal` flag)")
+    parser.add_argument("--expect-models", nargs="*", help="every model the repository index must list READY")
     args = parser.parse_args()
     url = args.url.rstrip("/")
     try:
@@ -223,6 +234,8 @@ def main() -> int:
             check_v2_server(url, ready=True)
             check_tables(url)
             check_metrics(url)
+            if args.expect_models is not None:
+                check_index(url, args.expect_models)
             if args.model:
                 causal = False
                 if args.model_config:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,16 @@ from posenc.service.testing import attention_inputs as random_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 REPOSITORY = ROOT / "onnx"
-__all__ = ["REPOSITORY", "ROOT", "random_inputs", "run", "session", "triton_inputs"]
+# The shipped repository's models, sorted (the repository index's order): tests that cover every model use it
+SHIPPED = ("gemma_2b_attention", "llama3_1_attention", "phi3_5_mini_attention", "qwen2_5_7b_attention",
+           "qwen2_5_7b_yarn_attention", "rope_attention")
+__all__ = ["REPOSITORY", "ROOT", "SHIPPED", "geometry", "random_inputs", "run", "session", "triton_inputs"]
+
+
+def geometry(model: str) -> tuple[int, int, int]:
+    """(Hq, Hkv, D) of a shipped model, from its config.json."""
+    attention = json.loads((REPOSITORY / model / "config.json").read_text())["attention"]
+    return attention["num_heads"], attention["num_kv_heads"], attention["head_dim"]
 
 
 def session(path: Path) -> ort.InferenceSession:

@@ -4,7 +4,9 @@ The reference follows `posenc.models.rope_attention.RopeAttention` (the torch mo
 exported from): angles `position_ids.float() * inv_freq` in float32, cos/sin times the attention
 factor, the rotation of the first `rotary_dim` channels of q and k (half or interleaved layout),
 scores `q·kᵀ · scale` with scale 1/√head_dim, causal upper-left mask, GQA by repeating each kv head
-over a contiguous group of query heads. The rest runs in float64 and the result is cast to float32.
+over a contiguous group of query heads. A longrope model's rows whose largest position reaches
+`switch_position` use the switched (long-factor) frequencies, as the graph does. The rest runs in
+float64 and the result is cast to float32.
 
 Mistakes (each a keyword of `attention`): `causal=False` (mask missing), `scale=1/D`, `gqa="tile"`
 (kv head h mod Hkv instead of h // group), `rope_on_value=True`, `positions_given=False` (positions
@@ -40,6 +42,8 @@ class AttentionSpec:
     head_dim: int
     causal: bool
     scale: float
+    switch_position: int | None = None
+    inv_freq_switched: np.ndarray | None = None  # float32 [R/2]
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> AttentionSpec | None:
@@ -47,9 +51,21 @@ class AttentionSpec:
         attention, rope = config.get("attention"), config.get("rope")
         if not isinstance(attention, Mapping) or not isinstance(rope, Mapping) or "inv_freq" not in rope:
             return None
+        switched = rope.get("inv_freq_switched")
         return cls(np.asarray(rope["inv_freq"], dtype=F32), float(rope.get("attention_factor_resolved") or 1.0),
                    rope.get("layout", "half"), int(attention["num_heads"]), int(attention["num_kv_heads"]),
-                   int(attention["head_dim"]), bool(attention["causal"]), float(attention["scale"]))
+                   int(attention["head_dim"]), bool(attention["causal"]), float(attention["scale"]),
+                   int(rope["switch_position"]) if switched is not None else None,
+                   np.asarray(switched, dtype=F32) if switched is not None else None)
+
+    def row_inv_freq(self, positions: np.ndarray) -> np.ndarray:
+        """positions [B, S] → float32 [B, 1, R/2]: each row's frequencies (the switched set from its largest
+        position on, where the model switches)."""
+        rows = np.broadcast_to(self.inv_freq, (positions.shape[0], 1, self.inv_freq.shape[0]))
+        if self.switch_position is None or self.inv_freq_switched is None:
+            return rows
+        switched = positions.max(axis=-1) >= self.switch_position  # [B]
+        return np.where(switched[:, None, None], self.inv_freq_switched, rows)
 
 
 def _rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, layout: str) -> np.ndarray:
@@ -72,7 +88,7 @@ def attention(spec: AttentionSpec, query: np.ndarray, key: np.ndarray, value: np
     """query [B, Hq, S, D], key/value [B, Hkv, S, D], position_ids [B, S] → output float32 [B, Hq, S, D]."""
     batch, heads, seq, _ = query.shape
     positions = position_ids if positions_given else np.broadcast_to(np.arange(seq), (batch, seq))
-    freqs = positions.astype(F32)[..., None] * spec.inv_freq  # float32 [B, S, R/2], as the model
+    freqs = positions.astype(F32)[..., None] * spec.row_inv_freq(positions)  # float32 [B, S, R/2], as the model
     cos = np.cos(freqs.astype(np.float64)) * spec.attention_factor
     sin = np.sin(freqs.astype(np.float64)) * spec.attention_factor
     q = _rotate(query.astype(np.float64), cos, sin, spec.layout)
@@ -108,7 +124,8 @@ def attention_hypotheses(spec: AttentionSpec, inputs: Mapping[str, np.ndarray]) 
     if not math.isclose(spec.scale, 1.0 / spec.head_dim):
         out.append(Hypothesis("scale_1_over_d", f"your scores are scaled by 1/D = 1/{spec.head_dim}; the model uses "
                               f"1/√D = {spec.scale:.6g}", build(scale=1.0 / spec.head_dim)))
-    if spec.num_heads != spec.num_kv_heads:
+    # one kv head (MQA): every query head reads it, tiled or repeated alike, so the mistake cannot happen
+    if 1 < spec.num_kv_heads < spec.num_heads:
         group = spec.num_heads // spec.num_kv_heads
         out.append(Hypothesis("gqa_grouping", f"your query head h reads kv head h mod {spec.num_kv_heads} (tiled); the "
                               f"model repeats each kv head over {group} consecutive query heads (h // {group})",

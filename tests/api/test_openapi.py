@@ -4,6 +4,7 @@ work from it)."""
 from fastapi.testclient import TestClient
 
 from posenc.service.arrays import MEDIA_TYPES
+from tests.infer_utils import SHIPPED
 
 
 def test_every_error_status_has_the_envelope_schema(client: TestClient) -> None:
@@ -33,7 +34,7 @@ def test_infer_declares_its_body_and_the_models(client: TestClient) -> None:
     operation = client.get("/openapi.json").json()["paths"]["/v2/models/{name}/infer"]["post"]
     assert set(operation["requestBody"]["content"]) == {"application/json", "application/octet-stream"}
     name = next(p for p in operation["parameters"] if p["name"] == "name")
-    assert name["schema"]["enum"] == ["llama3_1_attention", "rope_attention"]
+    assert name["schema"]["enum"] == list(SHIPPED)
     assert {"400", "404", "413", "503"} <= set(operation["responses"])
 
 

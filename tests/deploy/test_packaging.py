@@ -8,6 +8,7 @@ import zipfile
 from pathlib import Path
 
 from posenc.service.testing import ServerProcess, http_request
+from tests import infer_utils
 from tests.deploy.conftest import venv_with_wheel
 from tests.infer_utils import ROOT
 
@@ -24,7 +25,7 @@ def test_the_package_list_names_every_package() -> None:
 
 def test_wheel_serves_the_shipped_models(wheel: Path, tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    for model in ("rope_attention", "llama3_1_attention"):
+    for model in infer_utils.SHIPPED:
         assert f"posenc/service/shipped_models/{model}/model.onnx" in names
         assert f"posenc/service/shipped_models/{model}/config.json" in names
     site = tmp_path / "site"

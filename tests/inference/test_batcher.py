@@ -15,7 +15,7 @@ from posenc.service.inference.batcher import Batcher
 from posenc.service.inference.engine import Engine, run_model
 from posenc.service.inference.repository import LoadedModel
 from posenc.service.settings import Settings
-from tests.infer_utils import REPOSITORY, random_inputs
+from tests.infer_utils import REPOSITORY, SHIPPED, random_inputs
 
 
 class Recorder:
@@ -174,7 +174,7 @@ def test_batching_off_runs_each_request_alone() -> None:
         np.testing.assert_array_equal(result["output"], request["x"] + 1)
 
 
-@pytest.mark.parametrize("model", ["rope_attention", "llama3_1_attention"])
+@pytest.mark.parametrize("model", SHIPPED)
 def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
     engine = Engine(Settings(model_repository=REPOSITORY, max_queue_delay_us=20_000, intra_op_num_threads=1))
     assert engine.load() == []
@@ -182,7 +182,12 @@ def test_batched_equals_unbatched_on_the_shipped_models(model: str) -> None:
     assert isinstance(entry, LoadedModel)
     hq, hkv, dim = (entry.config.raw["attention"][k] for k in ("num_heads", "num_kv_heads", "head_dim"))
     shapes = [(1, 4), (2, 4), (1, 7), (3, 2), (1, 1), (9, 3), (2, 6)]  # 9 rows > max_batch_size 8: split
-    requests = [random_inputs(hq, hkv, dim, b, s, seed=i, start=17 * i) for i, (b, s) in enumerate(shapes)]
+    # longrope switches frequencies per row at switch_position: odd requests end just below, on or past it,
+    # so a run mixes rows of both sets
+    switch = entry.config.raw["rope"].get("switch_position")
+    starts = [17 * i if switch is None or i % 2 == 0 else switch - s + i % 3 for i, (_, s) in enumerate(shapes)]
+    requests = [random_inputs(hq, hkv, dim, b, s, seed=i, start=start)
+                for i, ((b, s), start) in enumerate(zip(shapes, starts, strict=True))]
 
     async def scenario() -> list:
         results = await asyncio.gather(*(engine.infer(entry, r) for r in requests))

@@ -11,24 +11,28 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
 from posenc.models.diagnosis.attention import AttentionSpec, attention, attention_tolerance
+from posenc.models.shipped_models import SHIPPED_MODELS
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.infer_utils import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
-MODELS = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 ROPE_QUERY = {"rope_attention": "head_dim=64",
               "llama3_1_attention": "head_dim=128&rope_theta=500000&rope_type=llama3&factor=8"
                                     "&original_max_position_embeddings=8192&low_freq_factor=1&high_freq_factor=4"}
+# the public models' ports take their tables from the model's config.json (POST /v1/rope/from-config)
+HF_CONFIGS = {model.name: dict(model.config) for model in SHIPPED_MODELS}
 
 
 def config(name: str) -> dict[str, Any]:
     return dict(json.loads((REPOSITORY / name / "config.json").read_text()))
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", SHIPPED)
 def test_numpy_reference_equals_the_onnx_model(name: str) -> None:
-    hq, hkv, d = MODELS[name]
-    inputs = random_inputs(hq, hkv, d, 2, 40, start=50)
+    hq, hkv, d = geometry(name)
+    switch = config(name)["rope"].get("switch_position")
+    # longrope: the first row ends just below its switch, the second just past it (rows start 3 apart)
+    inputs = random_inputs(hq, hkv, d, 2, 40, start=50 if switch is None else switch - 41)
     onnx_out = run(session(REPOSITORY / name / "model.onnx"), inputs)
     spec = AttentionSpec.from_config(config(name))
     assert spec is not None
@@ -51,7 +55,12 @@ def port(client: TestClient, name: str, inputs: dict[str, np.ndarray], *, causal
     _, heads, seq, dim = q.shape
     if not given:
         pos = np.broadcast_to(np.arange(seq), pos.shape)
-    r = client.get(f"/v1/rope?max_position={int(pos.max()) + 1}&{ROPE_QUERY[name]}&dtype=float64")
+    rows = int(pos.max()) + 1
+    if name in HF_CONFIGS:
+        r = client.post(f"/v1/rope/from-config?max_position={rows}&dtype=float64", json=HF_CONFIGS[name])
+    else:
+        r = client.get(f"/v1/rope?max_position={rows}&{ROPE_QUERY[name]}&dtype=float64")
+    assert r.status_code == 200, r.text
     tables = safetensors_load(r.content)
     cos, sin = tables["cos"][pos][:, None], tables["sin"][pos][:, None]  # [B, 1, S, D]
 
@@ -83,12 +92,17 @@ CASES = [
     ("rope_attention", {"given": False}, "positions_not_passed"),
     ("llama3_1_attention", {}, None),
     ("llama3_1_attention", {"tile": True}, "gqa_grouping"),
+    # a correct port of each new kind of attention matches: yarn, longrope, MQA (whose kv head every query
+    # head reads, so no grouping mistake is possible)
+    ("qwen2_5_7b_yarn_attention", {}, None),
+    ("phi3_5_mini_attention", {}, None),
+    ("gemma_2b_attention", {}, None),
 ]
 
 
 @pytest.mark.parametrize(("name", "mistake", "cause"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_planted_attention_mistake(client: TestClient, name: str, mistake: dict[str, Any], cause: str | None) -> None:
-    hq, hkv, d = MODELS[name]
+    hq, hkv, d = geometry(name)
     inputs = random_inputs(hq, hkv, d, 1, 12, start=20)
     if cause == "positions_not_passed":  # two packed sequences: ids with a gap
         inputs["position_ids"] = np.concatenate([np.arange(6), np.arange(30, 36)])[None, :]

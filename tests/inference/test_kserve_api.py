@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.infer_utils import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
 MODEL = "rope_attention"
 
@@ -64,10 +64,12 @@ def test_json_infer(client: TestClient) -> None:
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["rope_attention", "llama3_1_attention"])
+@pytest.mark.parametrize("model", SHIPPED)
 def test_binary_infer_on_the_versioned_route(client: TestClient, model: str) -> None:
-    hq, hkv, dim = (8, 8, 64) if model == "rope_attention" else (32, 8, 128)
-    inputs = random_inputs(hq, hkv, dim, 3, 4, start=4000 if model == "rope_attention" else 90000)
+    hq, hkv, dim = geometry(model)
+    # far from 0, within the model's positions (< 4096, < 8192, < 32768; the others < 131072)
+    start = {"rope_attention": 4000, "gemma_2b_attention": 8000, "qwen2_5_7b_attention": 30000}.get(model, 90000)
+    inputs = random_inputs(hq, hkv, dim, 3, 4, start=start)
     body, headers = _binary_body(inputs, parameters={"binary_data_output": True})
     r = client.post(f"/v2/models/{model}/versions/1/infer", content=body, headers=headers)
     assert r.status_code == 200, r.text

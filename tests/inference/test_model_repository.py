@@ -9,13 +9,22 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY
+from tests.infer_utils import REPOSITORY, SHIPPED
 
+
+def _inputs(hq: int, hkv: int, dim: int) -> list[tuple[str, str, list[int]]]:
+    return [("query", "TYPE_FP32", [hq, -1, dim]), ("key", "TYPE_FP32", [hkv, -1, dim]),
+            ("value", "TYPE_FP32", [hkv, -1, dim]), ("position_ids", "TYPE_INT64", [-1])]
+
+
+# Written out, not read from config.json: (Hq, Hkv, D) of each shipped model's public configuration
 EXPECTED_INPUTS = {
-    "rope_attention": [("query", "TYPE_FP32", [8, -1, 64]), ("key", "TYPE_FP32", [8, -1, 64]),
-                       ("value", "TYPE_FP32", [8, -1, 64]), ("position_ids", "TYPE_INT64", [-1])],
-    "llama3_1_attention": [("query", "TYPE_FP32", [32, -1, 128]), ("key", "TYPE_FP32", [8, -1, 128]),
-                           ("value", "TYPE_FP32", [8, -1, 128]), ("position_ids", "TYPE_INT64", [-1])],
+    "rope_attention": _inputs(8, 8, 64),
+    "llama3_1_attention": _inputs(32, 8, 128),
+    "qwen2_5_7b_attention": _inputs(28, 4, 128),
+    "qwen2_5_7b_yarn_attention": _inputs(28, 4, 128),
+    "phi3_5_mini_attention": _inputs(32, 32, 96),
+    "gemma_2b_attention": _inputs(8, 1, 256),
 }
 
 
@@ -33,6 +42,18 @@ def test_config_is_tritons_model_configuration(model: str, suffix: str) -> None:
     assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 300
     assert config["dynamic_batching"]["default_queue_policy"] == {"max_queue_size": 7}
     assert config["instance_group"][0]["kind"] == "KIND_CPU"
+
+
+def test_repository_index_lists_every_shipped_model_ready() -> None:
+    with running_client() as client:
+        index = client.post("/v2/repository/index").json()
+        metadata = {name: client.get(f"/v2/models/{name}").json() for name in SHIPPED}
+    assert sorted(EXPECTED_INPUTS) == list(SHIPPED)
+    assert index == [{"name": name, "version": "1", "state": "READY"} for name in SHIPPED]
+    for name, meta in metadata.items():
+        declared = json.loads((REPOSITORY / name / "config.json").read_text())
+        assert meta["name"] == name and meta["platform"] == "onnxruntime_onnx"
+        assert meta["inputs"] == declared["inputs"] and meta["outputs"] == declared["outputs"]
 
 
 def test_config_follows_the_settings() -> None:

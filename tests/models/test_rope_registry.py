@@ -11,7 +11,7 @@ import pytest
 
 from posenc.models.diagnosis.rope import RopeTable, rope_hypotheses
 from posenc.models.errors import ParameterError
-from posenc.models.rope import rope_cos_sin
+from posenc.models.rope import inv_freq_and_attention_factor, inv_freq_switch, rope_cos_sin
 from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_frequencies import linear_inv_freq
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
@@ -58,6 +58,27 @@ def test_every_rope_type_gives_the_table_it_declares(name: str) -> None:
     # a table that depends on the batch says what it was computed with
     reported = {k for k in ("factor_set", "dynamic_rope_theta") if getattr(info, k) is not None}
     assert bool(reported) == spec.runtime_dependent
+
+
+@pytest.mark.parametrize("name", list(ROPE_TYPES))
+def test_a_switch_splits_the_batch_lengths_into_two_frequency_sets(name: str) -> None:
+    """What a static graph holds for a batch-dependent type (`inv_freq_switch`): up to L one set, past L the other,
+    at every length up to ROWS; the types without a switch either never change or change at every length."""
+    spec = ROPE_TYPES[name]
+    params = make_rope_parameters(head_dim=HEAD_DIM, rope_type=name, max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+                                  **_values(spec))
+    switch = inv_freq_switch(params)
+    at = {seq_len: inv_freq_and_attention_factor(params, seq_len)[0] for seq_len in range(1, ROWS + 1)}
+    first = inv_freq_and_attention_factor(params)[0]
+    if switch is None:
+        assert spec.switch_length is None
+        changed = [seq_len for seq_len, freqs in at.items() if not np.array_equal(freqs, first)]
+        assert bool(changed) == spec.runtime_dependent
+        return
+    length, second = switch
+    assert spec.runtime_dependent and 1 <= length < ROWS and not np.array_equal(first, second)
+    for seq_len, freqs in at.items():
+        np.testing.assert_array_equal(freqs, first if seq_len <= length else second, err_msg=f"seq_len {seq_len}")
 
 
 @pytest.mark.parametrize("name", list(ROPE_TYPES))

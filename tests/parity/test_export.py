@@ -119,6 +119,28 @@ def test_other_rope_types_export_and_match(rope_type: str, scaling: dict, tmp_pa
     np.testing.assert_allclose(run(session(folder / "model.onnx"), inputs), expected.numpy(), atol=2e-5, rtol=1e-4)
 
 
+def test_longrope_graph_switches_factor_sets_per_row(tmp_path: Path) -> None:
+    """Not frozen, a longrope graph holds both sets: rows up to the switch use the short factors, rows past it the
+    long ones, each by its own largest position, as the module does and as the frozen graphs cannot."""
+    scaling = dict(EXTRA_TYPES[3][1])
+    rope = make_rope_parameters(head_dim=16, rope_theta=10000.0, max_position_embeddings=16384, **scaling)
+    spec = ExportSpec("longrope_switching", rope, 4, 2, max_position=16384)
+    folder = export(spec, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["rope"]["switch_position"] == 4096 and config["rope"]["inv_freq_seq_len"] is None
+    assert config["ops"]["GatherND"] == 1 and config["ops"]["ReduceMax"] == 1
+    inputs = random_inputs(4, 2, 16, 4, 3, start=4090)  # rows end at 4092, 4095 (short), 4098, 4101 (long)
+    got = run(session(folder / "model.onnx"), inputs)
+    with torch.no_grad():
+        expected = spec.module()(*(torch.from_numpy(inputs[k]) for k in ("query", "key", "value", "position_ids")))
+        short = ExportSpec("short", rope, 4, 2, inv_freq_seq_len=None).module()
+        short.inv_freq_sets = None
+        short_out = short(*(torch.from_numpy(inputs[k]) for k in ("query", "key", "value", "position_ids")))
+    np.testing.assert_allclose(got, expected.numpy(), atol=2e-5, rtol=1e-4)
+    np.testing.assert_allclose(got[:2], short_out.numpy()[:2], atol=2e-5, rtol=1e-4)
+    assert not np.allclose(got[2:], short_out.numpy()[2:], atol=1e-3)
+
+
 def test_config_json_describes_the_graph(exported: dict) -> None:
     _, folder = exported["gqa_interleaved_bidir_partial"]
     config = json.loads((folder / "config.json").read_text())
@@ -199,7 +221,8 @@ def test_posenc_export_longrope_from_options(tmp_path: Path) -> None:
                         "--bidirectional", "--layout", "interleaved", "--repository", str(tmp_path)])
     assert code == 0
     config = json.loads((tmp_path / "lr" / "config.json").read_text())
-    assert config["rope"]["long_factor"] == [1.0] * 4 and config["rope"]["inv_freq_seq_len"] == 4096
+    assert config["rope"]["long_factor"] == [1.0] * 4 and config["rope"]["inv_freq_seq_len"] is None
+    assert config["rope"]["switch_position"] == 1024 and len(config["rope"]["inv_freq_switched"]) == 4
     assert config["causal"] is False and config["rope"]["layout"] == "interleaved"
 
 

@@ -18,6 +18,9 @@ ROPE_TYPE_NAMES = frozenset(ROPE_TYPES) | frozenset(CONFIG_ALIASES)
 ALLOWED = {
     # logging.config.dictConfig: the name of the formatter and of the handler the loggers use
     ("service/http/logs.py", "default"),
+    # public models' config.json fields, copied as published (data the registry parses, not a rule)
+    ("models/shipped_models.py", "yarn"),
+    ("models/shipped_models.py", "longrope"),
 }
 
 
