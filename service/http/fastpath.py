@@ -23,6 +23,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from posenc.service.budget import BodiesInFlight
 from posenc.service.http.health import LIVE, LIVENESS_PATH
 from posenc.service.http.metrics import scope_header
 from posenc.service.tables import TABLES
@@ -50,9 +51,10 @@ def spelling(scope: Scope) -> str | None:
 class FastPath:
     """ASGI middleware in front of the routes: liveness, and remembered spellings whose table is still cached."""
 
-    def __init__(self, app: ASGIApp, cache: ByteLRUCache, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, cache: ByteLRUCache, bodies: BodiesInFlight, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.cache = cache
+        self.bodies = bodies  # a cached body stays counted in the memory budget while it is sent
         # path → its route, set on the scope as routing would: the metrics and the access log name the template
         self.routes = {route.path: route for route in routes if isinstance(route, APIRoute)}
 
@@ -77,7 +79,14 @@ class FastPath:
         if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):
             answer = Answer(304, validators)
         else:
+            release = self.bodies.try_share(cached.body)
+            if release is None:  # its bytes must wait for memory: the full path waits (or says 503)
+                await self.app(scope, receive, send)
+                return
             self.cache.count_hit(cache_key)
             answer = Answer(200, answer_headers(cache_key, cached, "hit"), cached.body, cached.media_type)
+            scope["route"] = self.routes[scope["path"]]
+            await to_response(answer, release)(scope, receive, send)
+            return
         scope["route"] = self.routes[scope["path"]]
         await to_response(answer)(scope, receive, send)

@@ -14,9 +14,10 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from posenc.service.arrays import FORMATS, negotiate_format
-from posenc.service.budget import MemoryBudget, release_free_memory
+from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.http.bodies import declared_length, read_body
 from posenc.service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
+from posenc.service.http.sending import HeldResponse
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
 from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
@@ -57,15 +58,19 @@ TableDep = Annotated[TableRequest, Depends(table_request)]
 CACHE_KEY_SCOPE = "posenc.cache_key"  # set on the request scope: the fast path learns the request's spelling
 
 
-def to_response(answer: Answer) -> Response:
-    return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
-                    headers=answer.headers)
+def to_response(answer: Answer, release: Callable[[], None] | None = None) -> Response:
+    """The answer as a response; with `release`, one that calls it once its body is sent (`HeldResponse`)."""
+    if release is None:
+        return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
+                        headers=answer.headers)
+    return HeldResponse(answer.body, release=release, status_code=answer.status, media_type=answer.media_type,
+                        headers=answer.headers)
 
 
-def _response(request: Request, answer: Answer) -> Response:
+def _response(request: Request, answer: Answer, release: Callable[[], None]) -> Response:
     if answer.cache_key is not None:
         request.scope[CACHE_KEY_SCOPE] = answer.cache_key
-    return to_response(answer)
+    return to_response(answer, release)
 
 
 def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
@@ -75,14 +80,23 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
 
 async def _complete(request: Request, table: TableRequest, budget: MemoryBudget,
                     prepared: Answer | Pending) -> Response:
-    """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget."""
+    """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget. Either
+    way the body stays counted in the budget until it is sent (`BodiesInFlight`): a miss keeps the body's
+    share of its reservation, a hit shares (or reserves) its cached body's."""
+    bodies: BodiesInFlight = request.app.state.bodies_in_flight
+    what = f"/v1/{prepared.query.endpoint}" if isinstance(prepared, Pending) else request.url.path
     if isinstance(prepared, Answer):
-        return _response(request, prepared)
-    async with budget.reserve(prepared.working_bytes, f"/v1/{prepared.query.endpoint}"):
+        return _response(request, prepared, await bodies.share(prepared.body, what))
+    reservation = await budget.acquire(prepared.working_bytes, what)
+    try:
         answer = await run_in_threadpool(table.complete, prepared)
+    except BaseException:
+        reservation.release()
+        raise
+    release = bodies.adopt(answer.body, reservation)
     if prepared.working_bytes >= RELEASE_AFTER_BYTES:
         await run_in_threadpool(release_free_memory)
-    return _response(request, answer)
+    return _response(request, answer, release)
 
 
 def _endpoint(route: TableRoute) -> Any:
