@@ -37,8 +37,8 @@ from posenc.service.errors import BadRequest
 
 LIFT_MIN_BYTES = 1 << 20  # bodies smaller than this are parsed whole: their objects are few
 SPAN_MIN_BYTES = 64 << 10  # lists shorter than this stay in the JSON text
-CHUNK_BYTES = 1 << 20  # text parsed at once: about 100,000 to 250,000 numbers
-CHUNK_NUMBERS = 1 << 16  # numbers written at once
+CHUNK_BYTES = 1 << 18  # text parsed at once: about 25,000 to 65,000 numbers
+CHUNK_NUMBERS = 1 << 14  # numbers written at once
 EXACT_INTEGER = 1 << 24  # integers above this in a float datatype: the generic path's rounding, not ours
 
 _DATA_LIST = re.compile(rb'"data"\s*:\s*\[')
