@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from posenc.service.arrays import FORMATS, negotiate_format
 from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import MemoryBudgetDep, SettingsDep, TableCacheDep
+from posenc.service.http.deps import BodiesInFlightDep, MemoryBudgetDep, SettingsDep, TableCacheDep
 from posenc.service.http.sending import HeldResponse
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
@@ -78,12 +78,11 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
     return table.prepare(query.bind(decode(body, content_type)))
 
 
-async def _complete(request: Request, table: TableRequest, budget: MemoryBudget,
+async def _complete(request: Request, table: TableRequest, budget: MemoryBudget, bodies: BodiesInFlight,
                     prepared: Answer | Pending) -> Response:
     """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget. Either
     way the body stays counted in the budget until it is sent (`BodiesInFlight`): a miss keeps the body's
     share of its reservation, a hit shares (or reserves) its cached body's."""
-    bodies: BodiesInFlight = request.app.state.bodies_in_flight
     what = f"/v1/{prepared.query.endpoint}" if isinstance(prepared, Pending) else request.url.path
     if isinstance(prepared, Answer):
         return _response(request, prepared, await bodies.share(prepared.body, what))
@@ -105,15 +104,15 @@ def _endpoint(route: TableRoute) -> Any:
 
     if query_model.body is None:
         async def get_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                            table: TableDep, budget: MemoryBudgetDep) -> Response:
-            return await _complete(request, table, budget, await run_in_threadpool(table.prepare, query))
+                            table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
+            return await _complete(request, table, budget, bodies, await run_in_threadpool(table.prepare, query))
 
         return get_table
 
     body_limit, decode = query_model.body.limit, query_model.body.decode
 
     async def post_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                         table: TableDep, budget: MemoryBudgetDep) -> Response:
+                         table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
         parameters: TableQuery = query
         parameters.check()  # before the body: nothing is read for a request that cannot be served
         limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
@@ -123,7 +122,7 @@ def _endpoint(route: TableRoute) -> Any:
             prepared = await run_in_threadpool(_decode_and_prepare, table, parameters, decode, body,
                                                request.headers.get("content-type"))
             del body
-        return await _complete(request, table, budget, prepared)
+        return await _complete(request, table, budget, bodies, prepared)
 
     return post_table
 
