@@ -18,6 +18,11 @@ into it, and truncate the object while the request runs (answers: 200 or a 400 n
 5xx or a dead server); one client registers 1,100 regions, more than the descriptors allow (200, then 503
 with Retry-After or the region-count 400; never a 500). A spelling flood sends distinct 32 KiB Accept headers
 (200) and heads over POSENC_MAX_HEADER_BYTES (431): none of them may stay in memory.
+
+Slow readers ask for distinct uncached 16 MiB tables, four at a time, and read nothing: their bodies stay
+in the memory budget (192 MiB for the run, so that the RSS bound covers it full) until POSENC_SEND_TIMEOUT
+(--send-timeout) cuts them, which must happen (or a 503 when the table waited too long for memory). A
+client posts 32 MiB JSON infer bodies of "0.5,..." (400 naming the element count, or 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import os
 import random
 import resource
 import signal
+import socket
 import sys
 import time
 from collections import Counter, defaultdict
@@ -321,6 +327,55 @@ class Soak:
         finally:
             path.unlink(missing_ok=True)
 
+    async def slow_readers(self) -> None:
+        """Clients that ask for distinct uncached 16 MiB tables and read nothing, four at a time: their bodies
+        stay in the memory budget (not beyond it) until POSENC_SEND_TIMEOUT cuts them, which must happen."""
+        index = 0
+        while self.sigterm_at is None and self.server.poll() is None:
+            index += 4
+            await asyncio.gather(*(self.slow_reader(index + i) for i in range(4)))
+
+    async def slow_reader(self, index: int) -> None:
+        start = time.monotonic()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, (HOST, self.server.port))
+        except OSError:
+            sock.close()
+            return
+        try:
+            url = f"/v1/alibi/bias?num_heads=4&query_length=1024&key_length=1024&format=raw&alibi_bias_max={index}"
+            await asyncio.get_running_loop().sock_sendall(sock, request_bytes("GET", url))
+            limit = self.args.send_timeout + FAULT_SLACK + 15  # (computing the table may wait for memory)
+            await asyncio.sleep(limit)  # computed (maybe after a wait for memory), then cut while we do not read
+            ended = await asyncio.to_thread(_how_it_ended, sock, 16 << 20)
+            if self.sigterm_at is None:
+                self.record("slow-reader", ended or "not cut", start, None,
+                            None if ended else f"not cut within {limit:g} s (POSENC_SEND_TIMEOUT)")
+        finally:
+            sock.close()
+
+    async def large_json_bodies(self) -> None:
+        """A 32 MiB JSON infer body of "0.5,..." (8.4 M numbers, one too many for its shape) every few seconds:
+        400 naming the count (or 503 with Retry-After when the budget is busy), within the RSS bound."""
+        count = (32 << 20) // 4
+        body = (b'{"inputs":[{"name":"query","datatype":"FP32","shape":[1,8,%d,64],"data":[' % (count // 512)
+                + b"0.5," * count + b"0.5]}]}")
+        while self.sigterm_at is None and self.server.poll() is None:
+            start = time.monotonic()
+            try:
+                status, headers, answer = await self.exchange("POST", "/v2/models/rope_attention/infer", body)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+                if self.sigterm_at is None:
+                    self.record("large-json", type(exc).__name__, start, None, f"no answer: {exc}")
+                return
+            allowed = (status == 400 and b"elements" in answer) or (status == 503 and "retry-after" in headers)
+            self.record("large-json", str(status), start, time.monotonic(),
+                        None if allowed else f"got {status}: {answer[:200]!r}")
+            await asyncio.sleep(2)
+
     async def sample_rss(self) -> None:
         status = Path(f"/proc/{self.server.pid}/status")
         while self.server.poll() is None:
@@ -343,6 +398,7 @@ class Soak:
         tasks += [asyncio.create_task(self.shared_memory_truncation(i)) for i in range(2)]
         tasks.append(asyncio.create_task(self.shared_memory_register_flood()))
         tasks.append(asyncio.create_task(self.spelling_flood()))
+        tasks += [asyncio.create_task(self.slow_readers()), asyncio.create_task(self.large_json_bodies())]
         sampler = asyncio.create_task(self.sample_rss())
         await asyncio.sleep(self.args.seconds)
         self.sigterm_at = time.monotonic()
@@ -354,6 +410,24 @@ class Soak:
         for task in [*tasks, sampler]:
             task.cancel()
         return self.server.poll(), exit_after
+
+
+def _how_it_ended(sock: socket.socket, body_bytes: int) -> str | None:
+    """Read what the server sent to a client that read nothing for a while: "cut" (the stream ends, or is
+    reset, before the whole body: the server gave up on it), "503" (the table waited too long for memory:
+    allowed), or None (the whole answer came: nothing cut it)."""
+    sock.setblocking(True)
+    sock.settimeout(30)
+    received, head = 0, b""
+    try:
+        while chunk := sock.recv(1 << 20):
+            head = head or chunk[:12]
+            received += len(chunk)
+            if head == b"HTTP/1.1 503":
+                return "503"
+    except (ConnectionError, TimeoutError):
+        pass
+    return "cut" if received < body_bytes else None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -402,11 +476,14 @@ def main() -> int:
     parser.add_argument("--max-rss-mib", type=float, help="peak RSS bound (default: cache budget + 400 MiB)")
     parser.add_argument("--header-timeout", type=float, default=2.0, help="POSENC_HEADER_TIMEOUT for the run")
     parser.add_argument("--body-timeout", type=float, default=3.0, help="POSENC_BODY_TIMEOUT for the run")
+    parser.add_argument("--send-timeout", type=float, default=5.0, help="POSENC_SEND_TIMEOUT for the run")
     parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
     args = parser.parse_args()
     settings = {"workers": 1, "log_level": "warning", "access_log": False, "header_timeout": args.header_timeout,
                 "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout,
-                "shared_memory": True, **shared_memory_key_settings()}
+                "shared_memory": True, **shared_memory_key_settings(),
+                # a budget the RSS bound covers while slow readers fill it; their cut comes soon
+                "memory_budget_bytes": 192 * MiB, "send_timeout": args.send_timeout}
     # The server inherits this process's descriptor limit: systemd's default, whatever the shell allows.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(DESCRIPTOR_LIMIT, hard), hard))

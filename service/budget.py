@@ -18,7 +18,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from posenc.service.errors import Unavailable
@@ -40,45 +40,184 @@ class MemoryBudget:
         self.setting = setting  # named in the 503s
         self.reserved = 0
         self.waiting = 0
-        self._changed: asyncio.Condition | None = None
-
-    def _condition(self) -> asyncio.Condition:
-        # created on first use, inside the event loop that serves the requests
-        if self._changed is None:
-            self._changed = asyncio.Condition()
-        return self._changed
+        # one future per waiter, woken (all of them: each checks whether it fits now) when bytes come back
+        self._wakeups: list[asyncio.Future[None]] = []
 
     @asynccontextmanager
     async def reserve(self, nbytes: int, what: str) -> AsyncIterator[None]:
         """Hold `nbytes` (at most the whole budget) while the block runs; 503 when they do not come free."""
-        amount = max(0, min(nbytes, self.capacity))
-        changed = self._condition()
-        async with changed:
-            if self.reserved + amount > self.capacity:
-                await self._wait(changed, amount, what)
-            self.reserved += amount
+        reservation = await self.acquire(nbytes, what)
         try:
             yield
         finally:
-            async with changed:
-                self.reserved -= amount
-                changed.notify_all()
+            reservation.release()
 
-    async def _wait(self, changed: asyncio.Condition, amount: int, what: str) -> None:
+    async def acquire(self, nbytes: int, what: str) -> Reservation:
+        """Hold `nbytes` (at most the whole budget) until the reservation is released; 503 when they do not
+        come free in time."""
+        amount = self._amount(nbytes)
+        if self.reserved + amount > self.capacity:
+            await self._wait(amount, what)
+        self.reserved += amount
+        return Reservation(self, amount)
+
+    def try_acquire(self, nbytes: int) -> Reservation | None:
+        """Hold `nbytes` if they are free now and nobody waits for memory; else None (no waiting)."""
+        amount = self._amount(nbytes)
+        if self.waiting or self.reserved + amount > self.capacity:
+            return None
+        self.reserved += amount
+        return Reservation(self, amount)
+
+    def _amount(self, nbytes: int) -> int:
+        return max(0, min(nbytes, self.capacity))
+
+    def _give_back(self, amount: int) -> None:
+        """Return `amount` bytes (synchronous: transport callbacks release too) and wake the waiters."""
+        self.reserved -= amount
+        wakeups, self._wakeups = self._wakeups, []
+        for wakeup in wakeups:
+            if not wakeup.done():
+                wakeup.set_result(None)
+
+    async def _wait(self, amount: int, what: str) -> None:
         if self.waiting >= self.max_waiters:
             raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
                               f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
                               "retry later", retry_after=RETRY_AFTER_SECONDS)
         self.waiting += 1
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.wait_for(changed.wait_for(lambda: self.reserved + amount <= self.capacity),
-                                   timeout=self.wait_seconds)
+            async with asyncio.timeout(self.wait_seconds):
+                while self.reserved + amount > self.capacity:
+                    wakeup = loop.create_future()
+                    self._wakeups.append(wakeup)
+                    await wakeup
         except TimeoutError:
             raise Unavailable(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
                               f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
                               retry_after=RETRY_AFTER_SECONDS) from None
         finally:
             self.waiting -= 1
+
+
+class Reservation:
+    """Bytes held in a `MemoryBudget` until `release()` (idempotent); `shrink` gives back what is not needed."""
+
+    def __init__(self, budget: MemoryBudget, amount: int) -> None:
+        self.budget = budget
+        self.amount = amount
+
+    def shrink(self, nbytes: int) -> None:
+        """Keep at most `nbytes` of the reservation; give back the rest."""
+        keep = max(0, min(nbytes, self.amount))
+        if keep < self.amount:
+            self.budget._give_back(self.amount - keep)
+            self.amount = keep
+
+    def release(self) -> None:
+        self.shrink(0)
+
+    async def grow(self, nbytes: int, what: str) -> None:
+        """Hold `nbytes` in all (at most the whole budget), waiting for the difference as `acquire` does.
+        (Two requests growing at once may wait for each other: the wait's time limit ends that with a 503.)"""
+        more = min(nbytes, self.budget.capacity) - self.amount
+        if more > 0:
+            self.amount += (await self.budget.acquire(more, what)).amount
+
+
+# A response body under this size is not held in the budget while it is sent: the socket's kernel buffer
+# takes most of it at once, and a connection holds at most one response at a time (uvicorn writes the next
+# only when the transport has room), so what such bodies hold is at most this much per connection.
+SMALL_BODY_BYTES = 64 * 1024
+
+
+class BodiesInFlight:
+    """Response bodies on their way to the kernel, each counted once in `budget` until every response that
+    sends it has handed its last byte to the kernel (or lost its connection).
+
+    A body is identified by its object: a table body shared by the cache and by many responses (the same
+    `bytes`) is counted once, whatever the number of clients it goes to, and stays counted while any of them
+    still sends it, even after the cache evicted it. While the cache also holds it, it is counted twice (in
+    the cache budget and here): an upper bound, never less than what is held. Bodies under
+    `SMALL_BODY_BYTES` are not counted.
+    """
+
+    def __init__(self, budget: MemoryBudget, small_bytes: int = SMALL_BODY_BYTES) -> None:
+        self.budget = budget
+        self.small_bytes = small_bytes
+        self._held: dict[int, _HeldBody] = {}  # id(body) -> the body (kept alive: its id stays unique), senders
+
+    def adopt(self, body: bytes, reservation: Reservation) -> Callable[[], None]:
+        """Hand `body`'s share of `reservation` (made to compute it) over to its sending; the rest goes back.
+        Returns the release for the one response that sends it."""
+        held = self._held.get(id(body))
+        if held is not None or len(body) < self.small_bytes:
+            reservation.release()
+            return held.join() if held is not None else _nothing
+        reservation.shrink(len(body))
+        return self._hold(body, reservation)
+
+    def try_share(self, body: bytes) -> Callable[[], None] | None:
+        """The release for one more response sending `body`: free if it is small or already counted; else
+        its bytes reserved now, or None when they do not fit without waiting."""
+        held = self._held.get(id(body))
+        if held is not None:
+            return held.join()
+        if len(body) < self.small_bytes:
+            return _nothing
+        reservation = self.budget.try_acquire(len(body))
+        return None if reservation is None else self._hold(body, reservation)
+
+    async def share(self, body: bytes, what: str) -> Callable[[], None]:
+        """As `try_share`, waiting for the bytes (or a 503, as `MemoryBudget.acquire`) when they do not fit."""
+        release = self.try_share(body)
+        if release is not None:
+            return release
+        reservation = await self.budget.acquire(len(body), what)
+        held = self._held.get(id(body))  # another response may have started sending it meanwhile
+        if held is not None:
+            reservation.release()
+            return held.join()
+        return self._hold(body, reservation)
+
+    @property
+    def bytes_held(self) -> int:
+        return sum(held.reservation.amount for held in self._held.values())
+
+    def _hold(self, body: bytes, reservation: Reservation) -> Callable[[], None]:
+        held = _HeldBody(body, reservation, lambda: self._held.pop(id(body), None))
+        self._held[id(body)] = held
+        return held.join()
+
+
+class _HeldBody:
+    def __init__(self, body: bytes, reservation: Reservation, forget: Callable[[], object]) -> None:
+        self.body = body
+        self.reservation = reservation
+        self.forget = forget
+        self.senders = 0
+
+    def join(self) -> Callable[[], None]:
+        """One more sender; its release (idempotent) gives the bytes back after the last sender's."""
+        self.senders += 1
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            self.senders -= 1
+            if self.senders == 0:
+                self.forget()
+                self.reservation.release()
+
+        return release
+
+
+def _nothing() -> None:
+    """The release of a body that holds nothing in the budget."""
 
 
 def _libc() -> ctypes.CDLL | None:

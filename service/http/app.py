@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI
 
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
-from posenc.service.budget import MemoryBudget, limit_malloc_arenas
+from posenc.service.budget import BodiesInFlight, MemoryBudget, limit_malloc_arenas
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health
 from posenc.service.http.errors import install_error_handlers
@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.row_blocks = RowBlocks(settings.table_threads, settings.table_block_bytes)
     app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
                                            wait_seconds=settings.memory_wait_seconds)
+    app.state.bodies_in_flight = BodiesInFlight(app.state.memory_budget)  # response bodies not yet sent
     limit_malloc_arenas(settings.malloc_arenas)
     app.state.readiness_problems = ["starting"]
     app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory,
@@ -90,7 +91,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(checks)
     app.include_router(check_inference_router)
     # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
-    app.add_middleware(FastPath, cache=app.state.table_cache,
+    app.add_middleware(FastPath, cache=app.state.table_cache, bodies=app.state.bodies_in_flight,
                        routes=[*health.router.routes, *tables.routes])
     # Restricted protocol groups refused before anything answers them (the fast path included).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())

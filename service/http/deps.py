@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
-from posenc.service.budget import MemoryBudget
+from posenc.service.budget import BodiesInFlight, MemoryBudget
 from posenc.service.errors import Unavailable
 from posenc.service.settings import Settings
 
@@ -36,6 +36,11 @@ async def settings_of(request: Request) -> Settings:
 async def memory_budget_of(request: Request) -> MemoryBudget:
     budget: MemoryBudget = request.app.state.memory_budget
     return budget
+
+
+async def bodies_in_flight_of(request: Request) -> BodiesInFlight:
+    bodies: BodiesInFlight = request.app.state.bodies_in_flight
+    return bodies
 
 
 async def table_cache_of(request: Request) -> ByteLRUCache:
@@ -69,6 +74,7 @@ async def readiness_problems_of(request: Request) -> list[str]:
 
 SettingsDep = Annotated[Settings, Depends(settings_of)]
 MemoryBudgetDep = Annotated[MemoryBudget, Depends(memory_budget_of)]
+BodiesInFlightDep = Annotated[BodiesInFlight, Depends(bodies_in_flight_of)]
 TableCacheDep = Annotated["ByteLRUCache", Depends(table_cache_of)]
 RowBlocksDep = Annotated["RowBlocks", Depends(row_blocks_of)]
 EngineDep = Annotated["Engine", Depends(engine_of)]

@@ -24,8 +24,10 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from posenc.service.budget import BodiesInFlight
 from posenc.service.http.health import LIVE, LIVENESS_PATH
 from posenc.service.http.metrics import scope_header
+from posenc.service.http.sending import send_held
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
 from posenc.service.tables.cache import ByteLRUCache, CachedBody
@@ -75,9 +77,10 @@ def hit_headers(cache_key: str, cached: CachedBody) -> list[tuple[bytes, bytes]]
 class FastPath:
     """ASGI middleware in front of the routes: liveness, and remembered spellings whose table is still cached."""
 
-    def __init__(self, app: ASGIApp, cache: ByteLRUCache, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, cache: ByteLRUCache, bodies: BodiesInFlight, routes: Sequence[BaseRoute]) -> None:
         self.app = app
         self.cache = cache
+        self.bodies = bodies  # a cached body stays counted in the memory budget while it is sent
         # path → its route, set on the scope as routing would: the metrics and the access log name the template
         self.routes = {route.path: route for route in routes if isinstance(route, APIRoute)}
 
@@ -98,12 +101,16 @@ class FastPath:
             if learned is not None:
                 self.cache.remember_spelling(spelled, learned)
             return
-        scope["route"] = self.routes[scope["path"]]
         validators = validator_headers(cache_key)
         if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):
+            scope["route"] = self.routes[scope["path"]]
             await to_response(Answer(304, validators))(scope, receive, send)
             return
+        release = self.bodies.try_share(cached.body)
+        if release is None:  # its bytes must wait for memory: the full path waits (or says 503)
+            await self.app(scope, receive, send)
+            return
+        scope["route"] = self.routes[scope["path"]]
         self.cache.count_hit(cache_key)
         # the two ASGI messages themselves: what starlette's Response would send, without building one
-        await send({"type": "http.response.start", "status": 200, "headers": hit_headers(cache_key, cached)})
-        await send({"type": "http.response.body", "body": cached.body})
+        await send_held(scope, send, 200, hit_headers(cache_key, cached), cached.body, release)

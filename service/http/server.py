@@ -18,6 +18,11 @@ is installed, which `uvicorn[standard]` guarantees):
 * a body read into the application's buffer (`RECEIVE_INTO`, a scope extension): a handler that has one
   buffer for the whole body (an inference) gets every chunk copied there as it is parsed, with no pause of
   the socket at each 64 KiB and no ASGI message per chunk; the body timer and the limits stay as they are;
+* bodies held until sent (`posenc.service.http.sending`): a response registers the release of its memory
+  budget reservation on the scope; the protocol calls it once the write buffer is empty after the response
+  (the kernel has every byte) or the connection is lost. Until then the write buffer's limits are 0, so the
+  transport tells the protocol (`resume_writing`) the moment it drains, and a client stalled on the last
+  bytes meets the send timeout too;
 * a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
   has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
   graceful timeout runs out, instead of keeping the process alive forever.
@@ -39,7 +44,7 @@ import select
 import signal
 import socket
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -54,6 +59,7 @@ from posenc.service.errors import HeadersTooLarge
 from posenc.service.http.bodies import RECEIVE_INTO
 from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import count_send_timeout, shared_metrics_dir
+from posenc.service.http.sending import SEND_HOLD_SCOPE
 from posenc.service.http.unix import PEER_SCOPE_KEY, Peer, bind_unix_socket, peer_of
 from posenc.service.settings import Settings
 
@@ -146,6 +152,10 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.send_timer: asyncio.TimerHandle | None = None
         self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.http.unix)
         self.sink: BodySink | None = None  # the body being read straight into a handler's buffer
+        # releases of bodies not yet in the kernel: of the response being sent, of responses sent to the transport
+        self.sending_holds: list[Callable[[], None]] = []
+        self.sent_holds: list[Callable[[], None]] = []
+        self.lost = False
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
 
@@ -185,6 +195,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()  # a fresh scope for this request
         if self.peer is not None:
             self.scope[PEER_SCOPE_KEY] = self.peer  # type: ignore[literal-required]
+        self.scope[SEND_HOLD_SCOPE] = self.hold_until_sent  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         self.in_head = False
@@ -204,6 +215,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._release_sent()
         # No request in progress (a pipelined one may have started): the next head must come in time. An
         # idle connection is closed by the keep-alive timer first; the head deadline never undercuts it.
         if not self.transport.is_closing() and self.cycle.response_complete:
@@ -321,6 +333,31 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         super().resume_writing()
         _cancel(self.send_timer)
         self.send_timer = None
+        self._release_sent()
+
+    # -- bodies held until sent: their memory budget comes back when the kernel has every byte
+
+    def hold_until_sent(self, release: Callable[[], None]) -> None:
+        """Call `release` once the response being sent is in the kernel (or the connection is gone)."""
+        if self.lost:
+            release()
+        else:
+            self.sending_holds.append(release)
+
+    def _release_sent(self) -> None:
+        """Release what the responses written so far hold, if the kernel has all of it; else ask to be told."""
+        if self.cycle is not None and self.cycle.response_complete:
+            self.sent_holds += self.sending_holds
+            self.sending_holds = []
+        if not self.sent_holds or self.lost:
+            return
+        if self.transport.get_write_buffer_size() == 0:
+            holds, self.sent_holds = self.sent_holds, []
+            _release(holds)
+            self.transport.set_write_buffer_limits()  # the defaults again
+        else:
+            # told (resume_writing) exactly when the buffer is empty; pauses now, which arms the send timer
+            self.transport.set_write_buffer_limits(high=0, low=0)
 
     def _send_timed_out(self) -> None:
         # (also when the transport is closing: a close waits for the buffer to drain, which is what does not
@@ -358,7 +395,15 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         for handle in (self.head_timer, self.body_timer, self.cut_timer, self.send_timer):
             _cancel(handle)
         self.head_timer = self.body_timer = self.cut_timer = self.send_timer = None
+        self.lost = True
+        holds, self.sending_holds, self.sent_holds = [*self.sending_holds, *self.sent_holds], [], []
+        _release(holds)
         super().connection_lost(exc)
+
+
+def _release(holds: list[Callable[[], None]]) -> None:
+    for release in holds:
+        release()
 
 
 def _peer(client: tuple[str, int] | None) -> str:

@@ -30,6 +30,7 @@ import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
 from posenc.service.errors import BadRequest, echo
+from posenc.service.inference.kserve_json import LIFT_MIN_BYTES, Fallback, Span, check_syntax, lift_data, span_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
@@ -244,7 +245,8 @@ def _shm_array(source: TensorSource, ref: ShmRef, datatype: str, shape: tuple[in
     return source.input_array(ref, dtype, shape, where)
 
 
-def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None) -> list[InputTensor]:
+def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None, spans: Mapping[str, Span],
+                  spans_parsed: set[str]) -> list[InputTensor]:
     if not isinstance(entries, list) or not entries:
         raise BadRequest("'inputs' must be a non-empty list")
     parsed = [_input_entry(entry, i) for i, entry in enumerate(entries)]
@@ -269,7 +271,12 @@ def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None)
         elif size is None:
             if "data" not in entry:
                 raise BadRequest(f"{where}: no 'data' and no binary_data_size")
-            array = _json_data(entry["data"], datatype, shape, where)
+            data = entry["data"]
+            if isinstance(data, str) and data in spans:
+                spans_parsed.add(data)  # span_array parses it whole, or falls back
+                array = span_array(spans[data], datatype, shape, where)
+            else:
+                array = _json_data(data, datatype, shape, where)
         else:
             if "data" in entry:
                 raise BadRequest(f"{where}: both 'data' and binary_data_size are given; send one")
@@ -324,12 +331,47 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: str
     if not len(body):
         raise BadRequest("empty request body; expected a JSON infer request")
     length = _header_length(header_length, len(body))
-    header = _load_json_header(bytes(body[:length]) if isinstance(body, memoryview) else body[:length])
+    if length >= LIFT_MIN_BYTES:
+        text, spans = lift_data(memoryview(body)[:length])
+        if text is not None:
+            try:
+                return _parse_lifted(text, spans, body, length, shared_memory)
+            except Fallback:
+                pass  # the generic parse below gives the exact answer (or error)
+            del text, spans
+    raw = bytes(body[:length]) if isinstance(body, memoryview) else body[:length]
+    return _parse_header(_load_json_header(raw), body, length, shared_memory, {})
+
+
+def _parse_lifted(text: bytes, spans: Mapping[str, Span], body: bytes | bytearray | memoryview,
+                  length: int, shared_memory: TensorSource | None) -> InferRequest:
+    """`parse_infer_request` of a body whose large data lists were lifted out of its JSON text (`lift_data`).
+    A 400 is the generic path's only when every list parses: a syntax error comes first there."""
+    try:
+        header = pydantic_core.from_json(text)
+    except ValueError:
+        raise Fallback from None
+    if not isinstance(header, dict):
+        raise Fallback
+    parsed: set[str] = set()
+    try:
+        return _parse_header(header, body, length, shared_memory, spans, parsed)
+    except BadRequest:
+        for token, span in spans.items():
+            if token not in parsed:
+                check_syntax(span)
+        raise
+
+
+def _parse_header(header: dict[str, Any], body: bytes | bytearray | memoryview, length: int,
+                  shared_memory: TensorSource | None, spans: Mapping[str, Span],
+                  parsed: set[str] | None = None) -> InferRequest:
     request_id = header.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest(f"'id' must be a string (got {request_id!r})")
     params = _parameters(header, "request")
     binary_output = _flag(params, "binary_data_output", "request")
-    inputs = _parse_inputs(header.get("inputs"), memoryview(body)[length:], shared_memory)
+    inputs = _parse_inputs(header.get("inputs"), memoryview(body)[length:], shared_memory, spans,
+                           set() if parsed is None else parsed)
     outputs = _parse_outputs(header.get("outputs"), binary_output, shared_memory is not None)
     return InferRequest(request_id, inputs, outputs, binary_output)

@@ -7,6 +7,7 @@ went to shared memory. The request side (its types and the parser) is `posenc.se
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,8 +15,8 @@ import numpy as np
 import pydantic_core
 
 from posenc.models.dtypes import lookup
-from posenc.service.arrays import json_values
 from posenc.service.inference.kserve import HEADER_LENGTH, InferRequest, RequestedOutput
+from posenc.service.inference.kserve_json import placeholder, splice
 
 
 def encode_infer_response(
@@ -38,7 +39,7 @@ def requested_outputs(request: InferRequest, order: Sequence[str]) -> list[Reque
 def encode_infer_response_parts(
     model_name: str, model_version: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
     order: Sequence[str],
-) -> tuple[list[bytes | memoryview], dict[str, str]]:
+) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """The response body as parts to send one after the other (the JSON header, then each binary output
     as a view of its array: nothing is joined), and the headers, Content-Length included.
 
@@ -46,6 +47,8 @@ def encode_infer_response_parts(
     """
     entries: list[dict[str, Any]] = []
     chunks: list[bytes | memoryview] = []
+    lists: dict[str, np.ndarray] = {}  # placeholder in the header -> the array whose data list goes there
+    nonce = os.urandom(8).hex()
     for out in requested_outputs(request, order):
         array = np.ascontiguousarray(outputs[out.name])
         entry: dict[str, Any] = {"name": out.name, "datatype": lookup(array.dtype).kserve, "shape": list(array.shape)}
@@ -57,15 +60,19 @@ def encode_infer_response_parts(
         else:
             # [N] row-major flat list, as the protocol sends; non-finite floats as the tables spell them
             # ("NaN", "Infinity", "-Infinity"): a bare NaN is not JSON and JSON.parse rejects it
-            entry["data"] = json_values(array)
+            # (written by `splice`, a chunk at a time: no Python object per number for the whole output)
+            token = placeholder(len(lists), nonce)
+            lists[token] = array
+            entry["data"] = token
         entries.append(entry)
     head: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request.id is not None:
         head["id"] = request.id
     head["outputs"] = entries
-    header = pydantic_core.to_json(head)
-    size = len(header) + sum(len(chunk) for chunk in chunks)
+    header = splice(pydantic_core.to_json(head), lists)
+    header_size = sum(len(part) for part in header)
+    size = header_size + sum(len(chunk) for chunk in chunks)
     if not chunks:
-        return [header], {"Content-Type": "application/json", "Content-Length": str(size)}
-    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header)), "Content-Length": str(size)}
-    return [header, *chunks], headers
+        return [*header], {"Content-Type": "application/json", "Content-Length": str(size)}
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(header_size), "Content-Length": str(size)}
+    return [*header, *chunks], headers

@@ -8,6 +8,7 @@ sends no Content-Type, and binary tensors follow the JSON header (`Inference-Hea
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -19,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service import __version__
-from posenc.service.budget import MemoryBudget
+from posenc.service.budget import MemoryBudget, Reservation
 from posenc.service.errors import Unavailable, error_response
 from posenc.service.http.bodies import declared_length, read_aligned_body, receive_into_of
 from posenc.service.http.deps import (
@@ -32,6 +33,7 @@ from posenc.service.http.deps import (
     shared_memory_of,
 )
 from posenc.service.http.restricted import shared_memory_caller
+from posenc.service.http.sending import HeldResponse
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.kserve import (
     HEADER_LENGTH,
@@ -162,25 +164,58 @@ async def _infer(request: Request, entry: RepositoryEntry, context: InferContext
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     engine, limit = context.engine, context.settings.max_request_bytes
     # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
+    # (grown once the inputs are parsed, when the outputs and their JSON text need more: `_memory_needed`)
     reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
-        async with context.budget.reserve(reserved, f"an inference on '{model.name}'"):
-            return await _run_infer(request, engine, model, limit, context.shared_memory)
+        reservation = await context.budget.acquire(reserved, f"an inference on '{model.name}'")
+        try:
+            parts, headers = await _run_infer(request, engine, model, limit, context.shared_memory, reservation)
+        except BaseException:
+            reservation.release()
+            raise
+    # the answer's bytes stay counted until the kernel has them (posenc.service.http.sending)
+    reservation.shrink(sum(len(part) for part in parts))
+    return PartsResponse(parts, headers, release=reservation.release)
 
 
-class PartsResponse(Response):
+class PartsResponse(HeldResponse):
     """A response whose body is sent as its parts, one ASGI message each (the JSON header, then views of the
-    output arrays): nothing is joined into a new buffer. `headers` carry Content-Length and Content-Type."""
+    output arrays): nothing is joined into a new buffer. `headers` carry Content-Length and Content-Type;
+    `release` runs once every part is sent."""
 
-    def __init__(self, parts: Sequence[bytes | memoryview], headers: dict[str, str]) -> None:
-        super().__init__(headers=headers, media_type=None)
+    def __init__(self, parts: Sequence[bytes | bytearray | memoryview], headers: dict[str, str], *,
+                 release: Callable[[], None]) -> None:
+        super().__init__(b"", release=release, headers=headers)
         self.parts = parts
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         last = len(self.parts) - 1
         for index, part in enumerate(self.parts):
             await send({"type": "http.response.body", "body": part, "more_body": index < last})
+
+
+# The most bytes one number takes in a JSON data list: "-2.2250738585072014e-308" and its comma.
+JSON_NUMBER_BYTES = 25
+
+
+def _memory_needed(body: bytes | bytearray | memoryview, model: LoadedModel, parsed: InferRequest,
+                   inputs: Mapping[str, np.ndarray]) -> int:
+    """Bytes the request holds at its peak: the body, the inputs decoded from JSON (binary ones are views of
+    the body), every output, and the JSON text of the outputs answered as JSON."""
+    body_bytes = np.frombuffer(body, np.uint8)
+    decoded = sum(t.array.nbytes for t in parsed.inputs
+                  if t.shm is None and not np.may_share_memory(t.array, body_bytes))
+    largest_input = max((array.nbytes for array in inputs.values()), default=0)
+    elements = {}
+    for out in model.config.outputs:
+        shape = model.output_shape(out.name, inputs)
+        itemsize = BY_KSERVE[out.datatype].numpy.itemsize
+        elements[out.name] = math.prod(shape) if shape is not None else largest_input // itemsize
+    outputs = sum(elements[out.name] * BY_KSERVE[out.datatype].numpy.itemsize for out in model.config.outputs)
+    text = sum(elements.get(out.name, 0) * JSON_NUMBER_BYTES
+               for out in requested_outputs(parsed, model.config.output_names) if out.shm is None and not out.binary)
+    return len(body) + decoded + outputs + text
 
 
 def _header_length(value: str | None) -> int:
@@ -219,7 +254,7 @@ def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mappi
 
 def _answer(model_name: str, registry: RegionsFor | None, parsed: InferRequest,
             outputs: dict[str, Any], copies: Sequence[RequestedOutput],
-            order: Sequence[str]) -> tuple[list[bytes | memoryview], dict[str, str]]:
+            order: Sequence[str]) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """Copy the `copies` into their regions, encode the rest: the body parts and headers."""
     for out in copies:
         if out.shm is not None and registry is not None:
@@ -235,7 +270,8 @@ def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence
 
 
 async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int,
-                     registry: SharedMemoryRegistry) -> Response:
+                     registry: SharedMemoryRegistry,
+                     reservation: Reservation) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
     """One buffer for the body, numpy views of it (or of shared memory) into onnxruntime, and the answer
     sent as the JSON header plus views of the outputs. Only work that grows with the size (JSON parsing
     and encoding, copies into shared memory) goes to a worker thread."""
@@ -248,6 +284,7 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])
+    await reservation.grow(_memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
     written = _shm_destinations(model, parsed, inputs, shm)
     outputs = await engine.infer(model, inputs, written)
     # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
@@ -255,6 +292,5 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     parsed.inputs = []
     order = model.config.output_names
     copies = _copied_to_shm(parsed, outputs, written, order)
-    parts, headers = await _maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
-                                          parsed, outputs, copies, order)
-    return PartsResponse(parts, headers)
+    return await _maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
+                                parsed, outputs, copies, order)

@@ -14,9 +14,10 @@ from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
 from posenc.service.arrays import FORMATS, negotiate_format
-from posenc.service.budget import MemoryBudget, release_free_memory
+from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
+from posenc.service.http.deps import BodiesInFlightDep, MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
+from posenc.service.http.sending import HeldResponse
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
 from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
@@ -59,15 +60,19 @@ TableDep = Annotated[TableRequest, Depends(table_request)]
 CACHE_KEY_SCOPE = "posenc.cache_key"  # set on the request scope: the fast path learns the request's spelling
 
 
-def to_response(answer: Answer) -> Response:
-    return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
-                    headers=answer.headers)
+def to_response(answer: Answer, release: Callable[[], None] | None = None) -> Response:
+    """The answer as a response; with `release`, one that calls it once its body is sent (`HeldResponse`)."""
+    if release is None:
+        return Response(content=answer.body, status_code=answer.status, media_type=answer.media_type,
+                        headers=answer.headers)
+    return HeldResponse(answer.body, release=release, status_code=answer.status, media_type=answer.media_type,
+                        headers=answer.headers)
 
 
-def _response(request: Request, answer: Answer) -> Response:
+def _response(request: Request, answer: Answer, release: Callable[[], None]) -> Response:
     if answer.cache_key is not None:
         request.scope[CACHE_KEY_SCOPE] = answer.cache_key
-    return to_response(answer)
+    return to_response(answer, release)
 
 
 def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable[[bytes, str | None], Any],
@@ -75,16 +80,24 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
     return table.prepare(query.bind(decode(body, content_type)))
 
 
-async def _complete(request: Request, table: TableRequest, budget: MemoryBudget,
+async def _complete(request: Request, table: TableRequest, budget: MemoryBudget, bodies: BodiesInFlight,
                     prepared: Answer | Pending) -> Response:
-    """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget."""
+    """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget. Either
+    way the body stays counted in the budget until it is sent (`BodiesInFlight`): a miss keeps the body's
+    share of its reservation, a hit shares (or reserves) its cached body's."""
+    what = f"/v1/{prepared.query.endpoint}" if isinstance(prepared, Pending) else request.url.path
     if isinstance(prepared, Answer):
-        return _response(request, prepared)
-    async with budget.reserve(prepared.working_bytes, f"/v1/{prepared.query.endpoint}"):
+        return _response(request, prepared, await bodies.share(prepared.body, what))
+    reservation = await budget.acquire(prepared.working_bytes, what)
+    try:
         answer = await run_in_threadpool(table.complete, prepared)
+    except BaseException:
+        reservation.release()
+        raise
+    release = bodies.adopt(answer.body, reservation)
     if prepared.working_bytes >= RELEASE_AFTER_BYTES:
         await run_in_threadpool(release_free_memory)
-    return _response(request, answer)
+    return _response(request, answer, release)
 
 
 def _endpoint(route: TableRoute) -> Any:
@@ -93,15 +106,15 @@ def _endpoint(route: TableRoute) -> Any:
 
     if query_model.body is None:
         async def get_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                            table: TableDep, budget: MemoryBudgetDep) -> Response:
-            return await _complete(request, table, budget, await run_in_threadpool(table.prepare, query))
+                            table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
+            return await _complete(request, table, budget, bodies, await run_in_threadpool(table.prepare, query))
 
         return get_table
 
     body_limit, decode = query_model.body.limit, query_model.body.decode
 
     async def post_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                         table: TableDep, budget: MemoryBudgetDep) -> Response:
+                         table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
         parameters: TableQuery = query
         parameters.check()  # before the body: nothing is read for a request that cannot be served
         limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
@@ -111,7 +124,7 @@ def _endpoint(route: TableRoute) -> Any:
             prepared = await run_in_threadpool(_decode_and_prepare, table, parameters, decode, body,
                                                request.headers.get("content-type"))
             del body
-        return await _complete(request, table, budget, prepared)
+        return await _complete(request, table, budget, bodies, prepared)
 
     return post_table
 

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import posenc.service.budget
-from posenc.service.budget import MemoryBudget, release_free_memory
+from posenc.service.budget import MemoryBudget, Reservation, release_free_memory
 from posenc.service.errors import Unavailable
 from posenc.service.http.app import create_app
 from posenc.service.settings import Settings
@@ -71,22 +71,14 @@ def test_concurrent_large_tables_share_the_budget(monkeypatch: pytest.MonkeyPatc
     """8 distinct ~4 MiB bias tables at once under a 24 MiB budget: never more than the budget reserved,
     every answer a 200 (they wait) or a 503 with Retry-After — never a 5xx of another kind."""
     peak = {"reserved": 0}
-    original = MemoryBudget.reserve
+    original = MemoryBudget.acquire
 
-    def recording(self: MemoryBudget, nbytes: int, what: str):  # type: ignore[no-untyped-def]
-        context = original(self, nbytes, what)
+    async def recording(self: MemoryBudget, nbytes: int, what: str) -> Reservation:
+        reservation = await original(self, nbytes, what)
+        peak["reserved"] = max(peak["reserved"], self.reserved)
+        return reservation
 
-        class Recorded:
-            async def __aenter__(self_inner) -> None:
-                await context.__aenter__()
-                peak["reserved"] = max(peak["reserved"], self.reserved)
-
-            async def __aexit__(self_inner, *exc: object) -> None:
-                await context.__aexit__(*exc)
-
-        return Recorded()
-
-    monkeypatch.setattr(MemoryBudget, "reserve", recording)
+    monkeypatch.setattr(MemoryBudget, "acquire", recording)
     with running_client(memory_budget_bytes=24 << 20, memory_wait_seconds=30, cache_bytes=0) as client:
         urls = [f"/v1/alibi/bias?num_heads=16&query_length=256&key_length={256 + i}" for i in range(8)]
         with ThreadPoolExecutor(8) as pool:

@@ -1,0 +1,200 @@
+"""Large JSON tensor data read and written a chunk at a time (posenc.service.inference.kserve_json): the same
+arrays, the same 400s and byte-identical JSON as the generic path, and memory within the reservation."""
+
+from __future__ import annotations
+
+import tracemalloc
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pydantic_core
+import pytest
+
+import posenc.service.inference.kserve as kserve
+from posenc.models.dtypes import BFLOAT16
+from posenc.service.arrays import json_values
+from posenc.service.errors import BadRequest
+from posenc.service.inference import kserve_json
+from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_json import json_data
+from posenc.service.inference.kserve_response import encode_infer_response_parts
+from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.routes import JSON_NUMBER_BYTES, _memory_needed
+from posenc.service.testing import attention_inputs, kserve_request
+from tests.conftest import running_client
+
+RNG = np.random.default_rng(23)
+
+
+def _values(dtype: Any, n: int) -> np.ndarray:
+    x = RNG.standard_normal(n) * 10.0 ** RNG.integers(-12, 12, n)
+    if np.dtype(dtype).kind == "b":
+        return x > 0
+    if np.dtype(dtype).kind in "iu":
+        return np.clip(x * 1000, -1e6, 1e6).astype(np.int64).astype(dtype)
+    with np.errstate(over="ignore"):
+        a = x.astype(dtype)
+    a[::97], a[::101], a[::103], a[5:6] = np.nan, np.inf, -np.inf, -0.0
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BFLOAT16, np.int64, np.uint8, np.bool_])
+@pytest.mark.parametrize("n", [0, 1, kserve_json.CHUNK_NUMBERS, 2 * kserve_json.CHUNK_NUMBERS + 7])
+def test_written_data_is_byte_identical_to_the_whole_list(dtype: Any, n: int) -> None:
+    array = _values(dtype, n)
+    assert bytes(json_data(array)) == pydantic_core.to_json(json_values(array))
+
+
+def test_a_response_with_json_outputs_is_the_document_it_always_was() -> None:
+    outputs = {"a": _values(np.float32, 70_000).reshape(7, 10_000), "b": _values(np.int64, 3),
+               "c": _values(BFLOAT16, 5)}
+    request = InferRequest("id-\"data\"", [], [RequestedOutput("a", False), RequestedOutput("b", True),
+                                               RequestedOutput("c", False)], False)
+    parts, headers = encode_infer_response_parts("m", "1", request, outputs, list(outputs))
+    body = b"".join(parts)
+    header = body[:int(headers["Inference-Header-Content-Length"])]
+    expected = {"model_name": "m", "model_version": "1", "id": "id-\"data\"", "outputs": [
+        {"name": "a", "datatype": "FP32", "shape": [7, 10_000], "data": json_values(outputs["a"])},
+        {"name": "b", "datatype": "INT64", "shape": [3], "parameters": {"binary_data_size": 24}},
+        {"name": "c", "datatype": "BF16", "shape": [5], "data": json_values(outputs["c"])}]}
+    assert header == pydantic_core.to_json(expected)
+    assert body[len(header):] == outputs["b"].tobytes()
+    assert int(headers["Content-Length"]) == len(body)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Every body lifted, lists of 16 bytes and more, parsed 64 bytes at a time; counts the bodies parsed the
+    generic way (after a fallback)."""
+    monkeypatch.setattr(kserve, "LIFT_MIN_BYTES", 0)
+    monkeypatch.setattr(kserve_json, "SPAN_MIN_BYTES", 16)
+    monkeypatch.setattr(kserve_json, "CHUNK_BYTES", 64)
+    calls = {"generic": 0}
+    original = kserve._load_json_header
+
+    def counting(raw: bytes | bytearray) -> dict[str, Any]:
+        calls["generic"] += 1
+        return original(raw)
+
+    monkeypatch.setattr(kserve, "_load_json_header", counting)
+    return calls
+
+
+def _outcome(body: bytes) -> tuple[str, Any]:
+    try:
+        parsed = parse_infer_request(body, None)
+    except BadRequest as error:
+        return "400", str(error)
+    return "ok", [(t.name, t.array.dtype.str, t.array.shape, t.array.tobytes()) for t in parsed.inputs]
+
+
+def _generic(body: bytes) -> tuple[str, Any]:
+    lift = kserve.LIFT_MIN_BYTES
+    kserve.LIFT_MIN_BYTES = 1 << 62
+    try:
+        return _outcome(body)
+    finally:
+        kserve.LIFT_MIN_BYTES = lift
+
+
+FLOATS = ",".join(repr(float(v)) for v in RNG.standard_normal(300))
+INTS = ",".join(str(int(v)) for v in RNG.integers(-1000, 1000, 300))
+
+
+def _request(data: str, datatype: str = "FP32", count: int | None = None, more: str = "") -> bytes:
+    count = data.count(",") + 1 if count is None else count
+    return (f'{{"inputs":[{{"name":"x","datatype":"{datatype}","shape":[{count}],"data":[{data}]}}{more}]}}').encode()
+
+
+# (body, answered by the lifted path: True, or by the generic path after a fallback: False)
+CASES: list[tuple[str, bytes, bool]] = [
+    ("fp32", _request(FLOATS), True), ("fp16", _request(FLOATS, "FP16"), True),
+    ("bf16", _request(FLOATS, "BF16"), True), ("fp64", _request(FLOATS, "FP64"), True),
+    ("ints as fp32", _request(INTS), True), ("int32", _request(INTS, "INT32"), True),
+    ("mixed ints and floats", _request(INTS + ",0.5"), True), ("newlines", _request(FLOATS.replace(",", ",\n")), True),
+    ("out of int8 range", _request(INTS, "INT8"), True), ("count", _request(FLOATS, count=5), True),
+    ("floats for int32", _request(FLOATS, "INT32"), False), ("numbers for bool", _request(INTS, "BOOL"), False),
+    ("trailing comma", _request(FLOATS + ",", count=301), False),
+    ("empty element", _request(FLOATS.replace(",", ",,", 1)), False),
+    ("no comma", _request(FLOATS.replace(",", " ", 1)), False), ("leading zero", _request("01," + FLOATS), False),
+    ("bare dot", _request(".5," + FLOATS), False), ("lone minus", _request(FLOATS + ",-"), False),
+    ("int over 2**24 in fp32", _request(INTS + ",33554433"), False),
+    ("beyond uint64", _request(INTS + f",{2**64}", "UINT64"), False),
+    ("an error elsewhere", _request(FLOATS).replace(b'"shape"', b'"shapes"'), True),
+    ("truncated", _request(FLOATS)[:-3], False), ("trailing bytes", _request(FLOATS) + b"x", False),
+    ("duplicate input", _request(FLOATS, more=',{"name":"x","datatype":"FP32","shape":[1],"data":[1]}'), True),
+]
+
+
+@pytest.mark.parametrize(("body", "lifted"), [(body, lifted) for _, body, lifted in CASES],
+                         ids=[name for name, *_ in CASES])
+def test_lifted_lists_answer_as_the_generic_parser_does(body: bytes, lifted: bool,
+                                                       small_chunks: dict[str, int]) -> None:
+    answer = _outcome(body)
+    assert small_chunks["generic"] == (0 if lifted else 1)
+    assert answer == _generic(body)
+
+
+def _traced(work: Callable[[], Any]) -> tuple[Any, int]:
+    tracemalloc.start()
+    try:
+        result = work()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.fixture(scope="module")
+def model() -> Iterator[LoadedModel]:
+    with running_client(max_queue_delay_us=0) as client:
+        loaded = client.app.state.engine.models["rope_attention"]  # type: ignore[attr-defined]
+        assert isinstance(loaded, LoadedModel)
+        yield loaded
+
+
+def _inputs() -> dict[str, np.ndarray]:
+    tensors = attention_inputs(8, 8, 64, 4, 256, seed=1)
+    return {k: (np.round(v * 8) / 8).astype(v.dtype) if v.dtype == np.float32 else v for k, v in tensors.items()}
+
+
+@pytest.mark.parametrize("kind", ["json in, json out", "binary in, json out", "json in, binary out"])
+def test_a_request_holds_no_more_than_it_reserves(kind: str, model: LoadedModel) -> None:
+    """Peak bytes allocated (tracemalloc) while parsing, making outputs and encoding the answer stay within the
+    reservation beyond the body: 2 x the body reserved before reading it, grown to `_memory_needed`."""
+    request = kserve_request(_inputs(), binary=kind.startswith("binary"), binary_output=kind.endswith("binary out"))
+    body = request.body
+    parse = "Inference-Header-Content-Length" in request.headers
+
+    def work() -> None:
+        parsed = parse_infer_request(body, request.headers.get("Inference-Header-Content-Length") if parse else None)
+        inputs = {t.name: t.array for t in parsed.inputs}
+        outputs = {out.name: np.full(model.output_shape(out.name, inputs) or (0,), 0.123456789, np.float32)
+                   for out in model.config.outputs}
+        encode_infer_response_parts(model.name, "1", parsed, outputs, model.config.output_names)
+
+    _, peak = _traced(work)
+    parsed = parse_infer_request(body, request.headers.get("Inference-Header-Content-Length") if parse else None)
+    inputs = {t.name: t.array for t in parsed.inputs}
+    reserved = max(3 * len(body), _memory_needed(body, model, parsed, inputs))
+    assert peak <= reserved - len(body), (peak, reserved, len(body))
+
+
+def test_json_data_memory_before_and_after_the_chunks() -> None:
+    """The generic path held 32 bytes per number in Python objects; a chunk at a time holds the text."""
+    array = np.full(1 << 20, 0.1234567, np.float32)  # [1 Mi] numbers, about 20 bytes each as JSON
+    text, peak = _traced(lambda: json_data(array))
+    assert len(text) <= array.size * JSON_NUMBER_BYTES
+    assert peak <= 1.3 * len(text) + (8 << 20), (peak, len(text))
+    _, whole = _traced(lambda: pydantic_core.to_json(json_values(array)))
+    assert whole > 2 * peak  # the measure can tell the two apart
+
+
+def test_a_large_json_body_parses_within_its_reservation() -> None:
+    """8 MiB of "0.5," (2 Mi numbers): the body, and at most 2 x its size more (3 x reserved in all)."""
+    count = (8 << 20) // 4
+    body = (b'{"inputs":[{"name":"x","datatype":"FP32","shape":[%d],"data":[' % count
+            + b"0.5," * (count - 1) + b"0.5]}]}")
+    parsed, peak = _traced(lambda: parse_infer_request(body, None))
+    assert parsed.inputs[0].array.shape == (count,) and bool((parsed.inputs[0].array == 0.5).all())
+    assert peak <= 2 * len(body), (peak, len(body))
