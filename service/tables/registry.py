@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from posenc.service.arrays import Bundle
 from posenc.service.errors import format_bytes  # noqa: F401  (re-exported: it was defined here)
@@ -32,6 +32,7 @@ from posenc.service.tables.answer import (  # noqa: F401  (re-exported: the answ
     validator_headers,
 )
 from posenc.service.tables.png import Picture, picture_elements, table_picture
+from posenc.service.tables.preset import PRESET_DESCRIPTION, expand_preset, preset_names
 from posenc.service.uploads import decode_float_tensor, upload_request_body
 
 
@@ -86,7 +87,17 @@ class TableQuery(BaseModel):
     endpoint: ClassVar[str]  # the path without /v1/: names the table in the ETag and the metadata
     tensors: ClassVar[tuple[str, ...]]  # the names `specs` returns, in response order (for ?tensor= and docs)
     body: ClassVar[Body | None] = None
+    preset_table: ClassVar[str | None] = None  # the table kind `?preset=` fills (posenc.models.presets.tables)
     _upload: Any = PrivateAttr(default=None)
+
+    # not part of the parameters (excluded from params()): a preset request keys as its spelled-out equivalent
+    preset: str | None = Field(None, max_length=200, exclude=True, description=PRESET_DESCRIPTION,
+                               json_schema_extra={"enum": preset_names()})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        return expand_preset(cls.preset_table, getattr(cls, "endpoint", cls.__name__), data, cls.model_fields)
 
     @property
     def upload(self) -> Any:

@@ -17,6 +17,7 @@ class SinusoidalQuery(TableQuery):
     """The fixed sin/cos table of the Transformer paper and its variants, in float64 cast once."""
 
     endpoint = "sinusoidal"
+    preset_table = "sinusoidal"
     tensors = ("pe",)
 
     max_position: int = Field(ge=1, le=MAX_ROWS, description="Number of rows (positions).")

@@ -19,6 +19,7 @@ class XLNetRelativeQuery(TableQuery):
     """
 
     endpoint = "relative/sinusoidal"
+    preset_table = "xlnet"
     tensors = ("pos_emb",)
 
     qlen: int = Field(ge=1, le=MAX_SEQUENCE, description="Query length (tokens of the current segment).")
