@@ -65,9 +65,11 @@ def _with_class_spellings(config: Mapping[str, Any]) -> Mapping[str, Any]:
         if old in config and config.get(new) is None:
             out[new] = config[old]
     rotary_dim = config.get("rotary_dim")
-    if config.get("model_type") == "gptj" and _positive_int(rotary_dim) and out.get("partial_rotary_factor") is None:
+    if config.get("model_type") == "gptj" and isinstance(rotary_dim, int) and _positive_int(rotary_dim) \
+            and out.get("partial_rotary_factor") is None:
         head_dim = _head_dim(out, None)
-        if not isinstance(head_dim, int) or rotary_dim > head_dim or int(head_dim * (rotary_dim / head_dim)) != rotary_dim:
+        fits = isinstance(head_dim, int) and rotary_dim <= head_dim
+        if not fits or int(head_dim * (rotary_dim / head_dim)) != rotary_dim:
             raise ParameterError("rotary_dim", f"must be an even number of channels <= head_dim, got {rotary_dim!r}")
         out["partial_rotary_factor"] = rotary_dim / head_dim
     return out

@@ -92,7 +92,7 @@ class TableQuery(BaseModel):
 
     # not part of the parameters (excluded from params()): a preset request keys as its spelled-out equivalent
     preset: str | None = Field(None, max_length=200, exclude=True, description=PRESET_DESCRIPTION,
-                               json_schema_extra={"enum": preset_names()})
+                               json_schema_extra={"enum": list[Any](preset_names())})
 
     @model_validator(mode="before")
     @classmethod

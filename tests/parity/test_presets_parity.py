@@ -143,7 +143,8 @@ def test_random_presets_parse_as_transformers_parses_them(seed: int) -> None:
         ours, _ = rope_parameters_from_config(preset.config, layer_type=preset.serving.get("layer_type"))
         theirs = hf_config(preset)
         rope = theirs.rope_parameters
-        rope = rope.get(preset.serving.get("layer_type") or "full_attention", rope) if "full_attention" in rope else rope
+        if "full_attention" in rope:
+            rope = rope[preset.serving.get("layer_type") or "full_attention"]
         assert ours.rope_theta == float(rope["rope_theta"]), name
         assert ours.rope_type == {"mrope": "default"}.get(rope["rope_type"], rope["rope_type"]), name
         for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast",
@@ -193,7 +194,8 @@ def test_t5_presets_equal_the_bucket_function(client: TestClient, name: str) -> 
     config = CONFIG_MAPPING[catalogue()[name].config["model_type"]](**text_config(catalogue()[name]))
     buckets = fetch(client, f"/v1/t5/buckets?preset={name}&query_length=40&key_length=300")["buckets"]
     relative = torch.arange(300)[None, :] - torch.arange(40)[:, None]  # key − query
-    ref = T5Attention._relative_position_bucket(relative, bidirectional=True, num_buckets=config.relative_attention_num_buckets,
+    ref = T5Attention._relative_position_bucket(relative, bidirectional=True,
+                                                num_buckets=config.relative_attention_num_buckets,
                                                 max_distance=config.relative_attention_max_distance)
     np.testing.assert_array_equal(buckets, ref.numpy())
 
@@ -201,7 +203,8 @@ def test_t5_presets_equal_the_bucket_function(client: TestClient, name: str) -> 
 @pytest.mark.parametrize("name", [p.name for p in PRESETS if p.family == "deberta"])
 def test_deberta_presets_equal_build_relative_position(client: TestClient, name: str) -> None:
     config = CONFIG_MAPPING["deberta-v2"](**text_config(catalogue()[name]))
-    max_relative = config.max_relative_positions if config.max_relative_positions >= 1 else config.max_position_embeddings
+    max_relative = config.max_relative_positions
+    max_relative = max_relative if max_relative >= 1 else config.max_position_embeddings
     table = fetch(client, f"/v1/deberta/buckets?preset={name}&query_length=600&key_length=600")["relative_positions"]
     ref = build_relative_position(torch.zeros(1, 600, 1), torch.zeros(1, 600, 1), bucket_size=config.position_buckets,
                                   max_position=max_relative)
