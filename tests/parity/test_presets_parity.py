@@ -57,7 +57,7 @@ ROTARY: dict[str, tuple[str, str, str]] = {
     "qwen3_vl": ("qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding"),
 }
 PRESETS = list(catalogue().values())
-ROPE = [p.name for p in PRESETS if p.family in ("rope", "mrope") and p.config["model_type"] != "gptj"]
+ROPE = [p.name for p in PRESETS if p.family in ("rope", "multimodal_rope") and p.config["model_type"] != "gptj"]
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_rope_presets_equal_the_models_rotary_embedding(client: TestClient, name
     assert response.status_code == 200, response.text
     tensors, _ = tensors_and_metadata(response.content)
     module = hf_rotary(preset)
-    module = TextPositions(module) if preset.family == "mrope" else module
+    module = TextPositions(module) if preset.family == "multimodal_rope" else module
     module = HalfForm(module) if preset.config["model_type"] == "gpt_oss" else module
     layer_type = preset.serving.get("layer_type") if preset.config["model_type"] == "gemma4_text" else None
     if preset.config["model_type"] == "gemma3_text":
@@ -154,7 +154,7 @@ def test_random_presets_parse_as_transformers_parses_them(seed: int) -> None:
         assert ours.partial_rotary_factor == rope.get("partial_rotary_factor", 1.0), name
 
 
-@pytest.mark.parametrize("name", [p.name for p in PRESETS if p.family in ("rope", "mrope")])
+@pytest.mark.parametrize("name", [p.name for p in PRESETS if p.family in ("rope", "multimodal_rope")])
 def test_from_config_with_the_presets_config_equals_the_preset(client: TestClient, name: str) -> None:
     preset = catalogue()[name]
     layer, layout = preset.serving.get("layer_type"), preset.serving.get("layout", "half")
