@@ -31,8 +31,8 @@ SOURCES: Mapping[str, str] = MappingProxyType({
 
 # family → the table kinds (`posenc.models.presets.tables.TABLE_KINDS`) a preset of it applies to
 FAMILY_TABLES: Mapping[str, tuple[str, ...]] = MappingProxyType({
-    "rope": ("rope",), "multimodal_rope": ("rope", "multimodal_rope"), "vision_rope": ("vision_rope",), "alibi": ("alibi",),
-    "t5": ("t5",), "deberta": ("deberta",), "xlnet": ("xlnet",), "sinusoidal": ("sinusoidal",),
+    "rope": ("rope",), "multimodal_rope": ("rope", "multimodal_rope"), "vision_rope": ("vision_rope",),
+    "alibi": ("alibi",), "t5": ("t5",), "deberta": ("deberta",), "xlnet": ("xlnet",), "sinusoidal": ("sinusoidal",),
 })
 
 

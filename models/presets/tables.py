@@ -113,8 +113,8 @@ def _sinusoidal(preset: Preset) -> dict[str, Any]:
 
 # table kind → its parameters from a preset
 TABLE_KINDS: Mapping[str, Callable[[Preset], dict[str, Any]]] = {
-    "rope": _rope, "multimodal_rope": _mrope, "vision_rope": _vision_rope, "alibi": _alibi, "t5": _t5, "deberta": _deberta,
-    "xlnet": _xlnet, "sinusoidal": _sinusoidal,
+    "rope": _rope, "multimodal_rope": _mrope, "vision_rope": _vision_rope, "alibi": _alibi, "t5": _t5,
+    "deberta": _deberta, "xlnet": _xlnet, "sinusoidal": _sinusoidal,
 }
 
 
