@@ -101,7 +101,7 @@ def _aliases() -> Mapping[str, str]:
 
 def find_preset(name: str) -> Preset:
     """The preset named `name` (a slug or a public model id, any case), or a ParameterError saying where to look."""
-    key = name.strip().lower()
+    key = name.lower()
     found = catalogue().get(key) or catalogue().get(_aliases().get(key, ""))
     if found is None:
         raise ParameterError("preset", f"unknown preset {name[:100]!r}; GET /v1/presets lists every name "
