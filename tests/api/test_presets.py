@@ -149,3 +149,16 @@ def test_cli_table_takes_a_preset(tmp_path: Any) -> None:
 def test_preset_values_refuse_a_foreign_kind() -> None:
     with pytest.raises(ValueError, match="t5-small"):
         preset_values(find_preset("t5-small"), "rope")
+
+
+def test_cli_check_takes_a_preset(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from posenc.models.sinusoidal import sinusoidal_table
+
+    path = tmp_path / "pe.npy"
+    np.save(path, sinusoidal_table(1500, 384, "tensor2tensor", offset=1).astype(np.float32))
+    assert posenc_main(["check", "/v1/sinusoidal", "preset=whisper-tiny", "--file", str(path)]) == 1
+    assert "offset_+1" in capsys.readouterr().out
+    np.save(path, sinusoidal_table(1500, 384, "tensor2tensor").astype(np.float32))
+    assert posenc_main(["check", "/v1/sinusoidal", "preset=openai/whisper-tiny", "--file", str(path)]) == 0
