@@ -91,8 +91,9 @@ class TableQuery(BaseModel):
     _upload: Any = PrivateAttr(default=None)
 
     # not part of the parameters (excluded from params()): a preset request keys as its spelled-out equivalent
+    # documented by examples, not an enum: GET /v1/presets lists the names, and public ids are accepted too
     preset: str | None = Field(None, max_length=200, exclude=True, description=PRESET_DESCRIPTION,
-                               json_schema_extra={"enum": list[Any](preset_names())})
+                               examples=preset_names()[:3])
 
     @model_validator(mode="before")
     @classmethod

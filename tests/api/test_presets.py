@@ -135,7 +135,8 @@ def test_openapi_documents_preset_on_every_table_route(client: TestClient) -> No
     for path in [*table_routes(), "/v1/check/rope"]:
         operation = next(iter(spec["paths"][path].values()))
         preset = next(p for p in operation["parameters"] if p["name"] == "preset")
-        assert preset["schema"]["enum"] == list(catalogue())
+        assert "GET /v1/presets" in preset["schema"]["description"]
+        assert set(preset["schema"]["examples"]) <= set(catalogue())
 
 
 def test_cli_table_takes_a_preset(tmp_path: Any) -> None:
