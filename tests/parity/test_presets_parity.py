@@ -52,6 +52,8 @@ ROTARY: dict[str, tuple[str, str, str]] = {
     "gpt_oss": ("gpt_oss", "GptOssConfig", "GptOssRotaryEmbedding"),
     "gpt_neox": ("gpt_neox", "GPTNeoXConfig", "GPTNeoXRotaryEmbedding"),
     "falcon": ("falcon", "FalconConfig", "FalconRotaryEmbedding"),
+    # InternLM2 (remote code, no transformers class): a Llama with its rope_scaling, as its modeling file is
+    "internlm2": ("llama", "LlamaConfig", "LlamaRotaryEmbedding"),
     "qwen2_vl": ("qwen2_vl", "Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding"),
     "qwen2_5_vl": ("qwen2_5_vl", "Qwen2_5_VLTextConfig", "Qwen2_5_VLRotaryEmbedding"),
     "qwen3_vl": ("qwen3_vl", "Qwen3VLTextConfig", "Qwen3VLTextRotaryEmbedding"),
