@@ -92,7 +92,9 @@ def mpt_slopes(num_heads: int, alibi_bias_max: float = DEFAULT_ALIBI_BIAS_MAX) -
     check_alibi_parameters(num_heads, alibi_bias_max)
     n_pow2 = _ceil_power_of_two(num_heads)
     exponents = np.arange(1, n_pow2 + 1).astype(np.float32) * np.float32(alibi_bias_max / n_pow2)  # [N]
-    powers = np.exp2(exponents.astype(np.float64)).astype(np.float32)
+    # past 2^128 the reference's float32 power is inf too (its slope 0): the overflow is the reference's value
+    with np.errstate(over="ignore"):
+        powers = np.exp2(exponents.astype(np.float64)).astype(np.float32)
     slopes = np.float32(1.0) / powers
     return slopes if n_pow2 == num_heads else _interleave_extras(slopes, num_heads)
 

@@ -22,7 +22,10 @@ Rules reproduced:
 Not reproduced (model-class knowledge a bare config.json does not carry): per-model `default_theta`
 and field defaults of the config classes (e.g. Phi3Config's default original length 4096), and
 Llama's default rope ignoring `partial_rotary_factor` (here it is honoured, as GPT-NeoX does).
-Multimodal configs whose text model sits under `text_config` are read from there.
+Multimodal configs whose text model sits under `text_config` are read from there. Older spellings that
+a model's config class reads under other names are read as it does: GPT-NeoX's `rotary_pct` and
+`rotary_emb_base` (GPTNeoXConfig.convert_rope_params_to_dict), GPT-J's `n_embd`, `n_head`, `n_positions`
+(GPTJConfig.attribute_map) and `rotary_dim` (its rotated channels of each head).
 """
 
 import copy
@@ -43,6 +46,33 @@ def _model_section(config: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
     if not has_head and isinstance(text, Mapping):
         return "text_config", text
     return "", config
+
+
+# model_type → {config.json key: the name the resolver reads} (the config classes' own renames)
+_RENAMED_KEYS: dict[str, dict[str, str]] = {
+    "gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"},
+    "gptj": {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_positions": "max_position_embeddings"},
+}
+
+
+def _with_class_spellings(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`config` with the keys its model class renames read under the resolver's names (a given new name wins)."""
+    renamed = _RENAMED_KEYS.get(str(config.get("model_type", "")))
+    if renamed is None:
+        return config
+    out = dict(config)
+    for old, new in renamed.items():
+        if old in config and config.get(new) is None:
+            out[new] = config[old]
+    rotary_dim = config.get("rotary_dim")
+    if config.get("model_type") == "gptj" and isinstance(rotary_dim, int) and _positive_int(rotary_dim) \
+            and out.get("partial_rotary_factor") is None:
+        head_dim = _head_dim(out, None)
+        fits = isinstance(head_dim, int) and rotary_dim <= head_dim
+        if not fits or int(head_dim * (rotary_dim / head_dim)) != rotary_dim:
+            raise ParameterError("rotary_dim", f"must be an even number of channels <= head_dim, got {rotary_dim!r}")
+        out["partial_rotary_factor"] = rotary_dim / head_dim
+    return out
 
 
 def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
@@ -117,6 +147,7 @@ def rope_parameters_from_config(
     if not isinstance(config, Mapping):
         raise ParameterError("config", "config.json must be a JSON object")
     section, cfg = _model_section(config)
+    cfg = _with_class_spellings(cfg)
     source = next((key for key in ("rope_scaling", "rope_parameters") if cfg.get(key)), "none")
     rope = copy.deepcopy(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
     if not isinstance(rope, dict):

@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONFIG_ALIASES", "DEFAULT_ROPE_TYPE", "F32", "LLAMA_3_1_ROPE", "ROPE_TYPES", "RUNTIME_DEPENDENT_TYPES",
     "SCALING_FIELDS", "YARN_BETA_FAST_DEFAULT", "YARN_BETA_SLOW_DEFAULT", "RopeType", "RopeTypeSpec",
-    "TransformersRopeType", "YarnMscale", "default_inv_freq", "resolve_variant", "rope_type_spec",
+    "TransformersRopeType", "YarnMscale", "api_spelling", "default_inv_freq", "resolve_variant", "rope_type_spec",
     "with_query_defaults",
 ]
 
@@ -246,6 +246,17 @@ def resolve_variant(rope_type: str, *, alpha: Any = None, yarn_mscale: str | Non
     if rope_type == "yarn" and yarn_mscale == "deepseek":
         return "deepseek_yarn"
     return rope_type
+
+
+def api_spelling(rope_type: str) -> tuple[str, dict[str, Any]]:
+    """How the API spells a registry entry: (rope_type, the parameter that selects the variant), the inverse of
+    `resolve_variant` (ntk_alpha: dynamic with its alpha, read from the parameters; deepseek_yarn: yarn with
+    yarn_mscale=deepseek)."""
+    if rope_type == "ntk_alpha":
+        return "dynamic", {}
+    if rope_type == "deepseek_yarn":
+        return "yarn", {"yarn_mscale": "deepseek"}
+    return rope_type, {}
 
 
 def rope_type_spec(rope_type: str) -> RopeTypeSpec:

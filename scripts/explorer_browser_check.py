@@ -5,7 +5,9 @@
 Needs selenium (>= 4.20) plus Debian's chromium and chromium-driver (no download: both paths are
 given, Selenium Manager stays offline). Checks: the page loads and draws the table and properties
 pictures and the summary; the console logs no error; changing a parameter (head_dim) and then the
-family redraws (new picture URLs, loaded, the curl command follows); a screenshot is not blank.
+family redraws (new picture URLs, loaded, the curl command follows); picking a model preset fills the form
+with its parameters and redraws with ?preset= (the list offers only the family's presets); a screenshot is
+not blank.
 Exit status 0 only if all hold. scripts/browser-test.sh starts the server and runs this.
 """
 
@@ -72,6 +74,25 @@ def console_errors(driver: webdriver.Chrome) -> list[str]:
     return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
 
 
+def check_preset_picker(driver: webdriver.Chrome) -> list[str]:
+    """On the alibi family: the picker lists ALiBi models only; BLOOM-560m fills num_heads 16 and mode bloom."""
+    problems = []
+    picker = Select(driver.find_element(By.ID, "preset"))
+    offered = [option.get_attribute("value") for option in picker.options]
+    if "bloom-560m" not in offered or "llama-3.1-8b" in offered:
+        problems.append(f"the preset picker does not offer the alibi models only: {offered}")
+        return problems
+    picker.select_by_value("bloom-560m")
+    wait_ready(driver, "preset=bloom-560m")
+    filled = {name: driver.find_element(By.ID, f"param-{name}").get_attribute("value")
+              for name in ("num_heads", "mode")}
+    if filled != {"num_heads": "16", "mode": "bloom"}:
+        problems.append(f"the preset did not fill the form: {filled}")
+    if "preset=bloom-560m" not in driver.find_element(By.ID, "table-curl").text:
+        problems.append("the curl command does not name the preset")
+    return problems
+
+
 def check(base: str, screenshot: str | None) -> list[str]:
     problems: list[str] = []
     driver = browser(urlsplit(base).hostname or "127.0.0.1", window_size="1300,1800", logs=("browser",))
@@ -92,6 +113,7 @@ def check(base: str, screenshot: str | None) -> list[str]:
         wait_ready(driver, "num_heads=8")
         if "/v1/alibi/bias?" not in driver.find_element(By.ID, "table-url").text:
             problems.append("the table URL did not follow the family")
+        problems += check_preset_picker(driver)
         shot = driver.get_screenshot_as_png()
         if screenshot:
             with open(screenshot, "wb") as fh:

@@ -108,8 +108,17 @@ def rope_types() -> str:
     return _table(["rope_type", "fields read", "required", "config.json keys"], rows)
 
 
+def presets() -> str:
+    from posenc.models.presets import catalogue
+
+    rows = [[f"`{p.name}`", p.family, f"[{p.model_id}](https://huggingface.co/{p.model_id})",
+             "; ".join(f"{label}: {', '.join(keys)}" for label, keys in p.read_from.items())]
+            for p in catalogue().values()]
+    return _table(["preset", "family", "public model", "read from"], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {"configuration": configuration, "errors": errors,
-                                        "endpoints": endpoints, "rope_types": rope_types}
+                                        "endpoints": endpoints, "rope_types": rope_types, "presets": presets}
 
 
 def render(name: str) -> str:

@@ -94,6 +94,9 @@ class CheckRequest:
               settings: Settings) -> CheckRequest:
         """Bind `config` and refuse, before any upload is read, what cannot be served: 422 for parameters, 413
         for work over the limit (t5/bias waits for its `weight`, which is part of the upload)."""
+        accepted = accepted_tensors(route)
+        if tensor is not None and tensor not in accepted:  # before the work bound: a bad name is a 422, not a 413
+            raise InvalidParameter(f"tensor: {tensor!r} is not one of {', '.join(accepted)}")
         bound = bind_config(route, query, config, settings.max_request_bytes)
         if route.query.body is not WEIGHT_BODY:
             bound.check()

@@ -12,7 +12,7 @@ import posenc.service.properties  # noqa: F401  (registers the properties endpoi
 from posenc.service import __version__
 from posenc.service.budget import BodiesInFlight, MemoryBudget, limit_malloc_arenas
 from posenc.service.check.routes import check_router
-from posenc.service.http import docs, explorer, health
+from posenc.service.http import docs, explorer, health, presets
 from posenc.service.http.errors import install_error_handlers
 from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tables, checks = _registry_routers()
     # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
     for router in (health.router, inference_routes.router, repository_routes.router, shared_memory_routes.router,
-                   tables, docs.router, explorer.router):
+                   tables, presets.router, docs.router, explorer.router):
         app.include_router(router)
     app.include_router(checks)
     app.include_router(check_inference_router)

@@ -53,6 +53,7 @@ class VisionPropertiesQuery(table_fields(VisionRopeQuery, exclude=("form",))):  
     collision of served rows, norm preservation (Llama 4: also the CLS row's nearest patch)."""
 
     endpoint = "properties/rope/vision"
+    preset_table = "vision_rope"
     tensors = ("inv_freq", "wavelength", "axis", "completes_turn", "relativity_residual_height",
                "relativity_residual_width", "norm_ratio", "pair_distance")
 

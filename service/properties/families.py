@@ -85,6 +85,7 @@ class RopePropertiesQuery(table_fields(RopeQuery, exclude=("layout", "form"))): 
     """
 
     endpoint = "properties/rope"
+    preset_table = "rope"
     tensors = ("distance", "pair_distance", "adjacent_distance", "decay_bound", "inner_ones", "inv_freq",
                "default_inv_freq", "wavelength", "frequency_scale", "completes_turn", "relativity_position",
                "relativity_residual", "norm_ratio")

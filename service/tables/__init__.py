@@ -12,7 +12,7 @@ import pkgutil
 from posenc.service.tables.registry import TABLES
 
 # The machinery every family shares; every other module of this package is a family.
-MACHINERY = frozenset({"answer", "blocks", "cache", "fields", "http", "png", "registry"})
+MACHINERY = frozenset({"answer", "blocks", "cache", "fields", "http", "png", "preset", "registry"})
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name not in MACHINERY:

@@ -26,6 +26,7 @@ class AlibiSlopesQuery(TableQuery):
     """
 
     endpoint = "alibi/slopes"
+    preset_table = "alibi"
     tensors = ("slopes",)
 
     num_heads: NumHeads
@@ -46,6 +47,7 @@ class AlibiBiasQuery(TableQuery):
     """The bias added to the attention logits of each head, in the form the chosen `mode` names."""
 
     endpoint = "alibi/bias"
+    preset_table = "alibi"
     tensors = ("bias",)
 
     num_heads: NumHeads

@@ -169,6 +169,8 @@ SEGMENTS_DOC = ("`segments`: a list of `{\"type\": \"text\", \"length\": n}`, `{
 class MropeSequenceQuery(TableQuery):
     """What both M-RoPE routes share: the model family and its vision parameters, and the sequence body."""
 
+    preset_table = "multimodal_rope"
+
     model: MropeModel = Field("qwen2_vl", description=(
         "Model family: qwen2_vl, qwen2_5_vl (videos spaced by tokens_per_second · second_per_grid), qwen3_vl "
         "(one video segment per frame; interleaved sections)."))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from posenc.service.arrays import Bundle
 from posenc.service.errors import format_bytes  # noqa: F401  (re-exported: it was defined here)
@@ -32,6 +32,7 @@ from posenc.service.tables.answer import (  # noqa: F401  (re-exported: the answ
     validator_headers,
 )
 from posenc.service.tables.png import Picture, picture_elements, table_picture
+from posenc.service.tables.preset import PRESET_DESCRIPTION, expand_preset, preset_names
 from posenc.service.uploads import decode_float_tensor, upload_request_body
 
 
@@ -89,7 +90,18 @@ class TableQuery(BaseModel):
     # Tensors whose first axis is the table's rows and whose rows `compute_rows` computes in any range on
     # their own (the service computes large tables in row blocks on every core); empty: one piece.
     row_tensors: ClassVar[tuple[str, ...]] = ()
+    preset_table: ClassVar[str | None] = None  # the table kind `?preset=` fills (posenc.models.presets.tables)
     _upload: Any = PrivateAttr(default=None)
+
+    # not part of the parameters (excluded from params()): a preset request keys as its spelled-out equivalent
+    # documented by examples, not an enum: GET /v1/presets lists the names, and public ids are accepted too
+    preset: str | None = Field(None, max_length=200, exclude=True, description=PRESET_DESCRIPTION,
+                               examples=preset_names()[:3])
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_preset(cls, data: Any) -> Any:
+        return expand_preset(cls.preset_table, getattr(cls, "endpoint", cls.__name__), data, cls.model_fields)
 
     @property
     def upload(self) -> Any:

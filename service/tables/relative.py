@@ -29,6 +29,7 @@ class DebertaBucketsQuery(RelativeQuery):
     """
 
     endpoint = "deberta/buckets"
+    preset_table = "deberta"
     tensors = ("relative_positions",)
 
     position_buckets: int = Field(DEFAULT_DEBERTA_POSITION_BUCKETS, ge=2, le=MAX_BUCKETS, description=(

@@ -134,6 +134,7 @@ class RopeQuery(RopeTableQuery):
     """
 
     endpoint = "rope"
+    preset_table = "rope"
 
     max_position: int = Field(ge=1, le=MAX_ROWS, description="Number of rows (positions).")
     head_dim: int = Field(ge=2, le=MAX_DIM, description="Attention head size.")

@@ -17,6 +17,7 @@ class SinusoidalQuery(TableQuery):
     """The fixed sin/cos table of the Transformer paper and its variants, in float64 cast once."""
 
     endpoint = "sinusoidal"
+    preset_table = "sinusoidal"
     tensors = ("pe",)
     row_tensors: ClassVar[tuple[str, ...]] = ("pe",)
 

@@ -27,6 +27,8 @@ BiasDType = Literal["weight", "float32", "float16", "bfloat16", "float64"]
 class T5Query(TableQuery):
     """The geometry both T5 routes share, checked together before anything else happens."""
 
+    preset_table = "t5"
+
     query_length: int = Field(ge=1, le=MAX_SEQUENCE, description=(
         "Number of query rows; row i is the query at absolute position offset + i."))
     key_length: int = Field(ge=1, le=MAX_SEQUENCE, description="Number of key columns (positions 0..).")

@@ -31,6 +31,7 @@ class VisionRopeQuery(TableQuery):
     """
 
     endpoint = "rope/vision"
+    preset_table = "vision_rope"
     tensors = ("cos", "sin", "inv_freq")
     row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
 

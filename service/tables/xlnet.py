@@ -20,6 +20,7 @@ class XLNetRelativeQuery(TableQuery):
     """
 
     endpoint = "relative/sinusoidal"
+    preset_table = "xlnet"
     tensors = ("pos_emb",)
     row_tensors: ClassVar[tuple[str, ...]] = ("pos_emb",)
 

@@ -281,3 +281,11 @@ def test_openapi_documents_every_parameter(client: TestClient) -> None:
     assert "odd" in t5_params["num_buckets"]["description"]
     body = spec["paths"]["/v1/t5/bias"]["post"]["requestBody"]["content"]
     assert {"application/x-safetensors", "application/x-npy"} <= set(body)
+
+
+def test_mpt_slopes_past_float32_range_are_zero_not_an_error(client: TestClient) -> None:
+    """MPT's float32 power 2^(k·max/N) overflows for a large alibi_bias_max: the slope is 0, as in the reference."""
+    response = client.get("/v1/alibi/slopes?num_heads=5&alibi_bias_max=1024&format=json")
+    assert response.status_code == 200, response.text
+    response = client.get("/v1/properties/alibi?num_heads=5&query_length=64&key_length=3&mode=mpt&alibi_bias_max=1024")
+    assert response.status_code == 200, response.text

@@ -168,7 +168,9 @@ for _table, _properties in (("/v1/rope", "/v1/properties/rope"), ("/v1/sinusoida
     CONTEXT |= {(_properties, name): value for (route, name), value in list(CONTEXT.items()) if route == _table}
     ROUTE_ALTERNATIVES |= {(_properties, name): value for (route, name), value in list(ROUTE_ALTERNATIVES.items())
                            if route == _table}
-NOT_TABLE_PARAMETERS = {"format", "tensor"}  # the response encoding; covered by the tests above
+# the response encoding (covered by the tests above); a preset, which expands to the parameters themselves
+# (tests/api/test_presets.py)
+NOT_TABLE_PARAMETERS = {"format", "tensor", "preset"}
 
 
 def _openapi() -> dict[str, Any]:
@@ -178,7 +180,8 @@ def _openapi() -> dict[str, Any]:
 def _table_routes(doc: dict[str, Any]) -> dict[str, list[str]]:
     """GET routes under /v1 (the table routes) → names of their query parameters."""
     return {path: [p["name"] for p in item["get"].get("parameters", []) if p["in"] == "query"]
-            for path, item in doc["paths"].items() if path.startswith("/v1/") and "get" in item}
+            for path, item in doc["paths"].items()
+            if path.startswith("/v1/") and not path.startswith("/v1/presets") and "get" in item}
 
 
 ROUTE_PARAMETERS = [(route, name) for route, names in _table_routes(_openapi()).items() for name in names

@@ -335,3 +335,9 @@ def test_a_family_without_hypotheses_gets_the_agreement(client: TestClient) -> N
     mine["sin"][3, 5] += 0.5
     doc = check(client, f"/v1/check/rope/mrope?{query}&config={quote(body)}", mine)
     assert doc["verdict"] == "mismatch" and doc["agreement"]["sin"]["first_failure"] == [3, 5]
+
+
+def test_check_names_a_bad_tensor_before_bounding_the_work(client: TestClient) -> None:
+    """An unknown ?tensor= (the empty one included) is a 422 even when the table would be over the work limit."""
+    response = client.post("/v1/check/sinusoidal?max_position=290654&dim=45901&tensor=", content=b"x")
+    assert response.status_code == 422 and "tensor" in response.json()["error"]

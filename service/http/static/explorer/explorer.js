@@ -69,6 +69,10 @@ const $ = (id) => document.getElementById(id);
 let timer = null;
 let generation = 0;
 let served = {};  // table route → parameter → {default, choices} from its OpenAPI schema
+let presets = [];  // GET /v1/presets: every model preset and the routes it fills
+// Lengths are the request's own: a preset does not set them in the form (RoPE's default, the whole context,
+// is too large to draw).
+const OWN_SIZES = new Set(["max_position", "query_length", "key_length", "qlen", "klen", "height", "width"]);
 
 function enumOf(schema) {
   if (!schema) return null;
@@ -98,6 +102,41 @@ async function loadServed() {
   } catch (exc) {
     served = {};  // fields start empty ("not given": the service's default applies)
   }
+}
+
+async function loadPresets() {
+  try {
+    presets = (await (await fetch("/v1/presets")).json()).presets || [];
+  } catch (exc) {
+    presets = [];  // the picker offers none; the parameters still work
+  }
+}
+
+function fillPresets(name) {
+  const select = $("preset");
+  select.replaceChildren(new Option("none: the parameters below", ""));
+  const route = `GET ${FAMILIES[name].table}`;
+  for (const preset of presets) {
+    if (preset.endpoints.includes(route)) select.add(new Option(`${preset.name} (${preset.model_id})`, preset.name));
+  }
+}
+
+async function applyPreset() {
+  const name = $("preset").value;
+  if (name) {
+    const response = await fetch(`/v1/presets/${encodeURIComponent(name)}`);
+    const values = (await response.json()).parameters[`GET ${FAMILIES[$("family").value].table}`] || {};
+    for (const element of $("parameters").querySelectorAll("input, select")) {
+      if (OWN_SIZES.has(element.name)) continue;
+      const value = element.name in values ? String(values[element.name]) : "";
+      if (element.tagName === "SELECT" && value && ![...element.options].some((o) => o.value === value)) {
+        element.add(new Option(value, value));
+      }
+      if (element.tagName === "SELECT" && !value) continue;  // a choice the preset leaves to the default
+      element.value = value;
+    }
+  }
+  schedule();
 }
 
 function buildForm(name) {
@@ -130,6 +169,7 @@ function buildForm(name) {
 
 function query() {
   const params = new URLSearchParams();
+  if ($("preset").value) params.set("preset", $("preset").value);
   for (const element of $("parameters").querySelectorAll("input, select")) {
     if (element.value.trim() !== "") params.set(element.name, element.value.trim());
   }
@@ -216,13 +256,15 @@ function schedule() {
 }
 
 async function start() {
-  await loadServed();
+  await Promise.all([loadServed(), loadPresets()]);
   const select = $("family");
   for (const name of Object.keys(FAMILIES)) select.add(new Option(name, name));
   const wanted = new URLSearchParams(window.location.search).get("family");
   if (wanted && FAMILIES[wanted]) select.value = wanted;
   buildForm(select.value);
-  select.addEventListener("change", () => { buildForm(select.value); schedule(); });
+  fillPresets(select.value);
+  select.addEventListener("change", () => { buildForm(select.value); fillPresets(select.value); schedule(); });
+  $("preset").addEventListener("change", applyPreset);
   $("parameters").addEventListener("input", schedule);
   $("parameters").addEventListener("change", schedule);
   $("controls").addEventListener("submit", (event) => { event.preventDefault(); redraw(); });

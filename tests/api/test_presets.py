@@ -1,0 +1,165 @@
+"""Model presets: the catalogue, GET /v1/presets, and ?preset= on table, properties and check routes and the CLI."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from posenc.models.presets import FAMILY_TABLES, catalogue, find_preset
+from posenc.models.presets.tables import TABLE_KINDS, preset_values
+from posenc.models.rope_types import ROPE_TYPES
+from posenc.service.cli.main import main as posenc_main
+from posenc.service.tables.registry import table_routes
+
+PRESETS = sorted(catalogue())
+
+
+def test_catalogue_is_large_and_covers_every_family() -> None:
+    assert len(PRESETS) >= 40
+    assert {p.family for p in catalogue().values()} == set(FAMILY_TABLES)
+    kinds = {route.query.preset_table for route in table_routes().values()} - {None}
+    assert kinds == set(TABLE_KINDS)  # every table kind a route serves has presets, and the reverse
+
+
+def rope_type_of(name: str) -> str:
+    from posenc.models.rope_config import rope_parameters_from_config
+
+    preset = find_preset(name)
+    params, _ = rope_parameters_from_config(preset.config, layer_type=preset.serving.get("layer_type"))
+    return "deepseek_yarn" if preset.serving.get("yarn_mscale") == "deepseek" else params.rope_type
+
+
+def test_catalogue_covers_the_rope_types() -> None:
+    covered = {rope_type_of(p.name) for p in catalogue().values() if "rope" in p.tables}
+    # ntk_alpha (HunYuan) has no preset yet: no public config of it was verified
+    assert covered == set(ROPE_TYPES) - {"ntk_alpha"}
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_every_preset_validates_with_the_route_models(name: str) -> None:
+    preset = catalogue()[name]
+    for route in table_routes().values():
+        if route.query.preset_table in preset.tables:
+            values = {"query_length": 8, "key_length": 8, "qlen": 4, "klen": 4, "max_position": 64}
+            query = route.query.model_validate({**values, "preset": name})
+            if route.query.body is None:
+                query.check()
+                query.specs()
+
+
+@pytest.mark.parametrize("alias", ["LLAMA-3.1-8B", "meta-llama/Llama-3.1-8B", "META-LLAMA/LLAMA-3.1-8B"])
+def test_names_and_public_ids_are_case_insensitive(alias: str) -> None:
+    assert find_preset(alias).name == "llama-3.1-8b"
+
+
+def test_list_and_one_preset(client: TestClient) -> None:
+    listed = client.get("/v1/presets").json()["presets"]
+    assert [p["name"] for p in listed] == list(catalogue())
+    entry = next(p for p in listed if p["name"] == "t5-small")
+    assert "GET /v1/t5/buckets" in entry["endpoints"] and "POST /v1/check/t5/buckets" in entry["endpoints"]
+    assert entry["provenance"]["model_id"] == "google-t5/t5-small"
+    one = client.get("/v1/presets/meta-llama/Llama-3.1-8B").json()
+    assert one["name"] == "llama-3.1-8b"
+    assert one["parameters"]["GET /v1/rope"]["rope_type"] == "llama3"
+    for url in one["golden_urls"]:
+        assert client.get(url).status_code == 200, url
+
+
+def test_unknown_preset_is_a_clear_error(client: TestClient) -> None:
+    response = client.get("/v1/rope?preset=no-such-model&max_position=4")
+    assert response.status_code == 422 and "GET /v1/presets" in response.json()["error"]
+    assert client.get("/v1/presets/no-such-model").status_code == 404
+
+
+@pytest.mark.parametrize(("url", "names"), [
+    ("/v1/rope?preset=t5-small&max_position=4", ("t5-small", "/v1/rope")),
+    ("/v1/rope/vision?preset=pixtral-12b&model=llama4", ("pixtral-12b", "llama4")),
+    ("/v1/rope/from-config?preset=llama-3.1-8b", ("llama-3.1-8b", "rope/from-config")),
+])
+def test_contradictions_are_422_naming_both(client: TestClient, url: str, names: tuple[str, str]) -> None:
+    response = client.request("POST" if "from-config" in url else "GET", url, json={"head_dim": 8})
+    assert response.status_code == 422
+    assert all(name in response.json()["error"] for name in names)
+
+
+SPELLED = ("/v1/rope?max_position=32&head_dim=128&rope_theta=500000&rope_type=llama3&factor=8&low_freq_factor=1"
+           "&high_freq_factor=4&original_max_position_embeddings=8192")
+
+
+def test_preset_and_spelled_out_share_one_etag_and_one_cache_entry(client: TestClient) -> None:
+    first = client.get("/v1/rope?preset=llama-3.1-8b&max_position=32")
+    second = client.get(SPELLED)
+    assert first.status_code == second.status_code == 200
+    assert first.headers["etag"] == second.headers["etag"]
+    assert second.headers["x-cache"] == "hit" and first.content == second.content
+    assert client.get("/v1/rope?preset=llama-3.1-8b&max_position=32",
+                      headers={"If-None-Match": second.headers["etag"]}).status_code == 304
+
+
+def test_explicit_parameters_override_the_preset(client: TestClient) -> None:
+    overridden = client.get("/v1/rope?preset=llama-3.1-8b&max_position=32&rope_theta=10000&rope_type=default")
+    plain = client.get("/v1/rope?max_position=32&head_dim=128")
+    assert overridden.headers["etag"] == plain.headers["etag"]
+
+
+@pytest.mark.parametrize(("url", "spelled"), [
+    ("/v1/alibi/bias?preset=bloom-560m&query_length=3&key_length=5",
+     "/v1/alibi/bias?num_heads=16&mode=bloom&query_length=3&key_length=5"),
+    ("/v1/t5/buckets?preset=flan-t5-base&query_length=4&key_length=6", "/v1/t5/buckets?query_length=4&key_length=6"),
+    ("/v1/sinusoidal?preset=m2m100-418m&max_position=8",
+     "/v1/sinusoidal?dim=1024&variant=fairseq&padding_idx=1&max_position=8"),
+    ("/v1/properties/rope?preset=pythia-160m&max_position=16",
+     "/v1/properties/rope?head_dim=64&partial_rotary_factor=0.25&max_position=16"),
+])
+def test_other_families_key_as_spelled_out(client: TestClient, url: str, spelled: str) -> None:
+    assert client.get(url).headers["etag"] == client.get(spelled).headers["etag"]
+
+
+def test_check_route_takes_a_preset(client: TestClient) -> None:
+    import numpy as np
+
+    from posenc.service.arrays import encode_safetensors
+
+    table = client.get("/v1/alibi/slopes?preset=mpt-7b&format=json").json()["tensors"]["slopes"]
+    body = encode_safetensors({"slopes": np.asarray(table["data"], dtype=np.float32)}, {})
+    response = client.post("/v1/check/alibi/slopes?preset=mpt-7b", content=body,
+                           headers={"Content-Type": "application/x-safetensors"})
+    assert response.status_code == 200, response.text
+    assert response.json()["verdict"] == "matches"
+
+
+def test_openapi_documents_preset_on_every_table_route(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    for path in [*table_routes(), "/v1/check/rope"]:
+        operation = next(iter(spec["paths"][path].values()))
+        preset = next(p for p in operation["parameters"] if p["name"] == "preset")
+        assert "GET /v1/presets" in preset["schema"]["description"]
+        assert set(preset["schema"]["examples"]) <= set(catalogue())
+
+
+def test_cli_table_takes_a_preset(tmp_path: Any) -> None:
+    out = tmp_path / "rope.safetensors"
+    assert posenc_main(["table", "rope", "preset=gpt-j-6b", "max_position=8", "-o", str(out)]) == 0
+    from safetensors.numpy import load_file
+
+    assert load_file(str(out))["cos"].shape == (8, 64)
+
+
+def test_preset_values_refuse_a_foreign_kind() -> None:
+    with pytest.raises(ValueError, match="t5-small"):
+        preset_values(find_preset("t5-small"), "rope")
+
+
+def test_cli_check_takes_a_preset(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    from posenc.models.sinusoidal import sinusoidal_table
+
+    path = tmp_path / "pe.npy"
+    np.save(path, sinusoidal_table(1500, 384, "tensor2tensor", offset=1).astype(np.float32))
+    assert posenc_main(["check", "/v1/sinusoidal", "preset=whisper-tiny", "--file", str(path)]) == 1
+    assert "offset_+1" in capsys.readouterr().out
+    np.save(path, sinusoidal_table(1500, 384, "tensor2tensor").astype(np.float32))
+    assert posenc_main(["check", "/v1/sinusoidal", "preset=openai/whisper-tiny", "--file", str(path)]) == 0
