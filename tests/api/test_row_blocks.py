@@ -121,13 +121,13 @@ def test_blocks_hold_no_more_than_they_reserve(threads: int) -> None:
 
 def test_the_route_reserves_what_the_blocks_hold(monkeypatch: pytest.MonkeyPatch) -> None:
     reserved: list[int] = []
-    original = MemoryBudget.reserve
+    original = MemoryBudget.acquire
 
-    def recording(self: MemoryBudget, nbytes: int, what: str) -> Any:
+    async def recording(self: MemoryBudget, nbytes: int, what: str) -> Any:
         reserved.append(nbytes)
-        return original(self, nbytes, what)
+        return await original(self, nbytes, what)
 
-    monkeypatch.setattr(MemoryBudget, "reserve", recording)
+    monkeypatch.setattr(MemoryBudget, "acquire", recording)
     with running_client(table_block_bytes=64 * 1024, table_threads=3, cache_bytes=0) as client:
         assert client.get("/v1/rope?max_position=5000&head_dim=64&dtype=bfloat16").status_code == 200
         query, specs = _rope()
