@@ -96,7 +96,7 @@ def test_tables_come_as_numpy_arrays(client: Client, dtype: str, numpy: object) 
 
 
 def test_parameters_are_checked_against_the_registry(client: Client) -> None:
-    with pytest.raises(TypeError, match="no parameter max_positon; its parameters: max_position, dim"):
+    with pytest.raises(TypeError, match="no parameter max_positon; its parameters: preset, max_position, dim"):
         client.sinusoidal(max_positon=4, dim=8)
     with pytest.raises(ValueError, match="not a table endpoint"):
         client.table("/v1/nothing", a=1)
