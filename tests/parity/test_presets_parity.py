@@ -43,6 +43,7 @@ ROTARY: dict[str, tuple[str, str, str]] = {
     "mixtral": ("mixtral", "MixtralConfig", "MixtralRotaryEmbedding"),
     "qwen2": ("qwen2", "Qwen2Config", "Qwen2RotaryEmbedding"),
     "qwen3": ("qwen3", "Qwen3Config", "Qwen3RotaryEmbedding"),
+    "gemma": ("gemma", "GemmaConfig", "GemmaRotaryEmbedding"),
     "gemma2": ("gemma2", "Gemma2Config", "Gemma2RotaryEmbedding"),
     "gemma3_text": ("gemma3", "Gemma3TextConfig", "Gemma3RotaryEmbedding"),
     "gemma4_text": ("gemma4", "Gemma4TextConfig", "Gemma4TextRotaryEmbedding"),
