@@ -33,8 +33,7 @@ def rope_type_of(name: str) -> str:
 
 def test_catalogue_covers_the_rope_types() -> None:
     covered = {rope_type_of(p.name) for p in catalogue().values() if "rope" in p.tables}
-    # ntk_alpha (HunYuan) has no preset yet: no public config of it was verified
-    assert covered == set(ROPE_TYPES) - {"ntk_alpha"}
+    assert covered == set(ROPE_TYPES)
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -53,6 +53,7 @@ ROTARY: dict[str, tuple[str, str, str]] = {
     "gpt_oss": ("gpt_oss", "GptOssConfig", "GptOssRotaryEmbedding"),
     "gpt_neox": ("gpt_neox", "GPTNeoXConfig", "GPTNeoXRotaryEmbedding"),
     "falcon": ("falcon", "FalconConfig", "FalconRotaryEmbedding"),
+    "hunyuan_v1_dense": ("hunyuan_v1_dense", "HunYuanDenseV1Config", "HunYuanDenseV1RotaryEmbedding"),
     # InternLM2 (remote code, no transformers class): a Llama with its rope_scaling, as its modeling file is
     "internlm2": ("llama", "LlamaConfig", "LlamaRotaryEmbedding"),
     "qwen2_vl": ("qwen2_vl", "Qwen2VLTextConfig", "Qwen2VLRotaryEmbedding"),
@@ -149,7 +150,11 @@ def test_random_presets_parse_as_transformers_parses_them(seed: int) -> None:
         if "full_attention" in rope:
             rope = rope[preset.serving.get("layer_type") or "full_attention"]
         assert ours.rope_theta == float(rope["rope_theta"]), name
-        assert ours.rope_type == {"mrope": "default"}.get(rope["rope_type"], rope["rope_type"]), name
+        theirs_type = {"mrope": "default"}.get(rope["rope_type"], rope["rope_type"])
+        if theirs_type == "dynamic" and rope.get("alpha"):  # as HunYuanDenseV1RotaryEmbedding reads it
+            theirs_type = "ntk_alpha"
+            assert ours.alpha == rope["alpha"], name
+        assert ours.rope_type == theirs_type, name
         for key in ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor", "beta_fast",
                     "beta_slow", "mscale", "mscale_all_dim"):
             if getattr(ours, key) is not None and rope.get(key) is not None:
