@@ -78,7 +78,7 @@ def errors() -> str:
     rows += [["422", "`invalid_parameter`", "validation", "A query parameter or body field fails its declared "
               "type or bounds; the message lists each failing field."],
              ["408", "`request_timeout`", "server", "A request body stalled for longer than POSENC_BODY_TIMEOUT; "
-              "the connection is closed (service/http/server.py)."],
+              "the connection is closed (service/http/protocol.py)."],
              ["404", "`not_found`", "routing", "No route has this path."],
              ["405", "`method_not_allowed`", "routing", "The route exists but not with this method."]]
     return _table(["status", "type", "raised as", "when"], rows)

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect
 
 from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge, echo
 
-# The scope extension by which posenc's server (`posenc.service.http.server`) reads a request body straight into a
+# The scope extension by which posenc's server (`posenc.service.http.protocol`) reads a request body straight into a
 # handler's buffer: `await scope["extensions"][RECEIVE_INTO](view)` -> bytes received (-1: more than `view`).
 RECEIVE_INTO = "posenc.receive_into"
 ReceiveInto = Callable[[memoryview], Awaitable[int]]

@@ -4,7 +4,7 @@ A body is built within a `MemoryBudget` reservation; once built, it is still hel
 transport has handed its last byte to the kernel, which for a client that reads slowly (or not at all) is
 much later. `HeldResponse` carries the release of that reservation (`BodiesInFlight`) and hands it, when it
 starts sending, to the connection's protocol through the scope (`SEND_HOLD_SCOPE`, set by
-`posenc.service.http.server.TimeoutHttpToolsProtocol`): the protocol calls it when its write buffer is empty
+`posenc.service.http.protocol.TimeoutHttpToolsProtocol`): the protocol calls it when its write buffer is empty
 after the response, or when the connection is lost. Under a server without that hook (a test client), the
 release comes when the response has been passed to the server. A response dropped without being sent
 releases when it is garbage.

@@ -2,7 +2,7 @@
 
 Over TCP the server cannot tell who a client is. On a Unix socket the kernel tells it (SO_PEERCRED: the pid,
 uid and gid of the process that connected); the supplementary groups come from /proc/<pid>/status. The
-protocol (`posenc.service.http.server`) reads them once per connection and puts them in every request's scope under
+protocol (`posenc.service.http.protocol`) reads them once per connection and puts them in every request's scope under
 `PEER_SCOPE_KEY`; shared memory judges access by them (`posenc.service.inference.shared_memory_guard`).
 """
 
