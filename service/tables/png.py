@@ -156,8 +156,9 @@ def _curves(axes: Any, panel: Panel) -> None:
             axes.step(x, y, where="post", label=curve.label)
         else:
             axes.plot(x, y, linewidth=1.2, label=curve.label)
-    for mark in panel.marks:
-        axes.axvline(mark, color="0.6", linewidth=0.6, linestyle=":")
+    if panel.marks:  # one collection, not an artist per mark: a clipped map has one boundary per offset
+        axes.vlines(panel.marks, 0, 1, transform=axes.get_xaxis_transform(), colors="0.6", linewidth=0.6,
+                    linestyles=":")
     if panel.logy:
         axes.set_yscale("log", nonpositive="mask")  # zeros (a removed mean, a zero frequency) are left out
     if panel.logx:

@@ -77,3 +77,19 @@ def test_render_is_deterministic_and_handles_infinities() -> None:
     first = render(picture)
     assert first == render(picture)
     assert png_size(first)[0] == 1000
+
+
+def test_marks_are_one_collection_however_many() -> None:
+    """A clipped map of max_relative_position 6990 marks ~14,000 boundaries: one artist each took 15 s to
+    draw; as one collection the panel holds its curve and one collection whatever the count."""
+    from matplotlib.figure import Figure
+
+    from posenc.service.tables.png import _curves
+
+    offsets = np.arange(-7000, 7000)
+    panel = Panel("index", "key − query", "index", (Curve(offsets, np.clip(offsets, -6990, 6990), None, "step"),),
+                  marks=tuple(float(b) for b in offsets), mark_label="boundaries")
+    axes = Figure().add_subplot()
+    _curves(axes, panel)
+    assert len(axes.lines) == 1 and len(axes.collections) == 1
+    assert len(axes.collections[0].get_segments()) == len(offsets)
