@@ -4,6 +4,7 @@ Nothing reads the environment at import time: `Settings()` is constructed by the
 factory and passed into `create_app(settings)`.
 """
 
+import os
 import re
 from pathlib import Path
 from typing import Literal
@@ -40,6 +41,14 @@ def parse_restricted_api(text: str) -> dict[str, tuple[str, str]]:
             restrictions[group] = (header.strip().lower(), value)
     return restrictions
 
+
+
+def usable_cores() -> int:
+    """CPUs this process may run on: what a thread-count setting of 0 means."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def shipped_model_repository() -> Path:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from posenc.models.dtypes import BY_KSERVE, BY_ONNX
 from posenc.service.errors import Unavailable
 from posenc.service.inference.devices import CPU, CUDA
 from posenc.service.inference.run_bound import cuda_arena_limit
-from posenc.service.settings import Settings
+from posenc.service.settings import Settings, usable_cores
 
 log = logging.getLogger("posenc.inference.repository")
 
@@ -188,12 +187,7 @@ def _with_options(providers: list[str], settings: Settings) -> list[str | tuple[
 
 def intra_op_threads(setting: int) -> int:
     """0 = one per CPU this process may run on."""
-    if setting > 0:
-        return setting
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    return setting if setting > 0 else usable_cores()
 
 
 def _check_session(config: ModelConfig, session: ort.InferenceSession) -> None:

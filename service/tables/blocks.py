@@ -14,7 +14,6 @@ its rows: its tensors and float64 temporaries) instead of the whole table's temp
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -23,15 +22,8 @@ import numpy as np
 
 from posenc.models.row_blocks import row_blocks
 from posenc.service.arrays import Bundle
+from posenc.service.settings import usable_cores
 from posenc.service.tables.registry import TableQuery, TensorSpec
-
-
-def usable_cores() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 class RowBlocks:
