@@ -13,7 +13,8 @@ releases when it is garbage.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -33,34 +34,37 @@ class HeldResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         detached = self._unsent.detach()
-        release = detached[1] if detached is not None else None
-        hold: HoldUntilSent | None = scope.get(SEND_HOLD_SCOPE)
-        if release is None:
+        if detached is None:
             await self.send_body(scope, receive, send)
-        elif hold is not None:
-            hold(release)
+            return
+        async with released_when_sent(scope, detached[1]):
             await self.send_body(scope, receive, send)
-        else:
-            try:
-                await self.send_body(scope, receive, send)
-            finally:
-                release()
 
     async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Send the response (the start, then the body)."""
         await super().__call__(scope, receive, send)
 
 
+@asynccontextmanager
+async def released_when_sent(scope: Scope, release: Callable[[], None]) -> AsyncIterator[None]:
+    """Around sending a response: `release` goes to the connection's protocol, which runs it once the bytes
+    are in the kernel (or the connection is lost); without that hook (a test client), it runs after the
+    block."""
+    hold: HoldUntilSent | None = scope.get(SEND_HOLD_SCOPE)
+    if hold is not None:
+        hold(release)
+        yield
+        return
+    try:
+        yield
+    finally:
+        release()
+
+
 async def send_held(scope: Scope, send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes,
                     release: Callable[[], None]) -> None:
     """A response's two ASGI messages, sent directly, with `release` run once its bytes are sent (as
     `HeldResponse` does, for a caller that builds no `Response`)."""
-    hold: HoldUntilSent | None = scope.get(SEND_HOLD_SCOPE)
-    if hold is not None:
-        hold(release)
-    try:
+    async with released_when_sent(scope, release):
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-    finally:
-        if hold is None:
-            release()
