@@ -320,7 +320,12 @@ class Soak:
                 if self.sigterm_at is not None:
                     return
                 await asyncio.gather(*(one(index) for index in range(first, min(first + 10, REGISTER_FLOOD))))
-            await self.exchange("POST", "/v2/systemsharedmemory/unregister")
+            for first in range(0, REGISTER_FLOOD, 10):  # its own regions only: an unregister-all would take the
+                if self.sigterm_at is not None:  # truncation clients' regions from under their requests
+                    return
+                await asyncio.gather(*(
+                    self.exchange("POST", f"/v2/systemsharedmemory/region/flood-{index}/unregister")
+                    for index in range(first, min(first + 10, REGISTER_FLOOD))))
         except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
             if self.sigterm_at is None:
                 self.record("shm-register-flood", type(exc).__name__, time.monotonic(), None, f"no answer: {exc}")

@@ -16,6 +16,7 @@ import math
 import select
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Generator
 
@@ -23,6 +24,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.server import HANDLED_SIGNALS
 
+from posenc.service.http.listener import Listener
 from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import shared_metrics_dir
 from posenc.service.http.protocol import DrainState, ServerConfig, TimeoutHttpToolsProtocol, Timeouts
@@ -54,6 +56,7 @@ class Server(uvicorn.Server):
         self.timeouts = config.timeouts
         self.server_state: DrainState = DrainState()
         self.cancelled_tasks = 0
+        self.listeners: list[Listener] = []
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -69,6 +72,28 @@ class Server(uvicorn.Server):
             for sig, handler in original.items():
                 signal.signal(sig, handler)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's startup, listening through `Listener`s (a batch of waiting connections accepted per loop
+        iteration, where uvloop accepts one) on `sockets`, or on a socket bound to the configured host and port."""
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            sys.exit(STARTUP_FAILURE)
+        config = self.config
+
+        def create_protocol() -> asyncio.Protocol:
+            return TimeoutHttpToolsProtocol(config, self.server_state, self.lifespan.state)
+
+        if sockets is None:
+            try:
+                sockets = [config.bind_socket()]  # logs where it listens; exits with status 3 when it cannot
+            except SystemExit:
+                await self.lifespan.shutdown()
+                raise
+        loop = asyncio.get_running_loop()
+        self.listeners = [Listener(sock, create_protocol, config.backlog, loop) for sock in sockets]
+        self.servers = []
+        self.started = True
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's shutdown, reordered: settle (accepting what waits in the backlog), stop listening, drain
         within the deadline, then cut."""
@@ -77,8 +102,8 @@ class Server(uvicorn.Server):
             await asyncio.sleep(SETTLE_SECONDS)  # read the requests of the connections just accepted
         log.info("shutting down: waiting up to %g s for %d connection(s) (POSENC_GRACEFUL_SHUTDOWN_TIMEOUT)",
                  self.timeouts.graceful_shutdown, len(self.server_state.connections))
-        for server in self.servers:
-            server.close()
+        for listener in self.listeners:
+            listener.close()
         for sock in sockets or []:
             sock.close()
         for connection in list(self.server_state.connections):
@@ -104,7 +129,7 @@ class Server(uvicorn.Server):
     async def _accept_backlog(self) -> bool:
         """Wait (at most `BACKLOG_SECONDS`) until no listener has a connection waiting to be accepted;
         whether there was one."""
-        listeners = [sock.fileno() for server in self.servers for sock in server.sockets]
+        listeners = [sock.fileno() for listener in self.listeners for sock in listener.sockets]
         deadline = asyncio.get_running_loop().time() + BACKLOG_SECONDS
         waited = False
         while listeners and select.select(listeners, [], [], 0)[0]:  # readable listener = pending connection
