@@ -22,6 +22,14 @@ With a `run_budget` and a `run_bytes(rows, seq)` cost, no run holds more than th
 (requests are split into chunks of rows that fit, batches stop growing before they exceed it) and the
 runs of every model together stay under it: a run waits for its bytes before it starts.
 
+A batch saves each run's fixed cost (onnxruntime's per-run and per-node overhead, the hand-off to a thread).
+Where a request's rows take `batch_below_us` or longer to run (at the cost per row of the last run of its
+batch key and sequence length, batched or not), there is little of it left to save, and on a CPU a batch
+can cost more per row than its requests run one by one: rope_attention at S=256 costs 1.5-1.75 ms per row
+alone and 1.7-2.3 ms per row in runs of 2 to 8 (2 cores), and batching there cut the throughput of 16
+clients by a fifth. Such requests run one by one (still up to `max_runs` at a time); the engine passes no
+bound for a GPU, whose parallelism a batch fills.
+
 A run whose shape (the batch key, rows and sequence length) last ran in less than `inline_run_us` runs on
 the event loop itself: handing it to a worker thread and back (a queue, a thread wake-up, the GIL twice, a
 call back into the loop) costs about as much as such a run, which holds the loop for at most about that
@@ -37,6 +45,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
@@ -54,6 +63,7 @@ log = logging.getLogger("posenc.inference.batcher")
 
 RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run_model` of one model
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
+Shape = tuple[tuple[object, ...], int, int]  # a run's batch key, rows and sequence length
 T = TypeVar("T")
 
 
@@ -91,7 +101,7 @@ class Batcher:
         self, run: RunFn, executor: Executor, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int,
         batching: bool = True, seq_axes: Mapping[str, int] | None = None, pad: bool = False, name: str = "model",
         observer: BatchObserver | None = None, run_bytes: RunBytes | None = None,
-        run_budget: MemoryBudget | None = None, inline_run_us: int = 0, max_runs: int = 1,
+        run_budget: MemoryBudget | None = None, inline_run_us: int = 0, max_runs: int = 1, batch_below_us: int = 0,
     ) -> None:
         self.run = run
         self.executor = executor
@@ -106,9 +116,13 @@ class Batcher:
         self.name = name
         self.observer = observer
         self.inline_below = inline_run_us / 1e6
+        self.batch_below = batch_below_us / 1e6 if batch_below_us else math.inf
         # Seconds the last run of each shape took: (batch key, rows, sequence length) -> seconds.
-        self._run_seconds: dict[tuple[object, ...], float] = {}
+        self._run_seconds: dict[Shape, float] = {}
         self.inline_runs = 0  # runs made on the event loop (no worker thread)
+        # Seconds per row of the last run of each batch key and sequence length, whatever its rows: what a run
+        # of one would take at least while batches save nothing (bounded like the above).
+        self._row_seconds: dict[tuple[object, ...], float] = {}
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
@@ -156,7 +170,7 @@ class Batcher:
             return joined(results, out)
         return await self._submit_batched(chunks, out)
 
-    async def _execute(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+    async def _execute(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
         worker thread."""
         seconds = self._run_seconds.get(shape)
@@ -165,7 +179,7 @@ class Batcher:
             return self._timed(shape, fn, *args)
         return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, shape, fn, *args)
 
-    def _timed(self, shape: tuple[object, ...], fn: Callable[..., T], *args: object) -> T:
+    def _timed(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)`, remembering how long it took for `shape` (what it would hold the event loop for)."""
         started = time.perf_counter()
         result = fn(*args)
@@ -174,6 +188,10 @@ class Batcher:
             if shape not in self._run_seconds and len(self._run_seconds) >= MAX_SHAPES_TIMED:
                 del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
             self._run_seconds[shape] = seconds
+            key, rows, seq = shape
+            if (key, seq) not in self._row_seconds and len(self._row_seconds) >= MAX_SHAPES_TIMED:
+                del self._row_seconds[next(iter(self._row_seconds))]
+            self._row_seconds[(key, seq)] = seconds / max(1, rows)
         return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
@@ -280,9 +298,12 @@ class Batcher:
                 return
 
     def _take_group(self) -> list[_Item]:
-        """The oldest item plus the compatible queued items that fit in max_batch_size rows."""
+        """The oldest item plus the compatible queued items that fit in max_batch_size rows (none when its rows
+        took `batch_below_us` or longer in the last run of its shape, whatever that run's rows)."""
         first = self._queue.popleft()
         group, rows, longest, valid = [first], first.rows, first.seq, first.rows * first.seq
+        if self._row_seconds.get((first.key, first.seq), 0.0) * first.rows >= self.batch_below:
+            return group  # a long run alone: batching has little fixed cost to save, and costs more per row
         for item in list(self._queue):
             if item.key != first.key or rows + item.rows > self.max_batch_size:
                 continue

@@ -212,6 +212,7 @@ class Engine:
             observer=self.observer, run_bytes=cost.run_bytes if cost else None,
             run_budget=self.run_budget if cost else None, inline_run_us=settings.inline_run_us,
             max_runs=settings.inference_threads,
+            batch_below_us=0 if CUDA in model.providers else settings.batch_below_us,
         )
 
     def get(self, name: str, version: str | None = None) -> RepositoryEntry:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -362,3 +364,50 @@ def test_up_to_max_runs_batches_run_at_once(max_runs: int) -> None:
     assert asyncio.run(scenario()) == max_runs
     # the first max_runs requests ran alone, the rest queued behind them and ran as one batch
     assert sorted(run.shapes) == sorted([(1, 3, 2)] * max_runs + [(4 - max_runs, 3, 2)])
+
+
+class Slow(Recorder):
+    """The fake model, taking `seconds_per_row` for every row of a run."""
+
+    def __init__(self, seconds_per_row: float) -> None:
+        super().__init__()
+        self.seconds_per_row = seconds_per_row
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        time.sleep(self.seconds_per_row * inputs["x"].shape[0])
+        return super().__call__(inputs)
+
+
+@pytest.mark.parametrize(("seconds_per_row", "batch_below_us", "batches"), [
+    (0.0005, 1500, True),  # short runs: batches save their fixed cost
+    (0.003, 1500, False),  # long runs (rope_attention S=256 on a CPU): requests run one by one
+    (0.003, 0, True),  # no bound (a GPU): batches whatever the run time
+])
+def test_requests_whose_runs_are_long_run_one_by_one(seconds_per_row: float, batch_below_us: int,
+                                                     batches: bool) -> None:
+    """Waves of 4 concurrent single-row requests, one run at a time: after the first wave (which batches,
+    nothing being measured yet), runs of long rows take one request each."""
+    run = Slow(seconds_per_row)
+    batcher = Batcher(run, ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      batch_below_us=batch_below_us)
+
+    async def scenario() -> None:
+        for wave in range(6):
+            await asyncio.gather(*(batcher.submit(_request(1, 3, float(wave))) for _ in range(4)))
+        await batcher.close()
+
+    asyncio.run(scenario())
+    rows = [shape[0] for shape in run.shapes]
+    assert sum(rows) == 6 * 4
+    later = rows[-12:]  # the last waves
+    assert (max(later) > 1) is batches, rows
+
+
+def test_a_model_on_a_gpu_batches_whatever_its_run_time() -> None:
+    engine = Engine(Settings(model_repository=REPOSITORY, intra_op_num_threads=1, batch_below_us=1500))
+    assert engine.load() == []
+    entry = engine.models["rope_attention"]
+    assert isinstance(entry, LoadedModel)
+    assert engine.batchers["rope_attention"].batch_below == 0.0015
+    on_gpu = dataclasses.replace(entry, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert engine._batcher(on_gpu).batch_below == float("inf")
