@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from starlette.types import Receive, Scope, Send
 
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
@@ -62,7 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             app.state.shared_memory.close()  # unmap every registered region
             app.state.row_blocks.close()
 
-    app = FastAPI(
+    app = PosencApp(
         title="posenc",
         version=__version__,
         description="Positional-encoding tables, attention biases and ONNX RoPE-attention inference.",
@@ -90,14 +91,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(checks)
     app.include_router(check_inference_router)
-    # Liveness and cached tables answered before routing; observability (added last: outermost) sees them too.
-    app.add_middleware(FastPath, cache=app.state.table_cache, bodies=app.state.bodies_in_flight,
-                       routes=[*health.router.routes, *tables.routes])
-    # Restricted protocol groups refused before anything answers them (the fast path included).
+    # Restricted protocol groups refused before anything answers them (none holds a table or /healthz path,
+    # which the fast path answers ahead of every layer).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())
     # Observability: GET /metrics, per-route request metrics, the access log.
     install_metrics(app, access_log_enabled=settings.access_log)
+    app.fast_path = FastPath(app.full_path, cache=app.state.table_cache, bodies=app.state.bodies_in_flight,
+                             routes=[*health.router.routes, *tables.routes], recorder=app.state.request_recorder)
     return app
+
+
+class PosencApp(FastAPI):
+    """FastAPI with posenc's fast path (`posenc.service.http.fastpath`) in front of it: liveness and cached
+    tables are answered, and recorded, without FastAPI's per-request work (its root path and telemetry checks)
+    or any layer of its middleware stack (error, telemetry, body limit, observability, restricted groups);
+    every other request takes `full_path`, FastAPI itself."""
+
+    fast_path: FastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_path is None:
+            await self.full_path(scope, receive, send)
+        else:
+            await self.fast_path(scope, receive, send)
+
+    async def full_path(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
 
 
 def app_from_env() -> FastAPI:

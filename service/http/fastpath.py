@@ -16,24 +16,26 @@ cache, or a spelling not seen yet, does too.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import parse_qsl, urlencode
 
 from fastapi.routing import APIRoute
-from starlette.responses import Response
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from posenc.service.budget import BodiesInFlight
 from posenc.service.http.health import LIVE, LIVENESS_PATH
-from posenc.service.http.metrics import scope_header
+from posenc.service.http.metrics import RequestRecorder, scope_header
 from posenc.service.http.sending import send_held
 from posenc.service.tables import TABLES
-from posenc.service.tables.answer import Answer, answer_headers, etag_matches, validator_headers
+from posenc.service.tables.answer import answer_headers, etag_matches, validator_headers
 from posenc.service.tables.cache import ByteLRUCache, CachedBody
-from posenc.service.tables.http import CACHE_KEY_SCOPE, to_response
+from posenc.service.tables.http import CACHE_KEY_SCOPE
 
 MAX_SPELLING = 2048  # characters: the longest request spelling the fast path remembers
+MAX_HIT_HEADERS = 4096  # cache entries whose raw hit headers are kept made (a few hundred bytes each)
+LIVE_HEADERS = [(b"content-length", b"%d" % len(LIVE)), (b"content-type", b"application/json")]
 # name=value pairs of characters that neither parse_qsl decodes nor urlencode quotes: such a query is its own
 # canonical spelling once its pairs are in order
 _PLAIN = "[A-Za-z0-9_.~-]"
@@ -75,19 +77,29 @@ def hit_headers(cache_key: str, cached: CachedBody) -> list[tuple[bytes, bytes]]
 
 
 class FastPath:
-    """ASGI middleware in front of the routes: liveness, and remembered spellings whose table is still cached."""
+    """In front of the application (`posenc.service.http.app.PosencApp`): liveness, and remembered spellings
+    whose table is still cached, answered and recorded (`RequestRecorder`) before FastAPI sees them; everything
+    else goes to `app`, FastAPI itself."""
 
-    def __init__(self, app: ASGIApp, cache: ByteLRUCache, bodies: BodiesInFlight, routes: Sequence[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp, cache: ByteLRUCache, bodies: BodiesInFlight, routes: Sequence[BaseRoute],
+                 recorder: RequestRecorder) -> None:
         self.app = app
         self.cache = cache
         self.bodies = bodies  # a cached body stays counted in the memory budget while it is sent
+        self.recorder = recorder
         # path → its route, set on the scope as routing would: the metrics and the access log name the template
         self.routes = {route.path: route for route in routes if isinstance(route, APIRoute)}
+        # the raw headers of a hit, made once per cache entry: cache key → (the entry, its headers)
+        self.hit_headers: dict[str, tuple[CachedBody, list[tuple[bytes, bytes]]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == LIVENESS_PATH and scope["method"] == "GET":
+        if scope["type"] != "http" or scope["method"] != "GET":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        if scope["path"] == LIVENESS_PATH:
             scope["route"] = self.routes[LIVENESS_PATH]
-            await Response(LIVE, media_type="application/json")(scope, receive, send)
+            await self._answer(scope, send, start, 200, LIVE_HEADERS, LIVE, None)
             return
         spelled = spelling(scope)
         if spelled is None:
@@ -104,7 +116,7 @@ class FastPath:
         validators = validator_headers(cache_key)
         if etag_matches(scope_header(scope, b"if-none-match"), validators["ETag"]):
             scope["route"] = self.routes[scope["path"]]
-            await to_response(Answer(304, validators))(scope, receive, send)
+            await self._answer(scope, send, start, 304, _raw(validators), b"", None)
             return
         release = self.bodies.try_share(cached.body)
         if release is None:  # its bytes must wait for memory: the full path waits (or says 503)
@@ -112,5 +124,34 @@ class FastPath:
             return
         scope["route"] = self.routes[scope["path"]]
         self.cache.count_hit(cache_key)
-        # the two ASGI messages themselves: what starlette's Response would send, without building one
-        await send_held(scope, send, 200, hit_headers(cache_key, cached), cached.body, release)
+        await self._answer(scope, send, start, 200, self._hit_headers(cache_key, cached), cached.body, release)
+
+    def _hit_headers(self, cache_key: str, cached: CachedBody) -> list[tuple[bytes, bytes]]:
+        made = self.hit_headers.get(cache_key)
+        if made is not None and made[0] is cached:
+            return made[1]
+        if len(self.hit_headers) >= MAX_HIT_HEADERS:
+            self.hit_headers.clear()  # entries of tables evicted since: made again when asked for
+        headers = hit_headers(cache_key, cached)
+        self.hit_headers[cache_key] = (cached, headers)
+        return headers
+
+    async def _answer(self, scope: Scope, send: Send, start: float, status: int, headers: list[tuple[bytes, bytes]],
+                      body: bytes, release: Callable[[], None] | None) -> None:
+        """The two ASGI messages themselves (what starlette's Response would send, without building one),
+        recorded as `ObservabilityMiddleware` records the requests that take the full path."""
+        in_flight = self.recorder.metrics.in_flight
+        in_flight.inc()
+        try:
+            if release is None:
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+            else:
+                await send_held(scope, send, status, headers, body, release)
+        finally:
+            in_flight.dec()
+            self.recorder.record(scope, status, len(body), time.perf_counter() - start)
+
+
+def _raw(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]

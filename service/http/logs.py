@@ -2,7 +2,7 @@
 
 In JSON mode every record (uvicorn's start-up lines, the service's own, the access log) is one object
 with `ts`, `level`, `logger`, `message`; access-log records add `method`, `path`, `route`, `status`,
-`duration_ms`, `bytes`, `request_id` and `client` (see `posenc.service.http.metrics.ObservabilityMiddleware`).
+`duration_ms`, `bytes`, `request_id` and `client` (see `posenc.service.http.metrics.RequestRecorder`).
 """
 
 from __future__ import annotations

@@ -226,13 +226,44 @@ def scope_header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-class ObservabilityMiddleware:
-    """Pure ASGI middleware: metrics for every HTTP request and, if enabled, one access-log record."""
+class RequestRecorder:
+    """What is recorded of every HTTP request: its metrics and, if enabled, one access-log record."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, access_log_enabled: bool = True) -> None:
-        self.app = app
+    def __init__(self, metrics: Metrics, access_log_enabled: bool = True) -> None:
         self.metrics = metrics
         self.access_log_enabled = access_log_enabled
+
+    def record(self, scope: Scope, status: int, nbytes: int, seconds: float) -> None:
+        route = route_template(scope)
+        method = str(scope.get("method", ""))
+        self.metrics.observe_request(route, method, status, seconds, nbytes)
+        if not self.access_log_enabled or not access_log.isEnabledFor(logging.INFO):
+            return
+        path = scope.get("path", "")
+        duration_ms = round(seconds * 1000.0, 3)
+        fields = {
+            "method": method,
+            "path": path,
+            "route": route,
+            "status": status,
+            "duration_ms": duration_ms,
+            "bytes": nbytes,
+            "request_id": scope_header(scope, b"x-request-id"),
+            "client": (scope.get("client") or [None])[0],
+        }
+        # the record itself: `info` would also walk the stack for a caller no format prints
+        access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, ACCESS_MESSAGE,
+                                                (method, path, status, duration_ms, nbytes), None, "record",
+                                                {"access": fields}))
+
+
+class ObservabilityMiddleware:
+    """Pure ASGI middleware: every HTTP request recorded (`RequestRecorder`) once its answer is sent."""
+
+    def __init__(self, app: ASGIApp, recorder: RequestRecorder) -> None:
+        self.app = app
+        self.recorder = recorder
+        self.in_flight = recorder.metrics.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -248,7 +279,7 @@ class ObservabilityMiddleware:
                 seen["bytes"] += len(message.get("body", b""))
             await send(message)
 
-        self.metrics.in_flight.inc()
+        self.in_flight.inc()
         try:
             await self.app(scope, receive, send_wrapper)
         except Exception:
@@ -256,30 +287,8 @@ class ObservabilityMiddleware:
             seen["status"] = 500
             raise
         finally:
-            self.metrics.in_flight.dec()
-            self._record(scope, seen["status"], seen["bytes"], time.perf_counter() - start)
-
-    def _record(self, scope: Scope, status: int, nbytes: int, seconds: float) -> None:
-        route = route_template(scope)
-        method = str(scope.get("method", ""))
-        self.metrics.observe_request(route, method, status, seconds, nbytes)
-        if not self.access_log_enabled:
-            return
-        fields = {
-            "method": method,
-            "path": scope.get("path", ""),
-            "route": route,
-            "status": status,
-            "duration_ms": round(seconds * 1000.0, 3),
-            "bytes": nbytes,
-            "request_id": scope_header(scope, b"x-request-id"),
-            "client": (scope.get("client") or [None])[0],
-        }
-        if access_log.isEnabledFor(logging.INFO):
-            # the record itself: `info` would also walk the stack for a caller no format prints
-            args = (method, fields["path"], status, fields["duration_ms"], nbytes)
-            access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, ACCESS_MESSAGE, args,
-                                                    None, "_record", {"access": fields}))
+            self.in_flight.dec()
+            self.recorder.record(scope, seen["status"], seen["bytes"], time.perf_counter() - start)
 
 
 router = APIRouter(tags=["operations"])
@@ -301,10 +310,11 @@ def count_send_timeout() -> None:
 
 
 def install_metrics(app: FastAPI, access_log_enabled: bool) -> Metrics:
-    """Create `app.state.metrics`, add the middleware and the `/metrics` route."""
+    """Create `app.state.metrics` and `app.state.request_recorder`, add the middleware and the `/metrics` route."""
     metrics = Metrics(cache_of=lambda: getattr(app.state, "table_cache", None), shared_dir=multiprocess_dir())
     app.state.metrics = metrics
+    app.state.request_recorder = RequestRecorder(metrics, access_log_enabled)
     _SERVED[:] = [metrics]
-    app.add_middleware(ObservabilityMiddleware, metrics=metrics, access_log_enabled=access_log_enabled)
+    app.add_middleware(ObservabilityMiddleware, recorder=app.state.request_recorder)
     app.include_router(router)
     return metrics

@@ -164,3 +164,36 @@ def test_cached_hits_send_the_headers_a_response_would(fmt: str) -> None:
     cached = slot.entry
     response = to_response(Answer(200, answer_headers(key, cached, "hit"), cached.body, cached.media_type))
     assert hit_headers(key, cached) == response.raw_headers
+
+
+def test_hits_are_answered_outside_the_middleware_stack(caplog: pytest.LogCaptureFixture) -> None:
+    """A hit and liveness pass through none of the application's layers (FastAPI's error, telemetry and body-limit
+    middleware, observability, restricted groups, a middleware added by a user), yet are counted and logged."""
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from posenc.service.http.app import create_app
+    from posenc.service.settings import Settings
+
+    reached: list[str] = []
+
+    class Layer:
+        def __init__(self, app: ASGIApp) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                reached.append(scope["path"])
+            await self.app(scope, receive, send)
+
+    app = create_app(Settings(access_log=True))
+    app.add_middleware(Layer)
+    url = TABLE_REQUESTS[3]
+    with caplog.at_level("INFO", logger="posenc.access"), TestClient(app) as client:
+        answers = [client.get(url) for _ in range(3)] + [client.get("/healthz")]
+        metrics = client.get("/metrics").text
+    assert [a.status_code for a in answers] == [200] * 4
+    assert [a.headers["X-Cache"] for a in answers[:3]] == ["miss", "hit", "hit"]
+    assert reached == ["/v1/alibi/slopes", "/metrics"]  # the miss, and /metrics (not a table)
+    assert 'posenc_http_requests_total{method="GET",route="/v1/alibi/slopes",status="200"} 3.0' in metrics
+    logged = [(r.access["route"], r.access["status"]) for r in caplog.records if hasattr(r, "access")]  # type: ignore[attr-defined]
+    assert logged[:4] == [("/v1/alibi/slopes", 200)] * 3 + [("/healthz", 200)]
