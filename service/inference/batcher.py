@@ -65,6 +65,7 @@ RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
 Shape = tuple[tuple[object, ...], int, int]  # a run's batch key, rows and sequence length
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 class BatchObserver(Protocol):
@@ -184,14 +185,10 @@ class Batcher:
         started = time.perf_counter()
         result = fn(*args)
         seconds = time.perf_counter() - started
+        key, rows, seq = shape
         with self._stats_lock:
-            if shape not in self._run_seconds and len(self._run_seconds) >= MAX_SHAPES_TIMED:
-                del self._run_seconds[next(iter(self._run_seconds))]  # the oldest shape
-            self._run_seconds[shape] = seconds
-            key, rows, seq = shape
-            if (key, seq) not in self._row_seconds and len(self._row_seconds) >= MAX_SHAPES_TIMED:
-                del self._row_seconds[next(iter(self._row_seconds))]
-            self._row_seconds[(key, seq)] = seconds / max(1, rows)
+            _remember(self._run_seconds, shape, seconds)
+            _remember(self._row_seconds, (key, seq), seconds / max(1, rows))
         return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
@@ -374,6 +371,13 @@ class Batcher:
         await asyncio.gather(*tasks, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
+
+
+def _remember(remembered: dict[K, float], key: K, value: float) -> None:
+    """`remembered[key] = value`, dropping the oldest key first when `MAX_SHAPES_TIMED` are remembered."""
+    if key not in remembered and len(remembered) >= MAX_SHAPES_TIMED:
+        del remembered[next(iter(remembered))]
+    remembered[key] = value
 
 
 def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: BaseException | None = None) -> None:
