@@ -69,8 +69,7 @@ def spelling(scope: Scope) -> str | None:
 def hit_headers(cache_key: str, cached: CachedBody) -> list[tuple[bytes, bytes]]:
     """The raw headers of a 200 from the cache, as `to_response` would send them: the answer's headers, then
     Content-Length and Content-Type (table media types are not text/*: no charset is added)."""
-    raw = [(name.lower().encode("latin-1"), value.encode("latin-1"))
-           for name, value in answer_headers(cache_key, cached, "hit").items()]
+    raw = _raw(answer_headers(cache_key, cached, "hit"))
     raw.append((b"content-length", b"%d" % len(cached.body)))
     raw.append((b"content-type", cached.media_type.encode("latin-1")))
     return raw
