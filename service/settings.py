@@ -151,10 +151,10 @@ class Settings(BaseSettings):
     )
     batch_below_us: int = Field(
         1500, ge=0, le=1_000_000_000,
-        description="On the CPU, queued requests are batched only while a run of the oldest one alone last took less "
-        "than this (microseconds): a batch saves each run's fixed cost, and a longer run has little of it to save "
-        "(rope_attention at S=256 costs 25-30% more per row in a batch than alone). 0: no bound. A GPU batches "
-        "whatever the run time.",
+        description="On the CPU, queued requests are batched only while the oldest one's rows take less than this to "
+        "run (microseconds), at the cost per row of the last run of its shape, batched or not: a batch saves each "
+        "run's fixed cost, and a longer run has little of it to save (rope_attention at S=256 costs 15-30% more "
+        "per row in a batch than alone). 0: no bound. A GPU batches whatever the run time.",
     )
     max_batch_size: int | None = Field(
         None, ge=1, le=4096,
