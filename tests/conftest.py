@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +35,14 @@ from posenc.service.testing import SHARED_MEMORY_HEADERS, shared_memory_key_sett
 
 TESTS = Path(__file__).resolve().parent
 HAS_TORCH = all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers", "onnx"))
+
+
+def assert_runs_in_fresh_python(code: str) -> None:
+    """`code`, run by a new interpreter at the repository root (none of this process's imports loaded there),
+    exits 0; its stderr is the failure message."""
+    result = subprocess.run([sys.executable, "-c", code], cwd=TESTS.parent, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -5,13 +5,12 @@ overridden fixture, and no fixture of this repository's own test suite shadowed.
 from __future__ import annotations
 
 import ast
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from posenc import pytest_plugin
+from tests.conftest import assert_runs_in_fresh_python
 from tests.infer_utils import ROOT
 
 pytest_plugins = ["pytester"]
@@ -75,8 +74,7 @@ def test_loading_the_plugin_imports_nothing_heavy() -> None:
     code = ("import sys, posenc.pytest_plugin\n"
             "loaded = {'numpy', 'fastapi', 'httpx2', 'pydantic'} & set(sys.modules)\n"
             "assert not loaded, loaded\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert_runs_in_fresh_python(code)
 
 
 def test_the_in_process_fixtures(pytester: pytest.Pytester) -> None:

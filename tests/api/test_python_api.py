@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import subprocess
-import sys
 
 import pytest
 
@@ -15,6 +13,7 @@ import posenc
 from posenc import pytest_plugin
 from posenc.client import ERRORS
 from posenc.service.tables import TABLES
+from tests.conftest import assert_runs_in_fresh_python
 from tests.infer_utils import ROOT
 
 PAGE = (ROOT / "docs" / "python.md").read_text()
@@ -30,8 +29,7 @@ def test_the_public_api_is_imported_on_first_use() -> None:
     code = ("import sys, posenc, posenc.models.rope\n"
             "assert 'fastapi' not in sys.modules and 'httpx2' not in sys.modules, 'posenc loaded the web stack'\n"
             "assert posenc.Client.__module__ == 'posenc.service.client'\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert_runs_in_fresh_python(code)
 
 
 def test_the_page_names_every_public_name() -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from posenc.service.cli.main import main as posenc_main
-from tests.infer_utils import ROOT
+from tests.conftest import assert_runs_in_fresh_python
 
 
 def test_service_runs_without_importing_torch() -> None:
@@ -20,8 +19,7 @@ def test_service_runs_without_importing_torch() -> None:
             "    assert c.get('/v2/health/ready').status_code == 200\n"
             "build_parser().parse_args(['export', '--defaults'])\n"
             "assert 'torch' not in sys.modules, 'service imported torch'\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert_runs_in_fresh_python(code)
 
 
 def test_export_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
