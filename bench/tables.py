@@ -12,8 +12,9 @@ interleaved rounds:
 Uncached tables, computed in row blocks on every core against the one-piece computation of before
 (`POSENC_TABLE_BLOCK_BYTES=0`), for the 131,072 x 128 RoPE table (cos and sin: 128 MiB of float32):
   compute  GB/s of the computation alone, in this process: `RowBlocks` with the service's defaults (one thread
-           per core) vs `query.compute()`, target >= 1.7; on one thread (the split alone), and the process's
-           CPU time per table (what other load cannot take away), informational
+           per core, glibc's heaps set as the server sets them) vs `query.compute()`, target >= 1.7; on one
+           thread (the split alone), and the process's CPU time per table (what other load cannot take away),
+           informational
   served   GB/s of the whole uncached request (compute, encode, send), one client, two servers with the table
            cache off, one with row blocks and one without, informational (not with --quick)
 """
@@ -42,6 +43,7 @@ from bench.harness import (
     med,
     spread,
 )
+from posenc.service.budget import configure_malloc
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
 from posenc.service.tables.rope import RopeQuery
@@ -116,6 +118,7 @@ def compute_rows(bench: Bench, report: Report, rounds: int) -> None:
     specs = query.specs()
     gigabytes = sum(spec.nbytes for spec in specs.values()) / 1e9
     defaults = Settings()
+    configure_malloc(defaults.malloc_arenas, defaults.malloc_keep_bytes)  # as the server sets it at start-up
     blocks = RowBlocks(defaults.table_threads, defaults.table_block_bytes)
     one_thread = RowBlocks(1, defaults.table_block_bytes)
     old, new, single = interleaved(rounds, timed(query.compute), timed(lambda: blocks.compute(query, specs)),

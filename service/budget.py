@@ -8,8 +8,11 @@ the budget, not N times their size. A single request larger than the whole budge
 
 `release_free_memory`: glibc keeps freed memory of large short-lived arrays in its heaps (and one
 heap per thread, up to 8 per core); after large requests the service hands it back to the system
-with `malloc_trim`, and `limit_malloc_arenas` caps the heaps at start-up, so the resident size
-settles near the cache budget instead of a multiple of it.
+with `malloc_trim`, and `configure_malloc` caps the heaps at start-up, so the resident size
+settles near the cache budget instead of a multiple of it. It also stops glibc from handing
+back, on every `free`, what the next allocation asks for again: a table computed in row blocks
+allocates and frees the same few MiB of temporaries per block, and with glibc's defaults each block
+paid for its pages again (a third of its time in page faults).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from posenc.service.errors import Unavailable
 log = logging.getLogger("posenc.budget")
 
 RETRY_AFTER_SECONDS = 1
-M_ARENA_MAX = -8  # glibc mallopt parameter (malloc.h)
+# glibc mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit (HEAP_MAX_SIZE / 2)
 
 
 class MemoryBudget:
@@ -232,10 +237,23 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
-def limit_malloc_arenas(arenas: int) -> None:
-    """Cap glibc's heaps (one per thread by default): fewer heaps, less memory stranded in them."""
-    if _LIBC is not None and arenas > 0:
+def configure_malloc(arenas: int, keep_bytes: int) -> None:
+    """glibc's heaps, set once at start-up; a no-op elsewhere, and each part 0 leaves glibc's default.
+
+    `arenas` caps the heaps (one per thread by default, up to 8 per core): fewer heaps, less memory stranded
+    in them. `keep_bytes` lets each heap keep that much freed memory at its top for the next allocation
+    (M_TRIM_THRESHOLD) and serves allocations below half of it (at most 32 MiB) from the heaps rather than
+    mapping and unmapping each (M_MMAP_THRESHOLD). Setting either ends glibc's own adjustment of both, whose
+    trim threshold (twice the largest block freed so far) is below a row block's temporaries. The memory
+    kept is bounded by `arenas` times `keep_bytes`, and `release_free_memory` hands it back after large
+    requests."""
+    if _LIBC is None:
+        return
+    if arenas > 0:
         _LIBC.mallopt(M_ARENA_MAX, arenas)
+    if keep_bytes > 0:
+        _LIBC.mallopt(M_MMAP_THRESHOLD, min(keep_bytes // 2, MAX_MMAP_THRESHOLD))
+        _LIBC.mallopt(M_TRIM_THRESHOLD, keep_bytes)
 
 
 def release_free_memory() -> None:

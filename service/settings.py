@@ -108,6 +108,13 @@ class Settings(BaseSettings):
         description="glibc malloc heaps (M_ARENA_MAX) set at start-up; fewer heaps strand less freed memory. "
         "0 leaves glibc's default (8 per core).",
     )
+    malloc_keep_bytes: int = Field(
+        16 * MiB, ge=0, le=GiB,
+        description="Freed memory each glibc heap keeps for the next allocation instead of handing it back at "
+        "once (M_TRIM_THRESHOLD; allocations below half of it, at most 32 MiB, come from the heaps), set at "
+        "start-up: tables computed in row blocks reuse their temporaries' pages. Large requests still hand "
+        "freed memory back when they end. 0 leaves glibc's defaults.",
+    )
     table_threads: int = Field(
         0, ge=0, le=1024,
         description="Threads that compute large uncached tables in row blocks (numpy releases the GIL), shared by "

@@ -11,7 +11,7 @@ from starlette.types import Receive, Scope, Send
 
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
-from posenc.service.budget import BodiesInFlight, MemoryBudget, limit_malloc_arenas
+from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health, presets
 from posenc.service.http.errors import install_error_handlers
@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
                                            wait_seconds=settings.memory_wait_seconds)
     app.state.bodies_in_flight = BodiesInFlight(app.state.memory_budget)  # response bodies not yet sent
-    limit_malloc_arenas(settings.malloc_arenas)
+    configure_malloc(settings.malloc_arenas, settings.malloc_keep_bytes)
     app.state.readiness_problems = ["starting"]
     app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory,
                                                    max_bytes=settings.shared_memory_max_bytes)
