@@ -161,7 +161,8 @@ class Settings(BaseSettings):
         description="On the CPU, queued requests are batched only while the oldest one's rows take less than this to "
         "run (microseconds), at the cost per row of the last run of its shape, batched or not: a batch saves each "
         "run's fixed cost, and a longer run has little of it to save (rope_attention at S=256 costs 15-30% more "
-        "per row in a batch than alone). 0: no bound. A GPU batches whatever the run time.",
+        "per row in a batch than alone). 0: no bound (a GPU has none). Below it, a batch forms only where the "
+        "fastest batch of its size has cost less per row than the fastest run alone.",
     )
     max_batch_size: int | None = Field(
         None, ge=1, le=4096,

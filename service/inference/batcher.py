@@ -66,6 +66,7 @@ RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run
 Shape = tuple[tuple[object, ...], int, int]  # a run's batch key, rows and sequence length
 T = TypeVar("T")
 K = TypeVar("K")
+V = TypeVar("V")
 
 
 class BatchObserver(Protocol):
@@ -124,6 +125,11 @@ class Batcher:
         # Seconds per row of the last run of each batch key and sequence length, whatever its rows: what a run
         # of one would take at least while batches save nothing (bounded like the above).
         self._row_seconds: dict[tuple[object, ...], float] = {}
+        # The fastest run of each shape so far, batched or alone (what batching is judged by, `_batch_pays`).
+        self._best_seconds: dict[Shape, float] = {}
+        # Batch keys and sequence lengths whose requests were last judged to run alone (`_batch_pays` false):
+        # one that finds nothing queued and a run free then runs at once, without the dispatcher's hops.
+        self._runs_alone: dict[tuple[object, ...], bool] = {}
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
@@ -162,14 +168,25 @@ class Batcher:
         """`submit` for a request that already holds its place (`admission`)."""
         chunks = split_rows(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
-            results = []
-            for chunk, chunk_out in chunks:
-                rows, seq = rows_of(chunk), self._seq(chunk)
-                async with self._reserve(rows, seq):
-                    results.append(await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1,
-                                                       chunk_out))
-            return joined(results, out)
+            return joined([await self._run_alone(chunk, chunk_out) for chunk, chunk_out in chunks], out)
+        if len(chunks) == 1 and not self._queue:
+            chunk, chunk_out = chunks[0]
+            self._ensure_dispatcher()
+            assert self._slots is not None
+            if not self._slots.locked() and self._alone(self._key(chunk), rows_of(chunk), self._seq(chunk)):
+                # what the dispatcher would do, a batch of one, without its hops (three event-loop iterations)
+                await self._slots.acquire()  # a free slot: taken without waiting
+                try:
+                    return await self._run_alone(chunk, chunk_out)
+                finally:
+                    self._slots.release()  # what queued meanwhile forms the next batch
         return await self._submit_batched(chunks, out)
+
+    async def _run_alone(self, chunk: Arrays, out: Arrays | None) -> dict[str, np.ndarray]:
+        """One chunk run by itself, on the event loop or a worker thread (`_execute`), without the dispatcher."""
+        rows, seq = rows_of(chunk), self._seq(chunk)
+        async with self._reserve(rows, seq):
+            return await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1, out)
 
     async def _execute(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
@@ -189,6 +206,7 @@ class Batcher:
         with self._stats_lock:
             _remember(self._run_seconds, shape, seconds)
             _remember(self._row_seconds, (key, seq), seconds / max(1, rows))
+            _remember(self._best_seconds, shape, min(seconds, self._best_seconds.get(shape, math.inf)))
         return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
@@ -295,13 +313,13 @@ class Batcher:
                 return
 
     def _take_group(self) -> list[_Item]:
-        """The oldest item plus the compatible queued items that fit in max_batch_size rows (none when its rows
-        took `batch_below_us` or longer in the last run of its shape, whatever that run's rows)."""
+        """The oldest item plus the compatible queued items that fit in max_batch_size rows, when a batch of
+        them is expected to cost less per row than the oldest item's rows alone (`_batch_pays`)."""
         first = self._queue.popleft()
+        if self._long_run(first.key, first.rows, first.seq):
+            return [first]
         group, rows, longest, valid = [first], first.rows, first.seq, first.rows * first.seq
-        if self._row_seconds.get((first.key, first.seq), 0.0) * first.rows >= self.batch_below:
-            return group  # a long run alone: batching has little fixed cost to save, and costs more per row
-        for item in list(self._queue):
+        for item in self._queue:
             if item.key != first.key or rows + item.rows > self.max_batch_size:
                 continue
             new_longest = max(longest, item.seq)
@@ -310,10 +328,38 @@ class Batcher:
                 continue
             if self._over_budget(rows + item.rows, new_longest):
                 continue
-            self._queue.remove(item)
             group.append(item)
             rows, longest, valid = rows + item.rows, new_longest, new_valid
+        if len(group) == 1:
+            return group
+        pays = self._batch_pays((first.key, first.rows, first.seq), (first.key, rows, longest))
+        with self._stats_lock:
+            _remember(self._runs_alone, (first.key, first.seq), not pays)
+        if not pays:
+            return [first]
+        taken = {id(item) for item in group}
+        self._queue = collections.deque(item for item in self._queue if id(item) not in taken)
         return group
+
+    def _long_run(self, key: tuple[object, ...], rows: int, seq: int) -> bool:
+        """Whether these rows take `batch_below_us` or longer to run (at the cost per row of the last run of the
+        key and sequence length): a long run has little fixed cost to save, and on a CPU costs more per row in a
+        batch."""
+        return self._row_seconds.get((key, seq), 0.0) * rows >= self.batch_below
+
+    def _alone(self, key: tuple[object, ...], rows: int, seq: int) -> bool:
+        """Whether a request of this shape that finds nothing queued runs alone without the dispatcher: a long
+        run, or one whose batch was last judged not to pay (`_take_group` judges again whenever some queue)."""
+        return self._long_run(key, rows, seq) or self._runs_alone.get((key, seq), False)
+
+    def _batch_pays(self, alone: Shape, batch: Shape) -> bool:
+        """Whether a run of `batch` is expected to cost less per row than one of `alone`, from the fastest run
+        of each shape seen so far (the least disturbed by other load: contention only ever adds time); the
+        batch's time includes joining its inputs and splitting its outputs. Until both have run, it batches."""
+        fastest_alone, fastest_batch = self._best_seconds.get(alone), self._best_seconds.get(batch)
+        if fastest_alone is None or fastest_batch is None:
+            return True
+        return fastest_batch / batch[1] < fastest_alone / alone[1]
 
     def _over_budget(self, rows: int, seq: int) -> bool:
         return (self.run_bytes is not None and self.run_budget is not None
@@ -373,7 +419,7 @@ class Batcher:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
 
 
-def _remember(remembered: dict[K, float], key: K, value: float) -> None:
+def _remember(remembered: dict[K, V], key: K, value: V) -> None:
     """`remembered[key] = value`, dropping the oldest key first when `MAX_SHAPES_TIMED` are remembered."""
     if key not in remembered and len(remembered) >= MAX_SHAPES_TIMED:
         del remembered[next(iter(remembered))]

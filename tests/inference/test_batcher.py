@@ -403,6 +403,59 @@ def test_requests_whose_runs_are_long_run_one_by_one(seconds_per_row: float, bat
     assert (max(later) > 1) is batches, rows
 
 
+class Costly(Recorder):
+    """The fake model, taking `fixed` seconds per run plus `per_row` per row, times `batched` in a run of more
+    than one row (joining and splitting a batch, or kernels slower on larger inputs)."""
+
+    def __init__(self, fixed: float, per_row: float, batched: float) -> None:
+        super().__init__()
+        self.fixed, self.per_row, self.batched = fixed, per_row, batched
+
+    def __call__(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = inputs["x"].shape[0]
+        time.sleep((self.fixed + self.per_row * rows) * (self.batched if rows > 1 else 1.0))
+        return super().__call__(inputs)
+
+
+@pytest.mark.parametrize(("fixed", "per_row", "batched", "batches"), [
+    (0.004, 0.0005, 1.0, True),  # a fixed cost per run that a batch shares: batches pay
+    (0.0, 0.002, 1.25, False),  # no fixed cost, and a batch costs more per row (the copies, larger kernels)
+    (0.0005, 0.001, 1.5, False),  # a fixed cost, but less than the batch adds
+])
+def test_requests_batch_only_where_a_batch_has_cost_less_per_row(fixed: float, per_row: float, batched: float,
+                                                                 batches: bool) -> None:
+    """Waves of one request alone, then 4 at once, with no run-time bound: once a shape has run both alone and
+    in a batch of each size, later requests batch only if the fastest batch cost less per row than the
+    fastest run alone. A lone request of a shape judged to run alone skips the dispatcher."""
+    run = Costly(fixed, per_row, batched)
+    batcher = Batcher(run, ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64)
+    groups = []
+    take_group = batcher._take_group
+
+    def counted() -> list:
+        groups.append(take_group())
+        return groups[-1]
+
+    batcher._take_group = counted  # type: ignore[method-assign]
+
+    async def scenario() -> int:
+        for wave in range(8):
+            await batcher.submit(_request(1, 3, float(wave)))
+            await asyncio.gather(*(batcher.submit(_request(1, 3, float(wave))) for _ in range(4)))
+        before = len(groups)
+        for _ in range(3):
+            await batcher.submit(_request(1, 3, 0.0))
+        await batcher.close()
+        return len(groups) - before
+
+    lone_through_dispatcher = asyncio.run(scenario())
+    rows = [shape[0] for shape in run.shapes]
+    assert sum(rows) == 8 * 5 + 3
+    later = rows[-18:-3]  # the last three waves
+    assert (max(later) > 1) is batches, rows
+    assert lone_through_dispatcher == (3 if batches else 0)
+
+
 def test_a_model_on_a_gpu_batches_whatever_its_run_time() -> None:
     engine = Engine(Settings(model_repository=REPOSITORY, intra_op_num_threads=1, batch_below_us=1500))
     assert engine.load() == []
