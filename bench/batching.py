@@ -6,7 +6,9 @@ onnxruntime by batch size (where batching pays).
 
 Two servers, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
 each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off, target >= 0.97),
-median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). Then
+median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). A third
+server with the same settings as the first, measured in the same rounds, is the control: its ratio to the
+first (informational) is what two equal servers differ by in that run. Then
 onnxruntime's milliseconds per row in-process for B = 1, 2, 4, 8, 16 at S = 64 and 256 (every B in every
 round; ratio: the per-row speed-up over B=1).
 """
@@ -50,23 +52,32 @@ def on_off(bench: Bench, report: Report) -> None:
     with bench.servers() as servers:
         on = servers.start("posenc")
         off = servers.start("posenc batching off", {"batching": False})
+        # the control: a second server with the same settings as `on`, measured in the same rounds; its ratio to
+        # `on` is what two equal servers differ by in this run (the noise the on/off ratio has to be read against)
+        twin = servers.start("posenc, the same again")
         servers.ready("/readyz")
         for seq in args.seq or SEQS:
             target = infer_target(inputs(1, seq), bench.work_dir)
-            load.round(on.port, target, 1, clients), load.round(off.port, target, 1, clients)  # warm-up
-            before = {server.name: model_stats(server.port) for server in (on, off)}
-            a, b = interleaved(rounds, lambda t=target: load.round(on.port, t, seconds, clients),
-                               lambda t=target: load.round(off.port, t, seconds, clients))
-            per_run = {server.name: rows_per_run(server, before[server.name]) for server in (on, off)}
-            va, vb = [r.rps for r in a], [r.rps for r in b]
-            p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b])
+            for server in (on, off, twin):
+                load.round(server.port, target, 1, clients)  # warm-up
+            before = {server.name: model_stats(server.port) for server in (on, off, twin)}
+            a, b, c = interleaved(rounds, *(lambda t=target, port=server.port: load.round(port, t, seconds, clients)
+                                            for server in (on, off, twin)))
+            per_run = {server.name: rows_per_run(server, before[server.name]) for server in (on, off, twin)}
+            va, vb, vc = [r.rps for r in a], [r.rps for r in b], [r.rps for r in c]
+            p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b]), med([r.p50_ms for r in c])
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, batching on vs off", med(va), med(vb),
                                    "req/s", True, TARGET, f"{spread(va, vb)}; p50 {p50[0]:.2f}/{p50[1]:.2f} ms; "
                                    f"{per_run[on.name]:.2f} rows/run batched", sum(r.errors for r in a + b)))
-            for server, state, values, latency in ((on, "on", va, p50[0]), (off, "off", vb, p50[1])):
+            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+            report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, control: batching on vs on (two equal "
+                                   "servers)", med(vc), med(va), "req/s", True, None,
+                                   f"{spread(vc, va)}; the noise of this run", sum(r.errors for r in c)))
+            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+            for server, state, values, latency in ((on, "on", va, p50[0]), (off, "off", vb, p50[1]),
+                                                   (twin, "on (control)", vc, p50[2])):
                 table.append(f"| B=1 S={seq} | {state} | {med(values):.0f} | {latency:.2f} ms "
                              f"| {per_run[server.name]:.1f} |")
-            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
     report.tables.append("\n".join(table))
 
 
