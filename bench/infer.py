@@ -21,7 +21,8 @@ side by side in this run (each column once per round, the order reversed every o
   OrtValues on the device, bound once);
 * torch eager (the module the models were exported from), when torch is installed.
 * onnxruntime as a user runs it in-process: a session with onnxruntime's default options (the server picks its
-  own, by measurement: see docs/performance.md).
+  own, by measurement: see docs/performance.md), on the graph the server runs for the case (on the CPU, the
+  model's CPU form from the sequence length its export measured it faster: bench/inprocess.py `model_file`).
 Ratios and their targets, by B·S (`targets`): overhead = (HTTP binary − onnxruntime) / echo ≤ 1.3 for small
 (B·S ≤ 128) and large (B·S ≥ 4096) requests; shm = onnxruntime / HTTP shm zero-copy ≥ 0.6 small, ≥ 0.9 large;
 onnxruntime / HTTP binary ≥ 0.5 (half the in-process throughput) in between (B·S ≥ 1024); torch eager /
@@ -280,7 +281,7 @@ def run(bench: Bench) -> Report:
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
-                session = ort_session(model, device)
+                session = ort_session(model, device, seq)
                 expected = session.run(["output"], arrays)[0]
                 binary, request_bytes, response_bytes = binary_call(raw, model, arrays)
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)

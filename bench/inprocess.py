@@ -8,7 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from bench.harness import ROOT
+from bench.harness import ROOT, model_config
+from posenc.service.inference.repository import cpu_model_file
 
 CUDA = "CUDAExecutionProvider"
 
@@ -28,13 +29,22 @@ def require_cuda() -> None:
         raise SystemExit("--device cuda: " + "; ".join(problems))
 
 
-def ort_session(model: str, device: str = "cpu") -> ort.InferenceSession:
+def model_file(model: str, device: str, seq: int) -> str:
+    """The graph the server runs for a sequence of `seq` on `device`: the CPU form (model.cpu.onnx) on the CPU
+    from its `from_sequence` on, else model.onnx (posenc.service.inference.graph_forms)."""
+    cpu_form = cpu_model_file(model_config(model))
+    return cpu_form[0] if device == "cpu" and cpu_form is not None and seq >= cpu_form[2] else "model.onnx"
+
+
+def ort_session(model: str, device: str = "cpu", seq: int = 0) -> ort.InferenceSession:
     """The anchor: a session with onnxruntime's default options (its own thread pool size, spinning on), as a
-    user running the model in-process gets it; the CUDA provider first with device cuda. The server chooses its
-    own options (service/inference/repository.py); the anchor never copies them."""
+    user running the model in-process gets it, on the graph the server runs for a sequence of `seq`
+    (`model_file`); the CUDA provider first with device cuda. The server chooses its own options
+    (service/inference/repository.py); the anchor never copies them."""
     options = ort.SessionOptions()
     providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    session = ort.InferenceSession(str(ROOT / "onnx" / model / "model.onnx"), sess_options=options, providers=providers)
+    path = ROOT / "onnx" / model / model_file(model, device, seq)
+    session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
     if device == "cuda" and session.get_providers()[0] != CUDA:
         raise SystemExit(f"--device cuda: onnxruntime did not put {model} on {CUDA}: {session.get_providers()}")
     return session

@@ -1,8 +1,9 @@
 """Export `RopeAttention` to ONNX (opset 23) and write a model repository entry.
 
-`onnx/<name>/model.onnx` + `onnx/<name>/config.json`. The graph takes query [B, Hq, S, D], key and
-value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic) and returns output
-[B, Hq, S, D] float32. It is exported with `torch.onnx.export(dynamo=True, opset_version=23)`:
+`onnx/<name>/model.onnx` + `onnx/<name>/config.json`, and the CPU form `model.cpu.onnx` derived from it
+(`posenc.models.cpu_form`: the causal attention as onnxruntime's GroupQueryAttention). The graph takes
+query [B, Hq, S, D], key and value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic)
+and returns output [B, Hq, S, D] float32. It is exported with `torch.onnx.export(dynamo=True, opset_version=23)`:
 `torch.onnx.ops.rotary_embedding` becomes ONNX `RotaryEmbedding` (one node for q, one for k) and
 `scaled_dot_product_attention` becomes one ONNX `Attention` node; `check_fused_graph` refuses a graph
 that decomposed either. The only constant is inv_freq [R/2]: cos/sin are computed in the graph from
@@ -30,6 +31,7 @@ from typing import Any
 import onnx
 import torch
 
+from posenc.models.cpu_form import write_cpu_form
 from posenc.models.errors import ParameterError
 from posenc.models.export_args import ROPE_OPTIONS, add_export_arguments
 from posenc.models.rope import (
@@ -241,7 +243,9 @@ def export(spec: ExportSpec, repository: Path) -> Path:
     (folder / "model.onnx").write_bytes(model_bytes)
     config = build_config(spec, model_bytes, model)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    log.info("exported %s (%d bytes) to %s", spec.name, len(model_bytes), folder)
+    cpu_form = write_cpu_form(folder)
+    log.info("exported %s (%d bytes%s) to %s", spec.name, len(model_bytes),
+             f", and its CPU form {cpu_form.name}" if cpu_form else "", folder)
     return folder
 
 

@@ -61,12 +61,13 @@ def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
     An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
     names = model.config.output_names
     bound = model.io_binding if model.io_binding is not None else CUDA in model.providers
+    session = model.forms.pick(inputs)[1] if model.forms is not None else model.session
     try:
-        result = _run_bfloat16(model, inputs) if _has_bfloat16(model, inputs) else None
+        result = _run_bfloat16(model, session, inputs) if _has_bfloat16(model, inputs) else None
         if result is None and out and CUDA not in model.providers:
-            result = _run_into(model, inputs, out)
+            result = _run_into(model, session, inputs, out)
         if result is None:
-            outputs = _run_bound(model, inputs) if bound else model.session.run(names, dict(inputs))
+            outputs = _run_bound(model, session, inputs) if bound else session.run(names, dict(inputs))
             result = dict(zip(names, outputs, strict=True))
     except MemoryError:
         raise _out_of_memory(model, "MemoryError") from None
@@ -81,28 +82,29 @@ def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
     return result
 
 
-def _binding(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
+def _binding(session: ort.InferenceSession, inputs: Mapping[str, np.ndarray]) -> ort.IOBinding:
     """An I/O binding with `inputs` bound from host memory (onnxruntime copies them to the device if needed)."""
-    binding = model.session.io_binding()
+    binding = session.io_binding()
     for name, array in inputs.items():
         binding.bind_cpu_input(name, np.ascontiguousarray(array))
     return binding
 
 
-def _run_bound(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def _run_bound(model: LoadedModel, session: ort.InferenceSession,
+               inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     device = "cuda" if CUDA in model.providers else "cpu"
-    binding = _binding(model, inputs)
+    binding = _binding(session, inputs)
     for name in model.config.output_names:
         binding.bind_output(name, device)
-    model.session.run_with_iobinding(binding)
+    session.run_with_iobinding(binding)
     return list(binding.copy_outputs_to_cpu())
 
 
-def _run_into(model: LoadedModel, inputs: Mapping[str, np.ndarray],
+def _run_into(model: LoadedModel, session: ort.InferenceSession, inputs: Mapping[str, np.ndarray],
               out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
     """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
     when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
-    binding = _binding(model, inputs)
+    binding = _binding(session, inputs)
     names = model.config.output_names
     for name in names:
         if name in out:
@@ -110,7 +112,7 @@ def _run_into(model: LoadedModel, inputs: Mapping[str, np.ndarray],
         else:
             binding.bind_output(name, "cpu")
     try:
-        model.session.run_with_iobinding(binding)
+        session.run_with_iobinding(binding)
     except ORT_ERRORS as exc:
         if ALLOCATION_FAILURE.search(str(exc)):
             raise
@@ -145,15 +147,16 @@ def _host_array(value: ort.OrtValue) -> np.ndarray:
     return np.frombuffer(bits, dtype=np.uint16).copy().view(BFLOAT16).reshape(shape)
 
 
-def _run_bfloat16(model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _run_bfloat16(model: LoadedModel, session: ort.InferenceSession,
+                  inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A run whose inputs or outputs include bfloat16 (any device: outputs come back to host memory)."""
-    binding = model.session.io_binding()
+    binding = session.io_binding()
     for name, array in inputs.items():
         binding.bind_ortvalue_input(name, _ortvalue(array))
     names = model.config.output_names
     for name in names:
         binding.bind_output(name, "cpu")
-    model.session.run_with_iobinding(binding)
+    session.run_with_iobinding(binding)
     return {name: _host_array(value) for name, value in zip(names, binding.get_outputs(), strict=True)}
 
 

@@ -1,6 +1,8 @@
 """The model repository: find models, read config.json, build and check onnxruntime sessions.
 
-Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `posenc export`).
+Layout: `<repository>/<model>/model.onnx` + `<model>/config.json` (written by `posenc export`), and
+the CPU form `model.cpu.onnx` where config.json names one (`cpu_model`: loaded beside model.onnx when the
+model runs on the CPU only).
 Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
 problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
 config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
@@ -23,6 +25,7 @@ import onnxruntime as ort
 from posenc.models.dtypes import BY_KSERVE, BY_ONNX
 from posenc.service.errors import Unavailable
 from posenc.service.inference.devices import CPU, CUDA
+from posenc.service.inference.graph_forms import GraphForms
 from posenc.service.inference.run_bound import cuda_arena_limit
 from posenc.service.settings import Settings, usable_cores
 
@@ -124,6 +127,9 @@ class LoadedModel:
     # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
     # model.onnx); outputs with a dim no input names are left out.
     output_dims: Mapping[str, tuple[int | tuple[str, int], ...]] = field(default_factory=dict)
+    # model.onnx and the CPU form, when the model has one and runs on the CPU: long sequences run on the CPU
+    # form (`posenc.service.inference.graph_forms`); None: every run on `session`
+    forms: GraphForms | None = None
 
     ready = True
     problem = None
@@ -230,21 +236,55 @@ def _read_config(path: Path) -> Any:
         raise ConfigError(f"config.json is not valid JSON ({exc})") from None
 
 
-def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
-    model_bytes = (folder / "model.onnx").read_bytes()
-    if config.sha256 and hashlib.sha256(model_bytes).hexdigest() != config.sha256:
-        raise ConfigError("model.onnx does not match the sha256 in config.json")
+def _model_bytes(folder: Path, file: str, sha256: str | None) -> bytes:
+    model_bytes = (folder / file).read_bytes()
+    if sha256 and hashlib.sha256(model_bytes).hexdigest() != sha256:
+        raise ConfigError(f"{file} does not match the sha256 in config.json")
+    return model_bytes
+
+
+def _session_options(settings: Settings) -> ort.SessionOptions:
     options = ort.SessionOptions()
     options.intra_op_num_threads = intra_op_threads(settings.intra_op_num_threads)
     options.inter_op_num_threads = 1  # the graph is a chain of fused nodes: nothing to overlap
     # Idle intra-op threads would otherwise spin and steal CPU from the event loop and other models.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
+    model_bytes = _model_bytes(folder, "model.onnx", config.sha256)
     providers = _with_options(resolve_providers(settings.providers), settings)
-    session = ort.InferenceSession(model_bytes, sess_options=options, providers=providers)
+    session = ort.InferenceSession(model_bytes, sess_options=_session_options(settings), providers=providers)
     if settings.providers == "cuda" and CUDA not in session.get_providers():
         raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
     _check_session(config, session)
     return session
+
+
+def cpu_model_file(config: Mapping[str, Any]) -> tuple[str, str | None, int] | None:
+    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.cpu_form`) named in config.json."""
+    entry = config.get("cpu_model")
+    if not isinstance(entry, dict):
+        return None
+    file, from_sequence = entry.get("file"), entry.get("from_sequence")
+    if not isinstance(file, str) or "/" in file or not isinstance(from_sequence, int) or from_sequence < 1:
+        raise ConfigError("cpu_model must name a file in the model's folder and an integer from_sequence >= 1")
+    return file, entry.get("sha256"), from_sequence
+
+
+def _graph_forms(config: ModelConfig, folder: Path, settings: Settings,
+                 session: ort.InferenceSession) -> GraphForms | None:
+    """Both graphs of a model that has a CPU form and runs on the CPU only (`GraphForms` picks by sequence)."""
+    cpu_form = cpu_model_file(config.raw)
+    if cpu_form is None or session.get_providers() != [CPU]:
+        return None
+    file, sha256, from_sequence = cpu_form
+    form = ort.InferenceSession(_model_bytes(folder, file, sha256), sess_options=_session_options(settings),
+                                providers=[CPU])
+    _check_session(config, form)
+    axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
+    return GraphForms(session, form, file, from_sequence, axes)
 
 
 def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | FailedModel:
@@ -252,6 +292,7 @@ def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | Fai
     try:
         config = ModelConfig.parse(name, _read_config(folder / "config.json"))
         session = _session(config, folder, settings)
+        forms = _graph_forms(config, folder, settings, session)
     except LOAD_ERRORS as exc:
         failed = FailedModel(name, f"model '{name}': {exc}")
         log.error("%s", failed.problem)
@@ -260,7 +301,8 @@ def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | Fai
         failed = FailedModel(name, f"model '{name}': failed to load (the service log has the details)")
         log.exception("%s", failed.problem)
         return failed
-    model = LoadedModel(name, config, session, session.get_providers(), output_dims=output_dims(session))
+    model = LoadedModel(name, config, session, session.get_providers(), output_dims=output_dims(session),
+                        forms=forms)
     log.info("model %s loaded: providers %s, %d intra-op threads", name, model.providers,
              session.get_session_options().intra_op_num_threads)
     return model

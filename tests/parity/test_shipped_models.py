@@ -79,13 +79,14 @@ def _transformers_row(model: ShippedModel, positions: torch.Tensor) -> dict[str,
     return {**seen, "output": seen["output"].transpose(1, 2)}
 
 
+@pytest.mark.parametrize("graph", ["model.onnx", "model.cpu.onnx"])
 @pytest.mark.parametrize("model", SHIPPED_MODELS, ids=lambda m: m.name)
-def test_shipped_graph_equals_the_models_transformers_attention(model: ShippedModel) -> None:
+def test_shipped_graph_equals_the_models_transformers_attention(model: ShippedModel, graph: str) -> None:
     rows = [torch.arange(start, start + SEQ)[None] for start in _row_starts(model)]  # each [1, S]
     reference = [_transformers_row(model, positions) for positions in rows]
     inputs = {name: torch.cat([row[name] for row in reference]).numpy() for name in ("query", "key", "value")}
     inputs["position_ids"] = torch.cat(rows).numpy()
-    got = run(session(REPOSITORY / model.name / "model.onnx"), inputs)
+    got = run(session(REPOSITORY / model.name / graph), inputs)  # the standard graph and the CPU form
     expected = torch.cat([row["output"] for row in reference]).numpy()
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, atol=ATOL, rtol=RTOL)

@@ -1,0 +1,67 @@
+"""Deriving the CPU form (`posenc.models.cpu_form`): the shipped model.cpu.onnx files are what the derivation
+makes of the shipped model.onnx; graphs GroupQueryAttention cannot express keep their standard form only."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from posenc.models.cpu_form import cpu_form, start_of_last_run
+from posenc.models.export_onnx import IR_VERSION
+from tests.infer_utils import REPOSITORY, SHIPPED, geometry
+
+
+@pytest.mark.parametrize("model", SHIPPED)
+def test_the_shipped_cpu_form_is_derived_from_the_shipped_model(model: str) -> None:
+    form = cpu_form(onnx.load(REPOSITORY / model / "model.onnx"), *geometry(model))
+    assert form is not None
+    config = json.loads((REPOSITORY / model / "config.json").read_text())
+    assert hashlib.sha256(form.SerializeToString()).hexdigest() == config["cpu_model"]["sha256"]
+
+
+def _attention_graph(hq: int = 4, hkv: int = 2, mask: bool = False, **attributes: object) -> onnx.ModelProto:
+    q = helper.make_tensor_value_info("query", TensorProto.FLOAT, ["batch", hq, "sequence", 8])
+    k = helper.make_tensor_value_info("key", TensorProto.FLOAT, ["batch", hkv, "sequence", 8])
+    v = helper.make_tensor_value_info("value", TensorProto.FLOAT, ["batch", hkv, "sequence", 8])
+    m = helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["sequence", "sequence"])
+    out = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", hq, "sequence", 8])
+    node = helper.make_node("Attention", ["query", "key", "value", *(["mask"] if mask else [])], ["output"],
+                            **attributes)
+    graph = helper.make_graph([node], "g", [q, k, v, *([m] if mask else [])], [out])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    model.ir_version = IR_VERSION
+    return model
+
+
+@pytest.mark.parametrize(("graph", "heads"), [
+    (_attention_graph(is_causal=0), (4, 2)),  # bidirectional: GroupQueryAttention is always causal
+    (_attention_graph(is_causal=1, softcap=30.0), (4, 2)),
+    (_attention_graph(is_causal=1, qk_matmul_output_mode=1), (4, 2)),
+    (_attention_graph(mask=True, is_causal=1), (4, 2)),
+    (_attention_graph(hq=3, hkv=2, is_causal=1), (3, 2)),  # query heads not a multiple of the key/value heads
+], ids=["bidirectional", "softcap", "output mode", "mask", "heads"])
+def test_what_group_query_attention_cannot_express_has_no_cpu_form(graph: onnx.ModelProto,
+                                                                   heads: tuple[int, int]) -> None:
+    assert cpu_form(graph, *heads, 8) is None
+
+
+def test_a_causal_attention_with_default_attributes_has_one() -> None:
+    form = cpu_form(_attention_graph(is_causal=1, scale=0.5, softcap=0.0), 4, 2, 8)
+    assert form is not None
+    assert [n.op_type for n in form.graph.node].count("GroupQueryAttention") == 1
+    assert "Attention" not in [n.op_type for n in form.graph.node]
+
+
+@pytest.mark.parametrize(("faster", "first"), [
+    ([False, False, True, True], 2),
+    ([True, False, True], 2),  # faster at the shortest only by chance: from where it stays faster
+    ([True, True], 0),
+    ([True, False], None),  # not faster at the longest: no CPU form
+    ([], None),
+])
+def test_the_cpu_form_runs_from_where_it_stays_faster(faster: list[bool], first: int | None) -> None:
+    assert start_of_last_run(faster) == first
