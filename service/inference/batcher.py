@@ -349,8 +349,13 @@ class Batcher:
 
     def _alone(self, key: tuple[object, ...], rows: int, seq: int) -> bool:
         """Whether a request of this shape that finds nothing queued runs alone without the dispatcher: a long
-        run, or one whose batch was last judged not to pay (`_take_group` judges again whenever some queue)."""
-        return self._long_run(key, rows, seq) or self._runs_alone.get((key, seq), False)
+        run, one whose batch was last judged not to pay (`_take_group` judges again whenever some queue), or,
+        under a run-time bound (the CPU), one that runs on the event loop: while it holds the loop no other
+        request can queue behind it, so the dispatcher would make it a batch of one at the cost of its hops."""
+        if self._long_run(key, rows, seq) or self._runs_alone.get((key, seq), False):
+            return True
+        seconds = self._run_seconds.get((key, rows, seq))
+        return self.batch_below != math.inf and seconds is not None and seconds < self.inline_below
 
     def _batch_pays(self, alone: Shape, batch: Shape) -> bool:
         """Whether a run of `batch` is expected to cost less per row than one of `alone`, from the fastest run

@@ -456,6 +456,33 @@ def test_requests_batch_only_where_a_batch_has_cost_less_per_row(fixed: float, p
     assert lone_through_dispatcher == (3 if batches else 0)
 
 
+@pytest.mark.parametrize(("batch_below_us", "through_dispatcher"), [(1500, 1), (0, 5)])
+def test_on_the_cpu_a_lone_short_request_runs_on_the_loop_without_the_dispatcher(batch_below_us: int,
+                                                                                 through_dispatcher: int) -> None:
+    """Under a run-time bound (the CPU), a lone request whose run is made on the event loop skips the dispatcher
+    once its shape has run (nothing can queue behind a run that holds the loop); without one (a GPU) every
+    request goes through it, so that requests read together still batch."""
+    batcher = Batcher(Recorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      inline_run_us=1_000_000, batch_below_us=batch_below_us)
+    groups = []
+    take_group = batcher._take_group
+
+    def counted() -> list:
+        groups.append(take_group())
+        return groups[-1]
+
+    batcher._take_group = counted  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        for i in range(5):
+            result = await batcher.submit(_request(1, 3, float(i)))
+            np.testing.assert_array_equal(result["output"], _request(1, 3, float(i))["x"] + 1)
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert len(groups) == through_dispatcher
+
+
 def test_a_model_on_a_gpu_batches_whatever_its_run_time() -> None:
     engine = Engine(Settings(model_repository=REPOSITORY, intra_op_num_threads=1, batch_below_us=1500))
     assert engine.load() == []
