@@ -49,7 +49,7 @@ def cpu_form(model: onnx.ModelProto, num_heads: int, num_kv_heads: int, head_dim
         return None
     at = attention[0]
     node = model.graph.node[at]
-    inputs = [name for name in node.input]
+    inputs = list(node.input)
     if len(inputs) != 3 or not all(inputs) or len([o for o in node.output if o]) != 1:
         return None
     others = {a.name for a in node.attribute} - CARRIED_ATTRIBUTES
