@@ -417,6 +417,19 @@ class Costly(Recorder):
         return super().__call__(inputs)
 
 
+def _groups_taken(batcher: Batcher) -> list[list]:
+    """The groups the batcher's dispatcher takes from now on (the requests that go through it), in order."""
+    groups: list[list] = []
+    take_group = batcher._take_group
+
+    def counted() -> list:
+        groups.append(take_group())
+        return groups[-1]
+
+    batcher._take_group = counted  # type: ignore[method-assign]
+    return groups
+
+
 @pytest.mark.parametrize(("fixed", "per_row", "batched", "batches"), [
     (0.004, 0.0005, 1.0, True),  # a fixed cost per run that a batch shares: batches pay
     (0.0, 0.002, 1.25, False),  # no fixed cost, and a batch costs more per row (the copies, larger kernels)
@@ -429,14 +442,7 @@ def test_requests_batch_only_where_a_batch_has_cost_less_per_row(fixed: float, p
     fastest run alone. A lone request of a shape judged to run alone skips the dispatcher."""
     run = Costly(fixed, per_row, batched)
     batcher = Batcher(run, ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64)
-    groups = []
-    take_group = batcher._take_group
-
-    def counted() -> list:
-        groups.append(take_group())
-        return groups[-1]
-
-    batcher._take_group = counted  # type: ignore[method-assign]
+    groups = _groups_taken(batcher)
 
     async def scenario() -> int:
         for wave in range(8):
@@ -464,14 +470,7 @@ def test_on_the_cpu_a_lone_short_request_runs_on_the_loop_without_the_dispatcher
     request goes through it, so that requests read together still batch."""
     batcher = Batcher(Recorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
                       inline_run_us=1_000_000, batch_below_us=batch_below_us)
-    groups = []
-    take_group = batcher._take_group
-
-    def counted() -> list:
-        groups.append(take_group())
-        return groups[-1]
-
-    batcher._take_group = counted  # type: ignore[method-assign]
+    groups = _groups_taken(batcher)
 
     async def scenario() -> None:
         for i in range(5):
