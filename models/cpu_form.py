@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -107,11 +108,9 @@ def cpu_form(model: onnx.ModelProto, num_heads: int, num_kv_heads: int, head_dim
     return form
 
 
-def op_counts(model: onnx.ModelProto) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for node in model.graph.node:
-        counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items()))
+def op_counts(model: onnx.ModelProto) -> Counter[str]:
+    """How many nodes of each op type the graph holds (config.json's `ops`, sorted by name)."""
+    return Counter(node.op_type for node in model.graph.node)
 
 
 def faster_from(standard: bytes, form: bytes, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -172,7 +171,7 @@ def write_cpu_form(folder: Path) -> Path | None:
     else:
         target.write_bytes(data)
         config["cpu_model"] = {"file": CPU_MODEL_FILE, "sha256": hashlib.sha256(data).hexdigest(),
-                               "from_sequence": from_sequence, "ops": op_counts(form)}
+                               "from_sequence": from_sequence, "ops": dict(sorted(op_counts(form).items()))}
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     return target if target.exists() else None
 

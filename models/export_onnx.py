@@ -22,7 +22,6 @@ import hashlib
 import json
 import logging
 import warnings
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from typing import Any
 import onnx
 import torch
 
-from posenc.models.cpu_form import write_cpu_form
+from posenc.models.cpu_form import op_counts, write_cpu_form
 from posenc.models.errors import ParameterError
 from posenc.models.export_args import ROPE_OPTIONS, add_export_arguments
 from posenc.models.rope import (
@@ -164,10 +163,6 @@ def export_model_proto(spec: ExportSpec) -> onnx.ModelProto:
     model.ir_version = IR_VERSION
     check_fused_graph(model)
     return model
-
-
-def op_counts(model: onnx.ModelProto) -> Counter[str]:
-    return Counter(node.op_type for node in model.graph.node)
 
 
 def check_fused_graph(model: onnx.ModelProto) -> None:
