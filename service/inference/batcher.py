@@ -333,8 +333,7 @@ class Batcher:
         if len(group) == 1:
             return group
         pays = self._batch_pays((first.key, first.rows, first.seq), (first.key, rows, longest))
-        with self._stats_lock:
-            _remember(self._runs_alone, (first.key, first.seq), not pays)
+        _remember(self._runs_alone, (first.key, first.seq), not pays)  # the event loop's alone: no lock
         if not pays:
             return [first]
         taken = {id(item) for item in group}
