@@ -85,7 +85,7 @@ def torch_call(model: str, inputs: dict[str, np.ndarray], device: str, threads: 
     try:
         import torch
 
-        from posenc.models.export_onnx import default_specs
+        from posenc.models.export.exporter import default_specs
     except ImportError:
         return None
     if threads:

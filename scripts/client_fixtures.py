@@ -26,7 +26,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from posenc.models.sinusoidal import sinusoidal_table
-from posenc.service.arrays import decode_json_tensor
+from posenc.service.codec.encode import decode_json_tensor
 from posenc.service.http.app import create_app
 from posenc.service.settings import Settings
 

@@ -32,9 +32,9 @@ import numpy as np
 
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import errors
-from posenc.service.arrays import MEDIA_TYPES, encode_npy, encode_safetensors
+from posenc.service.codec.decode import decode_safetensors_bundle
+from posenc.service.codec.encode import MEDIA_TYPES, encode_npy, encode_safetensors
 from posenc.service.tables.registry import TABLES, TableRoute, table_routes
-from posenc.service.uploads import decode_safetensors_bundle
 
 if TYPE_CHECKING:
     import httpx2

@@ -12,12 +12,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from posenc.models.export_args import SOURCE_REPOSITORY
+from posenc.models.export.arguments import SOURCE_REPOSITORY
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 
-# Triton's protocol groups (`--http-restricted-api`); posenc.service.http.restricted maps each to its routes.
+# Triton's protocol groups (`--http-restricted-api`); posenc.service.request_kit.restricted maps each to its routes.
 RESTRICTED_API_GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
                          "statistics", "trace", "logging")
 _HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP token

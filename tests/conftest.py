@@ -28,8 +28,8 @@ from safetensors.numpy import save_file
 
 from posenc.models.rope import make_rope_parameters, rope_cos_sin
 from posenc.service.http.app import create_app
-from posenc.service.http.restricted import SharedMemoryCaller
-from posenc.service.http.unix import PEER_SCOPE_KEY, Peer
+from posenc.service.request_kit.restricted import SharedMemoryCaller
+from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
 from posenc.service.testing import SHARED_MEMORY_HEADERS, shared_memory_key_settings
 

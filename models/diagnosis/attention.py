@@ -1,6 +1,6 @@
 """A numpy RoPE attention, parametrised by the known porting mistakes of attention code.
 
-The reference follows `posenc.models.rope_attention.RopeAttention` (the torch module the ONNX graphs are
+The reference follows `posenc.models.export.rope_attention.RopeAttention` (the torch module the ONNX graphs are
 exported from): angles `position_ids.float() * inv_freq` in float32, cos/sin times the attention
 factor, the rotation of the first `rotary_dim` channels of q and k (half or interleaved layout),
 scores `q·kᵀ · scale` with scale 1/√head_dim, causal upper-left mask, GQA by repeating each kv head

@@ -1,7 +1,7 @@
 """A check's answer: agreement per tensor, the hypotheses ranked, the verdict and the likely cause.
 
-Shared by the table checks (`posenc.service.check.core`) and the attention check (`posenc.service.check.attention`);
-nothing here knows which table or model was checked.
+Shared by the table checks (`posenc.service.check.table_check`) and the attention check
+(`posenc.service.check.attention`); nothing here knows which table or model was checked.
 """
 
 from __future__ import annotations

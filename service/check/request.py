@@ -4,7 +4,7 @@
 `CheckRequest` from the table's route, its validated query and the check's options, and run it the same
 way: `CheckRequest.build` binds the table's own JSON body (`?config=` / `--config`) and refuses what
 can be refused before the upload is read (422, 413); `plan` decodes the upload and bounds the work
-(blocking); `posenc.service.check.core.run` computes the answer (blocking). The route adds only HTTP: reading
+(blocking); `posenc.service.check.table_check.run` computes the answer (blocking). The route adds only HTTP: reading
 the body within the memory budget, worker threads and the response format.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from posenc.models.dtypes import FLOAT_DTYPES, dtype_name
-from posenc.service.check.core import CheckPlan, bound_work, decode_upload, plan, run
 from posenc.service.check.report import CheckReport
+from posenc.service.check.table_check import CheckPlan, bound_work, decode_upload, plan, run
 from posenc.service.errors import BadRequest, InvalidParameter
 from posenc.service.settings import Settings
 from posenc.service.tables.registry import TableQuery, TableRoute

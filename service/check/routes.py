@@ -17,16 +17,16 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from posenc.service.arrays import MEDIA_TYPES, encode_safetensors
-from posenc.service.check.core import run
 from posenc.service.check.report import CheckReport, error_tensors
 from posenc.service.check.request import CheckRequest, check_path, checkable
+from posenc.service.check.table_check import run
+from posenc.service.codec.decode import upload_request_body
+from posenc.service.codec.encode import MEDIA_TYPES, encode_safetensors
 from posenc.service.errors import NotAcceptable, echo
-from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import MemoryBudgetDep, SettingsDep
+from posenc.service.request_kit.bodies import declared_length, read_body
+from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep
 from posenc.service.tables import TABLES
 from posenc.service.tables.registry import TableRoute
-from posenc.service.uploads import upload_request_body
 
 CHECK_FORMATS = ("json", "safetensors")
 

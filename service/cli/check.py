@@ -57,7 +57,7 @@ def in_process(route: TableRoute, values: dict[str, str], body: bytes, content_t
                tensor: str | None, config: str | None) -> dict[str, Any]:
     """The JSON answer of the check route, computed here (same validation, same errors)."""
     from posenc.service.check.request import CheckRequest  # the check's modules load only when a check runs here
-    from posenc.service.cli.common import settings_or_exit
+    from posenc.service.cli.settings_from_env import settings_or_exit
 
     settings = settings_or_exit(access_log=False)
     check = CheckRequest.build(route, validate_query(route, values), tensor=tensor, config=config, settings=settings)

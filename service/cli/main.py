@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from posenc.models.export_args import add_export_arguments
-from posenc.service.cli.common import settings_or_exit
+from posenc.models.export.arguments import add_export_arguments
+from posenc.service.cli.settings_from_env import settings_or_exit
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -28,7 +28,7 @@ def _serve(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     """`posenc export`: torch is an export-time extra; say so plainly when it is missing."""
     try:
-        from posenc.models import export_onnx
+        from posenc.models.export import exporter
     except ImportError as exc:
         sys.stderr.write(f"posenc export needs the export extra (torch, onnx, onnxscript): {exc}\n"
                          "install it with: pip install 'posenc[export]'\n")
@@ -36,8 +36,8 @@ def _export(args: argparse.Namespace) -> int:
     from posenc.models.errors import ParameterError
 
     try:
-        folders = export_onnx.run_export(args)
-    except (ParameterError, export_onnx.ExportError, OSError, ValueError, KeyError) as exc:
+        folders = exporter.run_export(args)
+    except (ParameterError, exporter.ExportError, OSError, ValueError, KeyError) as exc:
         sys.stderr.write(f"posenc export: {exc}\n")
         return 2
     for folder in folders:

@@ -22,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import ValidationError
 
 from posenc.models.errors import ParameterError
-from posenc.service.arrays import FILE_SUFFIX, FORMATS, negotiate_format
+from posenc.service.codec.encode import FILE_SUFFIX, FORMATS, negotiate_format
 from posenc.service.errors import InvalidParameter, ServiceError, describe_validation_errors
 from posenc.service.settings import Settings
 from posenc.service.tables import TABLES
@@ -141,7 +141,7 @@ def answer(route: TableRoute, query_values: dict[str, str], fmt: str, tensor: st
 
 def run(args: argparse.Namespace) -> int:
     """Handler of `posenc table`: 0 on success, 1 when the service answers an error, 2 on bad usage."""
-    from posenc.service.cli.common import settings_or_exit
+    from posenc.service.cli.settings_from_env import settings_or_exit
 
     try:
         fmt = resolve_format(args.output, args.format)

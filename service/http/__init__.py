@@ -1,3 +1,3 @@
-"""The HTTP room: the app factory, the server, the fast path, error mapping, OpenAPI, metrics, logs, the
-typed dependencies (`deps`), bounded request bodies (`bodies`), and the health, docs and explorer routes.
-The only room that knows the app. Other rooms import `deps` and `bodies`: this file imports nothing."""
+"""The assembly: the app factory, the server and its protocol, the fast path, error mapping, OpenAPI,
+metrics, logs, and the health, docs and explorer routes. It imports the feature rooms; nothing below it
+imports it back (only the CLI, the test kit and the `posenc` entry points do: tests/rules)."""

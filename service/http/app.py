@@ -9,36 +9,37 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, FastAPI
 from starlette.types import Receive, Scope, Send
 
-import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
 from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.check.routes import check_router
-from posenc.service.http import docs, explorer, health, presets
+from posenc.service.http import docs, explorer, health
 from posenc.service.http.errors import install_error_handlers
 from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
-from posenc.service.http.restricted import RestrictedApi
 from posenc.service.inference import repository_routes, shared_memory_routes
 from posenc.service.inference import routes as inference_routes
 from posenc.service.inference.check_routes import router as check_inference_router
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.presets import routes as presets
+from posenc.service.properties.routes import properties_router
+from posenc.service.request_kit.restricted import RestrictedApi
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
 from posenc.service.tables.cache import ByteLRUCache
-from posenc.service.tables.http import table_router
+from posenc.service.tables.routes import table_router
 
 log = logging.getLogger("posenc.http.app")
 
 
 
 @functools.cache
-def _registry_routers() -> tuple[APIRouter, APIRouter]:
-    """The table and check routers, built from the registry once per process: FastAPI analyses every route's
+def _registry_routers() -> tuple[APIRouter, APIRouter, APIRouter]:
+    """The table, properties and check routers, built from the registry once per process: FastAPI analyses every route's
     signature when it is added to a router and again when the router is included in an app, and these are
     the 185 routes whose analysis dominates building an app."""
-    return table_router(), check_router()
+    return table_router(), properties_router(), check_router()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -84,10 +85,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                                                    max_bytes=settings.shared_memory_max_bytes)
     install_error_handlers(app)
     install_openapi(app)
-    tables, checks = _registry_routers()
+    tables, properties, checks = _registry_routers()
     # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
     for router in (health.router, inference_routes.router, repository_routes.router, shared_memory_routes.router,
-                   tables, presets.router, docs.router, explorer.router):
+                   tables, properties, presets.router, docs.router, explorer.router):
         app.include_router(router)
     app.include_router(checks)
     app.include_router(check_inference_router)
@@ -97,7 +98,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Observability: GET /metrics, per-route request metrics, the access log.
     install_metrics(app, access_log_enabled=settings.access_log)
     app.fast_path = FastPath(app.full_path, cache=app.state.table_cache, bodies=app.state.bodies_in_flight,
-                             routes=[*health.router.routes, *tables.routes], recorder=app.state.request_recorder)
+                             routes=[*health.router.routes, *tables.routes, *properties.routes],
+                             recorder=app.state.request_recorder)
     return app
 
 

@@ -27,11 +27,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from posenc.service.budget import BodiesInFlight
 from posenc.service.http.health import LIVE, LIVENESS_PATH
 from posenc.service.http.metrics import RequestRecorder, scope_header
-from posenc.service.http.sending import send_held
+from posenc.service.request_kit.sending import send_held
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import answer_headers, etag_matches, validator_headers
 from posenc.service.tables.cache import ByteLRUCache, CachedBody
-from posenc.service.tables.http import CACHE_KEY_SCOPE
+from posenc.service.tables.routes import CACHE_KEY_SCOPE
 
 MAX_SPELLING = 2048  # characters: the longest request spelling the fast path remembers
 MAX_HIT_HEADERS = 4096  # cache entries whose raw hit headers are kept made (a few hundred bytes each)

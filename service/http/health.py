@@ -5,7 +5,7 @@ from fastapi.responses import JSONResponse, Response
 
 from posenc.service import __version__
 from posenc.service.errors import Unavailable, error_response
-from posenc.service.http.deps import ReadinessDep
+from posenc.service.request_kit.deps import ReadinessDep
 
 router = APIRouter(tags=["operations"])
 

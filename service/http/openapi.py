@@ -15,10 +15,10 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from posenc.models.dtypes import BY_KSERVE
-from posenc.service.arrays import FORMATS, MEDIA_TYPES
 from posenc.service.check.request import accepted_tensors
 from posenc.service.check.routes import CHECK_FORMATS
-from posenc.service.inference.kserve import HEADER_LENGTH
+from posenc.service.codec.encode import FORMATS, MEDIA_TYPES
+from posenc.service.inference.kserve_request import HEADER_LENGTH
 from posenc.service.inference.repository import VERSION
 from posenc.service.tables.registry import table_routes
 

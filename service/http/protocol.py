@@ -19,7 +19,7 @@ when httptools is installed, which `uvicorn[standard]` guarantees):
 * a body read into the application's buffer (`RECEIVE_INTO`, a scope extension): a handler that has one
   buffer for the whole body (an inference) gets every chunk copied there as it is parsed, with no pause of
   the socket at each 64 KiB and no ASGI message per chunk; the body timer and the limits stay as they are;
-* bodies held until sent (`posenc.service.http.sending`): a response registers the release of its memory
+* bodies held until sent (`posenc.service.request_kit.sending`): a response registers the release of its memory
   budget reservation on the scope; the protocol calls it once the write buffer is empty after the response
   (the kernel has every byte) or the connection is lost. Until then the write buffer's limits are 0, so the
   transport tells the protocol (`resume_writing`) the moment it drains, and a client stalled on the last
@@ -45,10 +45,10 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from posenc.service.errors import HeadersTooLarge
-from posenc.service.http.bodies import RECEIVE_INTO
 from posenc.service.http.metrics import count_send_timeout
-from posenc.service.http.sending import SEND_HOLD_SCOPE
-from posenc.service.http.unix import PEER_SCOPE_KEY, Peer, peer_of
+from posenc.service.request_kit.bodies import RECEIVE_INTO
+from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
+from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer, peer_of
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
@@ -124,7 +124,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.body_timer: asyncio.TimerHandle | None = None
         self.cut_timer: asyncio.TimerHandle | None = None
         self.send_timer: asyncio.TimerHandle | None = None
-        self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.http.unix)
+        self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.request_kit.unix)
         self.sink: BodySink | None = None  # the body being read straight into a handler's buffer
         # releases of bodies not yet in the kernel: of the response being sent, of responses sent to the transport
         self.sending_holds: list[Callable[[], None]] = []

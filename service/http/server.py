@@ -28,7 +28,7 @@ from posenc.service.http.listener import Listener
 from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import shared_metrics_dir
 from posenc.service.http.protocol import DrainState, ServerConfig, TimeoutHttpToolsProtocol, Timeouts
-from posenc.service.http.unix import bind_unix_socket
+from posenc.service.request_kit.unix import bind_unix_socket
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")

@@ -12,11 +12,11 @@ from starlette.concurrency import run_in_threadpool
 from posenc.models.diagnosis.attention import AttentionSpec
 from posenc.service.check.attention import EXPECTED, bound_attention_work, check_attention
 from posenc.service.errors import BadRequest
-from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import EngineDep, MemoryBudgetDep, SettingsDep
-from posenc.service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
+from posenc.service.inference.kserve_request import HEADER_LENGTH, InputTensor, parse_infer_request
 from posenc.service.inference.model_inputs import check_inputs
 from posenc.service.inference.repository import ensure_ready
+from posenc.service.request_kit.bodies import declared_length, read_body
+from posenc.service.request_kit.deps import EngineDep, MemoryBudgetDep, SettingsDep
 
 router = APIRouter(tags=["check"])
 

@@ -1,7 +1,7 @@
 """Which of a model's two graphs runs a request on the CPU: the CPU form from the sequence length its export
 measured it faster.
 
-A model exported with a CPU form (`posenc.models.cpu_form`: `model.cpu.onnx`, its causal attention as
+A model exported with a CPU form (`posenc.models.export.cpu_form`: `model.cpu.onnx`, its causal attention as
 onnxruntime's GroupQueryAttention) has two sessions on the CPU. Neither is faster everywhere: on 2 cores
 the CPU form ran llama3_1_attention at B=1, S=1024 1.48x faster and rope_attention at B=1, S=128 1.6x
 slower (its per-head loops pay off once a head's score matrix outgrows the cache; below that its extra

@@ -8,7 +8,7 @@ Parsing a JSON infer body whole (`pydantic_core.from_json`) makes a Python float
   text, which is parsed with a short placeholder string in its place;
 * `span_array`: the list's text is parsed `CHUNK_BYTES` at a time (the same parser, so the same numbers and
   the same strictness) into one array of the input's datatype, with the element count, datatype and range
-  rules of the generic path (`posenc.service.inference.kserve._json_data`).
+  rules of the generic path (`posenc.service.inference.kserve_request._json_data`).
 
 Anything this does not reproduce exactly raises `Fallback`, and the caller parses the body the generic way:
 a JSON syntax error (so its message is the parser's own, at its place in the whole body), a list of a
@@ -16,7 +16,7 @@ datatype it leaves to the generic path (BOOL, integers beyond int64, integers ov
 datatype). So answers and error messages are those of the generic path; only the memory differs.
 
 `json_data` writes an array as the JSON `data` list of the response the same way: `CHUNK_NUMBERS` numbers
-at a time through the same encoder (`pydantic_core.to_json` of `posenc.service.arrays.json_values`), so the
+at a time through the same encoder (`pydantic_core.to_json` of `posenc.service.codec.encode.json_values`), so the
 text is byte-identical to encoding the whole list at once; Python objects exist for one chunk at a time.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
-from posenc.service.arrays import json_values
+from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest
 
 LIFT_MIN_BYTES = 1 << 20  # bodies smaller than this are parsed whole: their objects are few

@@ -263,7 +263,7 @@ def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.Infer
 
 
 def cpu_model_file(config: Mapping[str, Any]) -> tuple[str, str | None, int] | None:
-    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.cpu_form`) named in config.json."""
+    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.export.cpu_form`) named in config.json."""
     entry = config.get("cpu_model")
     if not isinstance(entry, dict):
         return None

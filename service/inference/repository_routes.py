@@ -14,10 +14,10 @@ from fastapi import APIRouter, Body
 from pydantic import StrictBool
 
 from posenc.models.dtypes import BY_KSERVE
-from posenc.service.http.deps import EngineDep, SettingsDep
 from posenc.service.inference.devices import CUDA
 from posenc.service.inference.repository import VERSION, LoadedModel, ModelTensor, ensure_ready
 from posenc.service.inference.routes import ModelDep, VersionedModelDep
+from posenc.service.request_kit.deps import EngineDep, SettingsDep
 from posenc.service.settings import Settings
 
 router = APIRouter(tags=["inference"])

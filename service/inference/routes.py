@@ -22,20 +22,8 @@ from posenc.models.dtypes import BY_KSERVE
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget, Reservation
 from posenc.service.errors import Unavailable, error_response
-from posenc.service.http.bodies import declared_length, read_aligned_body, receive_into_of
-from posenc.service.http.deps import (
-    EngineDep,
-    ReadinessDep,
-    SettingsDep,
-    engine_of,
-    memory_budget_of,
-    settings_of,
-    shared_memory_of,
-)
-from posenc.service.http.restricted import shared_memory_caller
-from posenc.service.http.sending import HeldResponse
 from posenc.service.inference.engine import Engine
-from posenc.service.inference.kserve import (
+from posenc.service.inference.kserve_request import (
     HEADER_LENGTH,
     InferRequest,
     RequestedOutput,
@@ -46,6 +34,18 @@ from posenc.service.inference.kserve_response import encode_infer_response_parts
 from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
 from posenc.service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
 from posenc.service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
+from posenc.service.request_kit.bodies import declared_length, read_aligned_body, receive_into_of
+from posenc.service.request_kit.deps import (
+    EngineDep,
+    ReadinessDep,
+    SettingsDep,
+    engine_of,
+    memory_budget_of,
+    settings_of,
+    shared_memory_of,
+)
+from posenc.service.request_kit.restricted import shared_memory_caller
+from posenc.service.request_kit.sending import HeldResponse
 from posenc.service.settings import Settings
 
 router = APIRouter(tags=["inference"])
@@ -173,7 +173,7 @@ async def _infer(request: Request, entry: RepositoryEntry, context: InferContext
         except BaseException:
             reservation.release()
             raise
-    # the answer's bytes stay counted until the kernel has them (posenc.service.http.sending)
+    # the answer's bytes stay counted until the kernel has them (posenc.service.request_kit.sending)
     reservation.shrink(sum(len(part) for part in parts))
     return PartsResponse(parts, headers, release=reservation.release)
 

@@ -40,14 +40,14 @@ from typing import Any
 import numpy as np
 
 from posenc.service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
-from posenc.service.http.restricted import SharedMemoryCaller
-from posenc.service.inference.kserve import SHARED_MEMORY_OFF, ShmRef
+from posenc.service.inference.kserve_request import SHARED_MEMORY_OFF, ShmRef
 from posenc.service.inference.shared_memory_guard import (
     mapping_failed,
     open_object,
     require_input_access,
     require_output_access,
 )
+from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.inference.shared_memory")

@@ -1,7 +1,7 @@
 """Who may use which shared-memory object, and opening it with no more access than that.
 
 The server opens the objects, not the client, so it must not lend its own rights: a region is registered
-only for a caller entitled to it (`posenc.service.http.restricted.SharedMemoryCaller`):
+only for a caller entitled to it (`posenc.service.request_kit.restricted.SharedMemoryCaller`):
 
 * a Unix-socket peer gets an object only if it could open the object itself: read for any region, read and
   write for a region that receives outputs. Judged as the kernel would (owner, then group, then other mode
@@ -24,8 +24,8 @@ import stat
 from dataclasses import dataclass
 
 from posenc.service.errors import BadRequest, Forbidden, InsufficientStorage, Unavailable, echo
-from posenc.service.http.restricted import SharedMemoryCaller
-from posenc.service.http.unix import Peer
+from posenc.service.request_kit.restricted import SharedMemoryCaller
+from posenc.service.request_kit.unix import Peer
 
 
 def may_access(peer: Peer, info: os.stat_result, write: bool) -> bool:

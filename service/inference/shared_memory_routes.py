@@ -15,10 +15,10 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response
 
 from posenc.service.errors import BadRequest
-from posenc.service.http.bodies import read_body
-from posenc.service.http.deps import SharedMemoryDep
-from posenc.service.http.restricted import shared_memory_caller
 from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.request_kit.bodies import read_body
+from posenc.service.request_kit.deps import SharedMemoryDep
+from posenc.service.request_kit.restricted import shared_memory_caller
 
 router = APIRouter(tags=["shared memory"])
 

@@ -17,7 +17,7 @@ from posenc.models.dtypes import np_dtype
 from posenc.models.properties.axes import MROPE_AXES, VISION_AXES, mrope_properties, vision_properties
 from posenc.models.properties.common import check_rows, check_work
 from posenc.models.vision_rope import vision_rows
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields
 from posenc.service.tables.mrope import MropeQuery
 from posenc.service.tables.png import Curve, Heatmap, Panel

@@ -21,7 +21,7 @@ from posenc.models.properties.rope import context_length, rope_properties
 from posenc.models.properties.sinusoidal import sinusoidal_properties
 from posenc.models.relative import key_minus_query
 from posenc.models.rope import RopeParameters
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
 from posenc.service.tables.alibi import AlibiBiasQuery
 from posenc.service.tables.png import Curve, Heatmap, Panel, Picture, titled

@@ -14,7 +14,7 @@ from posenc.models.errors import ParameterError
 from posenc.models.properties.bias import t5_bias_by_offset
 from posenc.models.properties.learned import check_learned_shape, learned_properties
 from posenc.models.t5 import check_t5_weight_shape
-from posenc.service.arrays import Bundle, byte_view
+from posenc.service.codec.encode import Bundle, byte_view
 from posenc.service.properties.families import PropertiesQuery, T5PropertiesQuery, head_curves, summary
 from posenc.service.tables.png import Curve, Heatmap, Panel
 from posenc.service.tables.registry import TensorSpec, float_upload, register_properties

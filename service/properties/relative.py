@@ -19,7 +19,7 @@ from posenc.models.properties.relative import TOEPLITZ_BLOCK, index_curve_proper
 from posenc.models.properties.xlnet import xlnet_properties
 from posenc.models.relative import clipped_relative_indices, key_minus_query
 from posenc.models.xlnet import xlnet_rows
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
 from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary
 from posenc.service.tables.png import Curve, Heatmap, Panel

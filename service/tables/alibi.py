@@ -7,7 +7,7 @@ from pydantic import Field
 from posenc.models.alibi import DEFAULT_ALIBI_BIAS_MAX, AlibiMode, alibi_bias, alibi_slopes, check_alibi_parameters
 from posenc.models.bounds import MAX_ALIBI_BIAS_MAX, MAX_HEADS, MAX_SEQUENCE
 from posenc.models.dtypes import cast, np_dtype
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_table
 

@@ -4,7 +4,7 @@
 anything is allocated: tensor selection, format, size limits; then the canonical key (ETag and
 cache), a 304 or a cached body. `TableRequest.complete` computes, encodes and caches a miss.
 
-Nothing here knows HTTP: an `Answer` is delivered by the routes (`posenc.service.tables.http`) and by
+Nothing here knows HTTP: an `Answer` is delivered by the routes (`posenc.service.tables.routes`) and by
 `posenc table` (`posenc.service.cli.table`), byte for byte the same.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from posenc.models.dtypes import dtype_name
 from posenc.service import __version__
-from posenc.service.arrays import (
+from posenc.service.codec.encode import (
     FILE_SUFFIX,
     MEDIA_TYPES,
     SINGLE_TENSOR_FORMATS,

@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 import numpy as np
 
 from posenc.models.row_blocks import row_blocks
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.settings import usable_cores
 from posenc.service.tables.registry import TableQuery, TensorSpec
 

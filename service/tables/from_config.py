@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from posenc.models.vision_rope import Tower, vision_rope_from_config
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
 from posenc.service.tables.registry import TensorSpec, register_table
 from posenc.service.tables.rope import RopeFromConfigQuery

@@ -47,7 +47,7 @@ from posenc.models.mrope import (
     segment_tokens,
 )
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.errors import BadRequest, InvalidParameter
 from posenc.service.tables.fields import FloatDTypeField, IntDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table

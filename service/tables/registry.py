@@ -19,21 +19,10 @@ from typing import Any, ClassVar, Self
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from posenc.service.arrays import Bundle
-from posenc.service.errors import format_bytes  # noqa: F401  (re-exported: it was defined here)
-from posenc.service.tables.answer import (  # noqa: F401  (re-exported: the answering path, importable from here too)
-    CACHE_CONTROL,
-    Answer,
-    Pending,
-    TableRequest,
-    answer_headers,
-    etag_matches,
-    metadata_value,
-    validator_headers,
-)
+from posenc.service.codec.decode import decode_float_tensor, upload_request_body
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.png import Picture, picture_elements, table_picture
 from posenc.service.tables.preset import PRESET_DESCRIPTION, expand_preset, preset_names
-from posenc.service.uploads import decode_float_tensor, upload_request_body
 
 
 @dataclass(frozen=True)

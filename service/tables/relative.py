@@ -11,7 +11,7 @@ from posenc.models.deberta import (
 )
 from posenc.models.dtypes import np_dtype
 from posenc.models.relative import clipped_relative_indices
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import IntDTypeField
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_table
 

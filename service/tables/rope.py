@@ -35,7 +35,7 @@ from posenc.models.rope_types import (
     resolve_variant,
     with_query_defaults,
 )
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.errors import BadRequest, InvalidParameter
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table

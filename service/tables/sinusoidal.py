@@ -8,7 +8,7 @@ from pydantic import Field
 from posenc.models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SINUSOIDAL_BASE
 from posenc.models.dtypes import np_dtype
 from posenc.models.sinusoidal import DEFAULT_FAIRSEQ_PADDING_IDX, SinusoidalVariant, sinusoidal_table
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 

@@ -17,7 +17,7 @@ from posenc.models.t5 import (
     t5_bias,
     t5_buckets,
 )
-from posenc.service.arrays import Bundle, byte_view
+from posenc.service.codec.encode import Bundle, byte_view
 from posenc.service.tables.fields import IntDTypeField
 from posenc.service.tables.registry import TableQuery, TensorSpec, float_upload, register_table
 

@@ -18,7 +18,7 @@ from posenc.models.vision_rope import (
     vision_layout,
     vision_rows,
 )
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 

@@ -8,7 +8,7 @@ from pydantic import Field
 from posenc.models.bounds import MAX_DIM, MAX_DISTANCE, MAX_SEQUENCE
 from posenc.models.dtypes import np_dtype
 from posenc.models.xlnet import XLNetAttnType, check_xlnet_parameters, xlnet_relative_sinusoid, xlnet_rows
-from posenc.service.arrays import Bundle
+from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as safetensors_load
 
-from posenc.service.arrays import (
+from posenc.service.codec.encode import (
     decode_json_tensor,
     encode_json,
     encode_npy,

@@ -17,7 +17,7 @@ from posenc.models.alibi import alibi_bias, alibi_slopes
 from posenc.models.deberta import deberta_buckets
 from posenc.models.relative import clipped_relative_indices
 from posenc.models.t5 import t5_bias, t5_buckets
-from posenc.service.arrays import decode_json_tensor
+from posenc.service.codec.encode import decode_json_tensor
 from posenc.service.tables import TABLES
 from tests.conftest import running_client
 

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.budget import BodiesInFlight, MemoryBudget
 from posenc.service.http.app import create_app
-from posenc.service.http.sending import HeldResponse
+from posenc.service.request_kit.sending import HeldResponse
 from posenc.service.settings import Settings
 
 BIG = bytes(1 << 20)

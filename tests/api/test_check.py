@@ -18,7 +18,7 @@ from safetensors.numpy import load as safetensors_load
 from safetensors.numpy import save as safetensors_save
 
 from posenc.models.t5 import t5_relative_position_bucket
-from posenc.service.uploads import decode_safetensors
+from posenc.service.codec.decode import decode_safetensors
 from tests.conftest import running_client
 
 Tensors = dict[str, np.ndarray]
@@ -226,7 +226,7 @@ def test_mismatch_agreement_figures(client: TestClient) -> None:
 
 
 def test_npy_upload_names_its_tensor(client: TestClient) -> None:
-    from posenc.service.arrays import encode_npy
+    from posenc.service.codec.encode import encode_npy
 
     golden = fetch(client, f"/v1/rope?{ROPE}")
     r = client.post(f"/v1/check/rope?{ROPE}&tensor=sin", content=encode_npy(golden["sin"]),

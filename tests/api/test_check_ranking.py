@@ -6,7 +6,7 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load, save
 
 from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
-from posenc.service.check.core import rank
+from posenc.service.check.table_check import rank
 
 ST = {"Content-Type": "application/x-safetensors"}
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from posenc.service.tables.registry import TableRequest
+from posenc.service.tables.answer import TableRequest
 from tests.conftest import running_client
 
 TABLE_REQUESTS = [
@@ -154,7 +154,7 @@ def test_cached_hits_send_the_headers_a_response_would(fmt: str) -> None:
     path's starlette Response."""
     from posenc.service.http.fastpath import hit_headers
     from posenc.service.tables.answer import Answer, answer_headers
-    from posenc.service.tables.http import to_response
+    from posenc.service.tables.routes import to_response
 
     with running_client() as client:
         url = _single(TABLE_REQUESTS[3], fmt)

@@ -14,7 +14,7 @@ from posenc.service.http.app import create_app
 from posenc.service.http.logs import JsonFormatter, log_config
 from posenc.service.settings import Settings
 from tests.conftest import running_client
-from tests.infer_utils import random_inputs
+from tests.onnx_models import random_inputs
 
 TABLE = "/v1/sinusoidal?max_position=4&dim=8"
 

@@ -3,8 +3,8 @@ work from it)."""
 
 from fastapi.testclient import TestClient
 
-from posenc.service.arrays import MEDIA_TYPES
-from tests.infer_utils import SHIPPED
+from posenc.service.codec.encode import MEDIA_TYPES
+from tests.onnx_models import SHIPPED
 
 
 def test_every_error_status_has_the_envelope_schema(client: TestClient) -> None:

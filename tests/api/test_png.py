@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from posenc.service.arrays import negotiate_format
+from posenc.service.codec.encode import negotiate_format
 from posenc.service.tables.png import Curve, Heatmap, Panel, Picture, render
 from tests.conftest import running_client
 

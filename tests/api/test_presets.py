@@ -119,7 +119,7 @@ def test_other_families_key_as_spelled_out(client: TestClient, url: str, spelled
 def test_check_route_takes_a_preset(client: TestClient) -> None:
     import numpy as np
 
-    from posenc.service.arrays import encode_safetensors
+    from posenc.service.codec.encode import encode_safetensors
 
     table = client.get("/v1/alibi/slopes?preset=mpt-7b&format=json").json()["tensors"]["slopes"]
     body = encode_safetensors({"slopes": np.asarray(table["data"], dtype=np.float32)}, {})

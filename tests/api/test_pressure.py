@@ -17,10 +17,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve import parse_infer_request
+from posenc.service.inference.kserve_request import parse_infer_request
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import random_inputs
+from tests.onnx_models import random_inputs
 
 INFER = "/v2/models/rope_attention/infer"
 

@@ -17,7 +17,7 @@ from posenc.models.properties.sinusoidal import sinusoidal_properties
 from posenc.models.rope import make_rope_parameters
 from posenc.models.sinusoidal import paper_frequencies, sinusoidal_table
 from posenc.models.t5 import t5_relative_position_bucket
-from posenc.service.arrays import decode_json_tensor
+from posenc.service.codec.encode import decode_json_tensor
 from tests.conftest import running_client
 
 

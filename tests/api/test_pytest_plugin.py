@@ -11,7 +11,7 @@ import pytest
 
 from posenc import pytest_plugin
 from tests.conftest import assert_runs_in_fresh_python
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 pytest_plugins = ["pytester"]
 

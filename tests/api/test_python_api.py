@@ -14,7 +14,7 @@ from posenc import pytest_plugin
 from posenc.client import ERRORS
 from posenc.service.tables import TABLES
 from tests.conftest import assert_runs_in_fresh_python
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 PAGE = (ROOT / "docs" / "python.md").read_text()
 

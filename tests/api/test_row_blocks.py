@@ -19,7 +19,7 @@ from posenc.service.tables.registry import TableQuery, table_routes
 from posenc.service.tables.rope import RopeQuery
 from posenc.service.tables.sinusoidal import SinusoidalQuery
 from tests.conftest import running_client
-from tests.memory_utils import traced_peak
+from tests.traced_memory import traced_peak
 
 SEQUENCE = {"segments": [{"type": "text", "length": 7}, {"type": "image", "grid_thw": [1, 8, 10]},
                          {"type": "text", "length": 11}]}

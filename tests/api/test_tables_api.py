@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
 from posenc.models.sinusoidal import sinusoidal_table
-from posenc.service.arrays import decode_json_tensor
+from posenc.service.codec.encode import decode_json_tensor
 from tests.conftest import running_client
 
 URL = "/v1/sinusoidal?max_position=16&dim=12&variant=marian"

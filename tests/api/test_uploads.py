@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as safetensors_save
 
+from posenc.service.codec.decode import decode_npy, decode_safetensors, decode_tensor, upload_format
 from posenc.service.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from posenc.service.http.bodies import read_body
-from posenc.service.uploads import decode_npy, decode_safetensors, decode_tensor, upload_format
+from posenc.service.request_kit.bodies import read_body
 
 
 def npy_bytes(array: np.ndarray) -> bytes:

@@ -17,9 +17,9 @@ import pytest
 from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
-from posenc.service.arrays import encode_safetensors, negotiate_format
+from posenc.service.codec.encode import encode_safetensors, negotiate_format
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response
 from posenc.service.testing import decode_response
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 WHEEL_SOURCES = ("pyproject.toml", "README.md", "posenc", "service", "models", "onnx")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.conftest import venv_with_wheel
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 pytestmark = pytest.mark.server
 

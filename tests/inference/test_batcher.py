@@ -17,7 +17,7 @@ from posenc.service.inference.batcher import Batcher
 from posenc.service.inference.engine import Engine, run_model
 from posenc.service.inference.repository import LoadedModel
 from posenc.service.settings import Settings
-from tests.infer_utils import REPOSITORY, SHIPPED, random_inputs
+from tests.onnx_models import REPOSITORY, SHIPPED, random_inputs
 
 
 class Recorder:

@@ -11,10 +11,10 @@ from fastapi.testclient import TestClient
 from safetensors.numpy import load as safetensors_load
 
 from posenc.models.diagnosis.attention import AttentionSpec, attention, attention_tolerance
-from posenc.models.shipped_models import SHIPPED_MODELS
+from posenc.models.export.shipped_models import SHIPPED_MODELS
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
 ROPE_QUERY = {"rope_attention": "head_dim=64",
               "llama3_1_attention": "head_dim=128&rope_theta=500000&rope_type=llama3&factor=8"

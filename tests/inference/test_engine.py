@@ -16,7 +16,7 @@ from posenc.service.http.app import create_app
 from posenc.service.inference.engine import Engine, run_model
 from posenc.service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
 from posenc.service.settings import Settings
-from tests.infer_utils import REPOSITORY, random_inputs
+from tests.onnx_models import REPOSITORY, random_inputs
 
 # Whether this onnxruntime build has the CUDA provider at all (onnxruntime-gpu). It says nothing about a
 # device: onnxruntime-gpu lists CUDA on a machine without a GPU too. `cuda_device` probes that.

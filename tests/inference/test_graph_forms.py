@@ -17,7 +17,7 @@ from posenc.service.inference.engine import Engine, run_model
 from posenc.service.inference.graph_forms import STANDARD
 from posenc.service.inference.repository import LoadedModel, cpu_model_file
 from posenc.service.settings import Settings
-from tests.infer_utils import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
 # (B, S, first position): one token, odd lengths, rows that start far along, longer than most models' switch
 SHAPES = [(1, 1, 0), (2, 7, 3), (3, 33, 100), (1, 130, 5000)]

@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
 MODEL = "rope_attention"
 

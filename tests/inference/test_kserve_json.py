@@ -11,13 +11,13 @@ import numpy as np
 import pydantic_core
 import pytest
 
-import posenc.service.inference.kserve as kserve
+import posenc.service.inference.kserve_request as kserve
 from posenc.models.dtypes import BFLOAT16
-from posenc.service.arrays import json_values
+from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest
 from posenc.service.inference import kserve_json
-from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_json import json_data
+from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
 from posenc.service.inference.repository import LoadedModel
 from posenc.service.inference.routes import JSON_NUMBER_BYTES, _memory_needed

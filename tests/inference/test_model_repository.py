@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, SHIPPED
+from tests.onnx_models import REPOSITORY, SHIPPED
 
 
 def _inputs(hq: int, hkv: int, dim: int) -> list[tuple[str, str, list[int]]]:

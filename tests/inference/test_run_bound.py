@@ -22,7 +22,7 @@ from posenc.service.inference.run_bound import AttentionCost, default_run_bytes
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 HEADS = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}
 

@@ -18,11 +18,11 @@ import pytest
 from pydantic import ValidationError
 
 from posenc.service.errors import BadRequest, Forbidden, PayloadTooLarge
-from posenc.service.http.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
-from posenc.service.http.unix import Peer
-from posenc.service.inference.kserve import ShmRef
+from posenc.service.inference.kserve_request import ShmRef
 from posenc.service.inference.shared_memory import Region, SharedMemoryRegistry
 from posenc.service.inference.shared_memory_guard import may_access
+from posenc.service.request_kit.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
+from posenc.service.request_kit.unix import Peer
 from posenc.service.settings import Settings
 from posenc.service.testing import (
     RequestedOutput,
@@ -33,7 +33,7 @@ from posenc.service.testing import (
     shared_memory_inputs,
 )
 from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 NOBODY = SharedMemoryCaller(Peer(os.getpid(), 65534, frozenset({65534})), has_key=False)
 REGISTER = "/v2/systemsharedmemory/region/{}/register"

@@ -17,11 +17,11 @@ from starlette.requests import ClientDisconnect
 
 import posenc.service.inference.engine as engine_module
 from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
-from posenc.service.http.bodies import ALIGNMENT, read_aligned_body
 from posenc.service.inference.engine import Engine
-from posenc.service.inference.kserve import ShmRef, parse_infer_request
+from posenc.service.inference.kserve_request import ShmRef, parse_infer_request
 from posenc.service.inference.repository import LoadedModel
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.request_kit.bodies import ALIGNMENT, read_aligned_body
 from posenc.service.testing import (
     RequestedOutput,
     SharedMemory,
@@ -31,7 +31,7 @@ from posenc.service.testing import (
     shared_memory_inputs,
 )
 from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 URL = "/v2/models/rope_attention/infer"
 

@@ -24,7 +24,7 @@ from posenc.models.alibi import alibi_bias, alibi_slopes, bloom_slopes, mpt_slop
 from posenc.models.dtypes import np_dtype
 from posenc.models.relative import PER_OFFSET_BLOCK, head_blocks, key_minus_query, toeplitz_heads_view, toeplitz_view
 from posenc.models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
-from tests.memory_utils import traced_peak
+from tests.traced_memory import traced_peak
 
 HEADS = (1, 3, 8, 12, 71)
 LENGTHS = ((1, 1), (1, 7), (5, 5), (7, 3), (16, 40))

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from safetensors.torch import load as torch_load
 
-from posenc.service.arrays import encode_safetensors
+from posenc.service.codec.encode import encode_safetensors
 
 BF16 = np.array([[1.0, -2.5], [0.15625, 3e38]], dtype=ml_dtypes.bfloat16)
 

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.cli.main import main as posenc_main
 from tests.conftest import running_client
-from tests.infer_utils import random_inputs, run, session
+from tests.onnx_models import random_inputs, run, session
 
 HEADS, HEAD_DIM = 2, 16
 SEQ_LENGTHS = (3, 5)  # one batch of both is 10 padded elements for 8 valid ones: within the padding limit

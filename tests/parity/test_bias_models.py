@@ -20,7 +20,7 @@ from posenc.models.deberta import deberta_buckets, deberta_log_bucket_position
 from posenc.models.errors import ParameterError
 from posenc.models.relative import clipped_relative_indices
 from posenc.models.t5 import t5_bias, t5_buckets, t5_relative_position_bucket
-from tests.memory_utils import traced_peak
+from tests.traced_memory import traced_peak
 
 TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
                 "float64": torch.float64}

@@ -1,4 +1,4 @@
-"""Deriving the CPU form (`posenc.models.cpu_form`): the shipped model.cpu.onnx files are what the derivation
+"""Deriving the CPU form (`posenc.models.export.cpu_form`): the shipped model.cpu.onnx files are what the derivation
 makes of the shipped model.onnx; graphs GroupQueryAttention cannot express keep their standard form only."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from posenc.models.cpu_form import cpu_form, start_of_last_run
-from posenc.models.export_onnx import IR_VERSION
-from tests.infer_utils import REPOSITORY, SHIPPED, geometry
+from posenc.models.export.cpu_form import cpu_form, start_of_last_run
+from posenc.models.export.exporter import IR_VERSION
+from tests.onnx_models import REPOSITORY, SHIPPED, geometry
 
 
 @pytest.mark.parametrize("model", SHIPPED)

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from transformers.models.gpt_neox.modeling_gpt_neox import apply_rotary_pos_emb as neox_apply
 from transformers.models.gptj.modeling_gptj import apply_rotary_pos_emb as gptj_apply
 
-from posenc.models.export_onnx import (
+from posenc.models.export.exporter import (
     IR_VERSION,
     ExportError,
     ExportSpec,
@@ -26,7 +26,7 @@ from posenc.models.export_onnx import (
 )
 from posenc.models.rope import make_rope_parameters
 from posenc.service.cli.main import main as posenc_main
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 # Graphs built here by hand carry the exporter's IR version: helper.make_model would stamp the installed
 # onnx's newest IR (14 with onnx 1.23), which onnxruntime 1.30/1.31 refuse ("max supported IR version: 13").

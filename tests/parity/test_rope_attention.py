@@ -14,8 +14,8 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as llama_apply
 
 from posenc.models.errors import ParameterError
+from posenc.models.export.rope_attention import RopeAttention, apply_rope
 from posenc.models.rope import make_rope_parameters
-from posenc.models.rope_attention import RopeAttention, apply_rope
 
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 8192}

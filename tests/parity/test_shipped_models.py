@@ -1,5 +1,5 @@
 """The shipped public-model graphs against the model's own transformers attention class, built from the same
-config.json fields (`posenc.models.shipped_models`), on random hidden states.
+config.json fields (`posenc.models.export.shipped_models`), on random hidden states.
 
 The transformers layer projects random hidden states with its own random weights; its pre-rotation q and k
 (the arguments of its module's `apply_rotary_pos_emb`), v and attention output (of its `eager_attention_forward`)
@@ -22,9 +22,9 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from posenc.models.export_onnx import default_specs
-from posenc.models.shipped_models import SHIPPED_MODELS, ShippedModel
-from tests.infer_utils import REPOSITORY, run, session
+from posenc.models.export.exporter import default_specs
+from posenc.models.export.shipped_models import SHIPPED_MODELS, ShippedModel
+from tests.onnx_models import REPOSITORY, run, session
 
 SEQ = 6
 # atol/rtol of the other parity tests (tests/parity/test_export.py)

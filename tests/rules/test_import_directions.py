@@ -1,20 +1,24 @@
 """The import directions of the code base, read from the source with `ast` (imports at any level, inside
 functions too): models never imports service; the tables, properties and check rooms never import inference;
-inference never imports tables or properties; only posenc.service.http knows the app; the CLI imports no route
-module and no CLI module imports itself back; nothing in service/ imports the test kit posenc.service.testing.
+inference never imports tables or properties; the assembly (posenc.service.http) is imported by nothing below it
+(only the CLI and the test kit); only the assembly and the request kit's dependencies know the app; every feature
+room declares its routes in one module, `routes.py`; the numeric core (models/ outside models/export/) imports no
+torch and no onnx; the CLI imports no route module and no CLI module imports itself back; nothing in service/ imports
+the test kit posenc.service.testing.
 
 Each rule is also run on a planted violation, so none of them can pass by finding nothing to look at."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 
 @dataclass(frozen=True)
@@ -82,8 +86,30 @@ def inference_never_imports_tables(modules: list[Module]) -> list[str]:
                            ("posenc.service.tables", "posenc.service.properties")))
 
 
+ASSEMBLY = "posenc.service.http"
+# Who may import the assembly: itself, the CLI (`posenc serve`) and the test kit (servers for tests).
+ASSEMBLY_USERS = (ASSEMBLY, "posenc.service.cli", "posenc.service.testing")
+
+
+def nothing_below_the_assembly_imports_it(modules: list[Module]) -> list[str]:
+    rooms = [m for m in modules if within(m.name, "posenc") and not any(within(m.name, u) for u in ASSEMBLY_USERS)]
+    return list(_forbidden(rooms, ("posenc",), (ASSEMBLY,)))
+
+
+EXPORT_ROOM = "posenc.models.export"
+HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers")
+
+
+def the_numeric_core_imports_no_torch_or_onnx(modules: list[Module]) -> list[str]:
+    core = [m for m in modules if within(m.name, "posenc.models") and not within(m.name, EXPORT_ROOM)]
+    return list(_forbidden(core, ("posenc.models",), HEAVY))
+
+
 APP_MODULES = ("posenc.service.http.app",)  # the factory: create_app, app_from_env
 APP_NAMES = {("fastapi", "FastAPI"), ("fastapi.applications", "FastAPI")}
+
+
+APP_STATE_READER = "posenc.service.request_kit.deps"  # the typed dependencies: app.state -> what a route needs
 
 
 def _touches_app(node: ast.AST) -> bool:
@@ -98,7 +124,7 @@ def _touches_app(node: ast.AST) -> bool:
 def only_http_knows_the_app(modules: list[Module]) -> list[str]:
     found = []
     for module in modules:
-        if within(module.name, "posenc.service.http"):
+        if within(module.name, ASSEMBLY) or module.name == APP_STATE_READER:
             continue
         names = module.imported_names()
         found += [f"{module.name} imports {m}.{n}" for m, n in sorted(names & APP_NAMES)]
@@ -113,6 +139,17 @@ def route_modules(modules: list[Module]) -> set[str]:
     """Modules that declare routes: they import fastapi's APIRouter (or build the app)."""
     routers = {("fastapi", "APIRouter"), ("fastapi.routing", "APIRouter")}
     return {m.name for m in modules if m.imported_names() & routers} | set(APP_MODULES)
+
+
+FEATURE_ROOMS = ("tables", "properties", "check", "presets", "inference")
+
+
+def each_feature_room_declares_its_routes_in_routes_py(modules: list[Module]) -> list[str]:
+    routes = route_modules(modules) - set(APP_MODULES)
+    found = [f"{name} declares routes outside a feature room's routes.py" for name in sorted(routes)
+             if not any(name == f"posenc.service.{room}.routes" for room in FEATURE_ROOMS)
+             and not within(name, ASSEMBLY)]
+    return found
 
 
 def cli_imports_no_route_module(modules: list[Module]) -> list[str]:
@@ -146,7 +183,8 @@ def service_never_imports_the_test_kit(modules: list[Module]) -> list[str]:
 
 
 RULES = [models_never_import_service, tables_properties_check_never_import_inference, inference_never_imports_tables,
-         only_http_knows_the_app, cli_imports_no_route_module, cli_has_no_import_circle,
+         nothing_below_the_assembly_imports_it, the_numeric_core_imports_no_torch_or_onnx, only_http_knows_the_app,
+         each_feature_room_declares_its_routes_in_routes_py, cli_imports_no_route_module, cli_has_no_import_circle,
          service_never_imports_the_test_kit]
 
 
@@ -160,7 +198,7 @@ def test_the_tree_holds_the_rooms_the_rules_name(modules: list[Module]) -> None:
     for room in ("posenc.models", "posenc.service.http", "posenc.service.tables", "posenc.service.properties",
                  "posenc.service.check", "posenc.service.inference", "posenc.service.cli"):
         assert room in names, f"{room} is gone: the import rules below would check nothing there"
-    routes = {"posenc.service.tables.http", "posenc.service.check.routes", "posenc.service.inference.routes"}
+    routes = {"posenc.service.tables.routes", "posenc.service.check.routes", "posenc.service.inference.routes"}
     assert routes <= route_modules(modules)
 
 
@@ -176,11 +214,16 @@ PLANTED = {
     tables_properties_check_never_import_inference: (
         "service/check/planted.py", "from ..inference import engine\n"),
     inference_never_imports_tables: ("service/inference/planted.py", "import posenc.service.tables.registry\n"),
+    nothing_below_the_assembly_imports_it: ("service/request_kit/planted.py",
+                                            "from posenc.service.http.metrics import install_metrics\n"),
+    the_numeric_core_imports_no_torch_or_onnx: ("models/diagnosis/planted.py", "def f():\n    import onnx\n"),
     only_http_knows_the_app: ("service/tables/planted.py",
                               "async def route(request):\n    return request.app.state.settings\n"),
+    each_feature_room_declares_its_routes_in_routes_py: (
+        "service/tables/planted.py", "from fastapi import APIRouter\nrouter = APIRouter()\n"),
     cli_imports_no_route_module: ("service/cli/planted.py",
                                   "def f():\n    from posenc.service.check.routes import CHECK_FORMATS\n"),
-    cli_has_no_import_circle: ("service/cli/common.py", "from posenc.service.cli import main\n"),
+    cli_has_no_import_circle: ("service/cli/settings_from_env.py", "from posenc.service.cli import main\n"),
     service_never_imports_the_test_kit: ("service/tables/planted.py", "from posenc.service.testing import kit\n"),
 }
 
@@ -232,3 +275,9 @@ def test_a_bare_import_is_found(tmp_path: Path) -> None:
     (tmp_path / "tests" / "planted.py").write_text("from service.settings import Settings\nimport models.rope\n")
     assert bare_top_level_imports(tmp_path) == ["tests/planted.py imports models.rope",
                                                 "tests/planted.py imports service.settings"]
+
+
+def test_the_checkout_holds_no_symbolic_link() -> None:
+    # setup.py maps service/ and models/ under posenc: tools that read paths see the files where they are
+    listed = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert [line.split("\t")[1] for line in listed.splitlines() if line.startswith("120000")] == []

@@ -25,8 +25,8 @@ def test_service_runs_without_importing_torch() -> None:
 def test_export_without_torch_says_what_to_install(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch → ImportError
-    for name in ("posenc.models.export_onnx", "posenc.models.rope_attention"):
+    for name in ("posenc.models.export.exporter", "posenc.models.export.rope_attention"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    monkeypatch.delattr("posenc.models.export_onnx", raising=False)
+    monkeypatch.delattr("posenc.models.export.exporter", raising=False)
     assert posenc_main(["export", "--defaults", "--repository", "/nonexistent"]) == 2
     assert "posenc[export]" in capsys.readouterr().err

@@ -19,8 +19,8 @@ ALLOWED = {
     # logging.config.dictConfig: the name of the formatter and of the handler the loggers use
     ("service/http/logs.py", "default"),
     # public models' config.json fields, copied as published (data the registry parses, not a rule)
-    ("models/shipped_models.py", "yarn"),
-    ("models/shipped_models.py", "longrope"),
+    ("models/export/shipped_models.py", "yarn"),
+    ("models/export/shipped_models.py", "longrope"),
 }
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pytest
 
 from posenc.service.testing import kserve_request, request_head
-from tests.infer_utils import random_inputs
+from tests.onnx_models import random_inputs
 from tests.server.test_shutdown import running_server
 
 QUEUE_DELAY_S = 0.4  # the first request of a batch waits this long for others: the burst sits in the queue

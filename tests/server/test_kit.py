@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from posenc.models.dtypes import DTYPES, DType
-from posenc.service.inference.kserve import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response
 from posenc.service.testing import (
     HttpRequest,

@@ -13,7 +13,7 @@ import pytest
 
 from posenc.client import AsyncClient, Client, InvalidParameterError
 from posenc.models.dtypes import np_dtype
-from tests.infer_utils import ROOT
+from tests.onnx_models import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 from client_fixtures import CASES, table_cases

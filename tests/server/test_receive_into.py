@@ -12,8 +12,8 @@ import pytest
 from starlette.requests import ClientDisconnect
 from uvicorn.server import ServerState
 
-from posenc.service.http.bodies import RECEIVE_INTO, read_aligned_body, receive_into_of
 from posenc.service.http.protocol import ServerConfig, TimeoutHttpToolsProtocol, Timeouts
+from posenc.service.request_kit.bodies import RECEIVE_INTO, read_aligned_body, receive_into_of
 
 BODY = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()  # 1 MiB
 CHUNK = 96 * 1024  # over uvicorn's 64 KiB high-water mark: the chunked path pauses reading at each

@@ -18,7 +18,7 @@ import pytest
 
 from posenc.service.testing import decode_response, http_request, kserve_request
 from tests.golden_requests import ERROR_REQUESTS, GET_REQUESTS, post_requests
-from tests.infer_utils import random_inputs
+from tests.onnx_models import random_inputs
 from tests.server.test_shutdown import running_server
 
 Answer = tuple[int, str | None, str | None, bytes]  # status, ETag, Content-Type, body

@@ -24,7 +24,7 @@ def test_bad_variable_exits_2_naming_it(variable: str, value: str) -> None:
 
 
 def test_settings_or_exit_in_process(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from posenc.service.cli.common import settings_or_exit
+    from posenc.service.cli.settings_from_env import settings_or_exit
 
     monkeypatch.setenv("POSENC_MAX_TABLE_BYTES", "lots")
     with pytest.raises(SystemExit) as exc:

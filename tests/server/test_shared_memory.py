@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from posenc.models.dtypes import lookup
 from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
-from tests.infer_utils import REPOSITORY, random_inputs, run, session, triton_inputs
+from tests.onnx_models import REPOSITORY, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"
 

@@ -31,7 +31,7 @@ from posenc.service.testing import (
     shared_memory_key_settings,
     unix_http_request,
 )
-from tests.infer_utils import REPOSITORY, random_inputs, run, session
+from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 NOBODY = 65534
 INPUTS = random_inputs(8, 8, 64, 1, 1)  # 6,152 bytes; the output 2,048

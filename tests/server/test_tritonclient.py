@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from posenc.service.testing import ServerProcess
-from tests.infer_utils import REPOSITORY, SHIPPED, random_inputs, run, session, triton_inputs
+from tests.onnx_models import REPOSITORY, SHIPPED, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"
 GEOMETRY = {"rope_attention": (8, 8, 64), "llama3_1_attention": (32, 8, 128)}

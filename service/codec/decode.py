@@ -1,5 +1,5 @@
 """Safe decoders for uploaded tensors (.npy and safetensors); the size-bounded body reader is
-`posenc.service.http.bodies`.
+`posenc.service.request_kit.bodies`.
 
 Nothing here unpickles or trusts a length: the .npy header is parsed with `ast.literal_eval`
 (object dtypes are refused, as `np.load(allow_pickle=False)` would), every declared shape and byte

@@ -1,7 +1,7 @@
 """The shipped model repository beyond the two hand-made geometries: public models' attention configurations.
 
 Each entry holds the attention and position fields of the model's public config.json (copied, never
-derived; the rest of the file is left out) and where they were read. `posenc.models.export_onnx.default_specs`
+derived; the rest of the file is left out) and where they were read. `posenc.models.export.exporter.default_specs`
 exports each with `spec_from_hf_config`; tests/parity compares each graph with the model's transformers
 attention class built from the same dict. Pure data: no torch.
 """

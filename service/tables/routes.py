@@ -6,21 +6,21 @@ the body (bounded), and decodes, binds and answers in a worker thread: hashing o
 never blocks the event loop.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from posenc.service.arrays import FORMATS, negotiate_format
 from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
-from posenc.service.http.bodies import declared_length, read_body
-from posenc.service.http.deps import BodiesInFlightDep, MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
-from posenc.service.http.sending import HeldResponse
+from posenc.service.codec.encode import FORMATS, negotiate_format
+from posenc.service.request_kit.bodies import declared_length, read_body
+from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
+from posenc.service.request_kit.sending import HeldResponse
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
-from posenc.service.tables.registry import TableQuery, TableRoute, table_routes
+from posenc.service.tables.registry import TableQuery, TableRoute
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).
 RELEASE_AFTER_BYTES = 16 << 20
@@ -129,15 +129,18 @@ def _endpoint(route: TableRoute) -> Any:
     return post_table
 
 
-def table_router() -> APIRouter:
-    """Every registered table route, then the properties routes."""
-    router = APIRouter(tags=["tables"])
-    for route in table_routes().values():
+def add_table_routes(router: APIRouter, routes: Iterable[TableRoute]) -> APIRouter:
+    """`router` with a route answered by `TableRequest` for each of `routes` (formats, ETag, cache, limits)."""
+    for route in routes:
         body = route.query.body
         router.add_api_route(
             route.path, _endpoint(route), methods=[route.method], summary=route.summary,
             description=(route.query.__doc__ or "").strip(), response_description=route.response_description,
             openapi_extra=dict(body.openapi) if body else None, response_class=Response,
-            tags=["properties"] if route.path not in TABLES else None,
         )
     return router
+
+
+def table_router() -> APIRouter:
+    """Every registered table route."""
+    return add_table_routes(APIRouter(tags=["tables"]), TABLES.values())

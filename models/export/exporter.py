@@ -1,7 +1,7 @@
 """Export `RopeAttention` to ONNX (opset 23) and write a model repository entry.
 
 `onnx/<name>/model.onnx` + `onnx/<name>/config.json`, and the CPU form `model.cpu.onnx` derived from it
-(`posenc.models.cpu_form`: the causal attention as onnxruntime's GroupQueryAttention). The graph takes
+(`posenc.models.export.cpu_form`: the causal attention as onnxruntime's GroupQueryAttention). The graph takes
 query [B, Hq, S, D], key and value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic)
 and returns output [B, Hq, S, D] float32. It is exported with `torch.onnx.export(dynamo=True, opset_version=23)`:
 `torch.onnx.ops.rotary_embedding` becomes ONNX `RotaryEmbedding` (one node for q, one for k) and
@@ -9,10 +9,10 @@ and returns output [B, Hq, S, D] float32. It is exported with `torch.onnx.export
 that decomposed either. The only constant is inv_freq [R/2]: cos/sin are computed in the graph from
 position_ids (so the file stays a few KB and any position below `max_position` works). longrope graphs
 hold both factor sets [2, R/2] and pick one per row (ReduceMax, GreaterOrEqual, GatherND; see
-`posenc.models.rope_attention`).
+`posenc.models.export.rope_attention`).
 
 Regenerate the shipped repository with `posenc export --defaults --repository onnx`
-(or `python -m posenc.models.export_onnx --defaults`).
+(or `python -m posenc.models.export.exporter --defaults`).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ from typing import Any
 import onnx
 import torch
 
-from posenc.models.cpu_form import op_counts, write_cpu_form
 from posenc.models.errors import ParameterError
-from posenc.models.export_args import ROPE_OPTIONS, add_export_arguments
+from posenc.models.export.arguments import ROPE_OPTIONS, add_export_arguments
+from posenc.models.export.cpu_form import op_counts, write_cpu_form
+from posenc.models.export.rope_attention import Layout, RopeAttention
+from posenc.models.export.shipped_models import SHIPPED_MODELS
 from posenc.models.rope import (
     RopeParameters,
     inv_freq_and_attention_factor,
@@ -40,9 +42,7 @@ from posenc.models.rope import (
     make_rope_parameters,
     rope_parameters_from_config,
 )
-from posenc.models.rope_attention import Layout, RopeAttention
 from posenc.models.rope_types import LLAMA_3_1_ROPE, RUNTIME_DEPENDENT_TYPES
-from posenc.models.shipped_models import SHIPPED_MODELS
 
 OPSET = 23
 IR_VERSION = 10  # onnxruntime 1.30/1.31 refuse IR 14, which onnx 1.23 stamps on new models by default
@@ -83,7 +83,7 @@ class ExportSpec:
 
 def default_specs() -> list[ExportSpec]:
     """The shipped repository: a plain MHA graph, a Llama-3.1-8B-shaped GQA graph, and the public models'
-    attention of `posenc.models.shipped_models` (each from its config.json fields)."""
+    attention of `posenc.models.export.shipped_models` (each from its config.json fields)."""
     plain = make_rope_parameters(head_dim=64, rope_theta=10000.0, max_position_embeddings=4096)
     llama31 = make_rope_parameters(head_dim=128, max_position_embeddings=131072, **LLAMA_3_1_ROPE)
     return [
@@ -113,7 +113,7 @@ def spec_from_hf_config(
     context a model card gives for a rope_scaling block it documents; `source` adds provenance to
     config.json's `source`. dynamic freezes inv_freq at seq_len = max_position: the unscaled base, exactly
     what transformers uses for every position the graph accepts (< max_position); longrope keeps its short
-    and long factors and switches per row (`posenc.models.rope_attention`) — stated in config.json.
+    and long factors and switches per row (`posenc.models.export.rope_attention`) — stated in config.json.
     """
     if "num_attention_heads" not in config and isinstance(config.get("text_config"), Mapping):
         config = {**config["text_config"], **{k: v for k, v in config.items() if k == "architectures"}}
@@ -271,7 +271,8 @@ def run_export(args: argparse.Namespace) -> list[Path]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posenc.models.export_onnx", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m posenc.models.export.exporter",
+                                     description=__doc__.splitlines()[0])
     add_export_arguments(parser)
     for folder in run_export(parser.parse_args(argv)):
         print(folder)

@@ -24,10 +24,10 @@ from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
 from posenc.models.dtypes import dtype_name
 from posenc.service.check.families import FamilyCheck, family_check
 from posenc.service.check.report import CheckReport, rank
+from posenc.service.codec.decode import decode_npy, decode_safetensors, upload_format
 from posenc.service.errors import BadRequest, InvalidParameter, PayloadTooLarge, format_bytes
 from posenc.service.tables.answer import metadata_value
 from posenc.service.tables.registry import TableQuery, TableRoute
-from posenc.service.uploads import decode_npy, decode_safetensors, upload_format
 
 WORK_BYTES_PER_ELEMENT = 8  # every comparison runs in float64
 

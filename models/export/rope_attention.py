@@ -1,6 +1,6 @@
 """RoPE multi-head attention over given q/k/v: the torch reference of the exported ONNX graphs.
 
-One of the two torch users of the project (with `models/export_onnx.py`). The frequencies and the
+One of the two torch users of the project (with `models/export/exporter.py`). The frequencies and the
 attention factor come from `posenc.models.rope.inv_freq_and_attention_factor` — never recomputed here — and
 the angles follow transformers 5.23 `LlamaRotaryEmbedding.forward` (docs/ENCODINGS.md §1.3):
 `freqs = position_ids.float() * inv_freq` in float32, `cos = cos(freqs) * attention_factor` (same

@@ -15,7 +15,7 @@ from typing import Any
 from posenc.models.rope_params import RopeParameters
 from posenc.models.rope_types import ROPE_TYPES, SCALING_FIELDS
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout: models/export/ -> the top
 # The shipped model repository of a source checkout (onnx/ beside pyproject.toml); None in an install.
 SOURCE_REPOSITORY: Path | None = _ROOT / "onnx" if (_ROOT / "pyproject.toml").is_file() else None
 # max_position_embeddings is the graph's --max-position; everything else some rope_type reads is a flag.
@@ -47,7 +47,7 @@ def _option_type(field_type: str) -> Callable[[str], Any]:
 
 
 def add_export_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `posenc export` and `python -m posenc.models.export_onnx`."""
+    """Options shared by `posenc export` and `python -m posenc.models.export.exporter`."""
     # a plain class (`bool`) by its name, a union (`float | None`) as written
     field_types = {f.name: getattr(f.type, "__name__", str(f.type)) for f in dataclasses.fields(RopeParameters)}
     parser.add_argument("--defaults", action="store_true", help="(re)generate the shipped models")

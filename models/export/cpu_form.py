@@ -177,7 +177,7 @@ def write_cpu_form(folder: Path) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m posenc.models.cpu_form REPOSITORY...`: (re)write every model folder's CPU form."""
+    """`python -m posenc.models.export.cpu_form REPOSITORY...`: (re)write every model folder's CPU form."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from posenc.service.errors import Forbidden, error_response
-from posenc.service.http.unix import PEER_SCOPE_KEY, Peer
+from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 
 CALLER_SCOPE_KEY = "posenc.shared_memory_caller"
 SHARED_MEMORY_GROUP = "shared-memory"

@@ -1,0 +1,1 @@
+"""The model presets (`posenc.models.presets`) as routes: the catalogue, one preset, and its tables."""
