@@ -93,7 +93,7 @@ def _longrope_switch_length(p: RopeParameters) -> int:
     return int(p.original_max_position_embeddings or 0)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # entries name every field: no counting positions
 class RopeTypeSpec:
     """What one rope_type is.
 
@@ -167,48 +167,91 @@ _ORIGINAL_HINT = "; original_max_position_embeddings defaults to max_position_em
 DEFAULT_ROPE_TYPE = "default"  # the rope_type of a config or a request that names none: unscaled RoPE
 
 ROPE_TYPES: dict[str, RopeTypeSpec] = {
-    DEFAULT_ROPE_TYPE: RopeTypeSpec(frozenset(), (), frozenset({"rope_type"}), plain_inv_freq),
-    "linear": RopeTypeSpec(frozenset({"factor"}), ("factor",), frozenset({"rope_type", "factor"}), linear_inv_freq,
-                           scaled=True),
+    DEFAULT_ROPE_TYPE: RopeTypeSpec(
+        reads=frozenset(),
+        required=(),
+        config_keys=frozenset({"rope_type"}),
+        inv_freq=plain_inv_freq,
+    ),
+    "linear": RopeTypeSpec(
+        reads=frozenset({"factor"}),
+        required=("factor",),
+        config_keys=frozenset({"rope_type", "factor"}),
+        inv_freq=linear_inv_freq,
+        scaled=True,
+    ),
     "dynamic": RopeTypeSpec(
-        frozenset({"factor", "max_position_embeddings"}), ("factor", "max_position_embeddings"),
-        frozenset({"rope_type", "factor"}), dynamic_inv_freq, runtime_dependent=True, scaled=True,
-        check=_check_ntk_exponent, batch_info=_dynamic_batch_info,
+        reads=frozenset({"factor", "max_position_embeddings"}),
+        required=("factor", "max_position_embeddings"),
+        config_keys=frozenset({"rope_type", "factor"}),
+        inv_freq=dynamic_inv_freq,
+        runtime_dependent=True,
+        scaled=True,
+        check=_check_ntk_exponent,
+        batch_info=_dynamic_batch_info,
     ),
     "yarn": RopeTypeSpec(
-        frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+        reads=frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                    "mscale", "mscale_all_dim", "truncate"}),
-        ("factor", "original_max_position_embeddings"),
-        frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
-        yarn_inv_freq, yarn_attention_factor, factor_from_lengths=True, scaled=True,
-        # transformers' yarn treats a missing mscale as 0 (`if mscale and mscale_all_dim`)
-        query_defaults=MappingProxyType({"mscale": 0.0}), missing_hint=_DERIVED_HINT,
+        required=("factor", "original_max_position_embeddings"),
+        config_keys=frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
+        inv_freq=yarn_inv_freq,
+        attention_factor=yarn_attention_factor,
+        factor_from_lengths=True,
+        scaled=True,
+        query_defaults=MappingProxyType({"mscale": 0.0}),
+        missing_hint=_DERIVED_HINT,
     ),
     "longrope": RopeTypeSpec(
-        frozenset({"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"}),
-        ("short_factor", "long_factor", "original_max_position_embeddings", "factor"),
-        frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
-        longrope_inv_freq, longrope_attention_factor, factor_from_lengths=True, runtime_dependent=True,
-        switch_length=_longrope_switch_length, scaled=True, batch_info=_longrope_batch_info, missing_hint=_DERIVED_HINT,
+        reads=frozenset({"factor", "original_max_position_embeddings", "attention_factor", "short_factor",
+                         "long_factor"}),
+        required=("short_factor", "long_factor", "original_max_position_embeddings", "factor"),
+        config_keys=frozenset({"rope_type", "short_factor", "long_factor", "original_max_position_embeddings"}),
+        inv_freq=longrope_inv_freq,
+        attention_factor=longrope_attention_factor,
+        factor_from_lengths=True,
+        runtime_dependent=True,
+        switch_length=_longrope_switch_length,
+        scaled=True,
+        batch_info=_longrope_batch_info,
+        missing_hint=_DERIVED_HINT,
     ),
     "llama3": RopeTypeSpec(
-        frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
-        ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
-        frozenset({"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor",
-                   "rope_theta"}),
-        llama3_inv_freq, scaled=True, check=_check_llama3_smoothing, missing_hint=_ORIGINAL_HINT,
+        reads=frozenset({"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"}),
+        required=("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+        config_keys=frozenset({"rope_type", "factor", "original_max_position_embeddings", "low_freq_factor",
+                               "high_freq_factor", "rope_theta"}),
+        inv_freq=llama3_inv_freq,
+        scaled=True,
+        check=_check_llama3_smoothing,
+        missing_hint=_ORIGINAL_HINT,
     ),
-    "proportional": RopeTypeSpec(frozenset({"factor"}), (), frozenset({"rope_type", "rope_theta"}),
-                                 proportional_inv_freq, default_factor=1.0, whole_head=True),
+    "proportional": RopeTypeSpec(
+        reads=frozenset({"factor"}),
+        required=(),
+        config_keys=frozenset({"rope_type", "rope_theta"}),
+        inv_freq=proportional_inv_freq,
+        default_factor=1.0,
+        whole_head=True,
+    ),
     # Inference-engine variants (not transformers rope_types): formulas from vLLM, docs/ENCODINGS.md §14
-    "ntk_alpha": RopeTypeSpec(frozenset({"alpha"}), ("alpha",), frozenset({"rope_type", "alpha"}), ntk_alpha_inv_freq,
-                              engine_variant=True, check=_check_ntk_exponent),
+    "ntk_alpha": RopeTypeSpec(
+        reads=frozenset({"alpha"}),
+        required=("alpha",),
+        config_keys=frozenset({"rope_type", "alpha"}),
+        inv_freq=ntk_alpha_inv_freq,
+        engine_variant=True,
+        check=_check_ntk_exponent,
+    ),
     "deepseek_yarn": RopeTypeSpec(
-        frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+        reads=frozenset({"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
                    "mscale", "mscale_all_dim"}),
-        ("factor", "original_max_position_embeddings"),
-        frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
-        yarn_inv_freq, deepseek_yarn_attention_factor, engine_variant=True, missing_hint=_ORIGINAL_HINT,
+        required=("factor", "original_max_position_embeddings"),
+        config_keys=frozenset({"rope_type", "factor", "original_max_position_embeddings"}),
+        inv_freq=yarn_inv_freq,
+        attention_factor=deepseek_yarn_attention_factor,
+        engine_variant=True,
+        missing_hint=_ORIGINAL_HINT,
     ),
 }
 

@@ -144,6 +144,22 @@ class Settings(BaseSettings):
         description="onnxruntime intra-op threads per session; 0 = one per CPU core of this process "
         "(resolved at start-up and set explicitly on the session).",
     )
+    cpu_form_from: str = Field(
+        "calibrate", pattern=r"^(calibrate|config|never|[1-9][0-9]{0,8})$",
+        description="From which sequence length a model with a CPU form (model.cpu.onnx) runs it instead of "
+        "model.onnx on the CPU: `calibrate` = measured on this machine at start-up, before ready (cached: "
+        "POSENC_CALIBRATION_CACHE); `config` = the length config.json names (measured where the model was exported); "
+        "`never` = model.onnx only; a number pins that length for every model.",
+    )
+    calibration_seconds: float = Field(
+        30.0, ge=0, le=3600,
+        description="Start-up time the CPU-form calibration may take for all models together; a model it cannot "
+        "finish keeps config.json's length (not cached).",
+    )
+    calibration_cache: str = Field(
+        "", description="JSON file of calibrated lengths, by CPU, ISA, cores, onnxruntime version, threads and model "
+        "hashes; empty = $XDG_CACHE_HOME/posenc/calibration.json (~/.cache/...); `off` = measure at every start.",
+    )
     inference_threads: int = Field(
         4, ge=1, le=256, description="Worker threads that call onnxruntime `run` (it releases the GIL)."
     )

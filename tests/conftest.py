@@ -46,6 +46,9 @@ def assert_runs_in_fresh_python(code: str) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Every app and server of a run picks the same graph for the same request: the lengths config.json names,
+    # not a calibration per process on a loaded machine (tests/inference/test_calibration.py covers calibrate).
+    os.environ.setdefault("POSENC_CPU_FORM_FROM", "config")
     if not HAS_TORCH and "not torch" not in (config.option.markexpr or ""):
         raise pytest.UsageError("torch, transformers and onnx are not installed: install the test extra "
                                 "(pip install -e '.[test]') or run the tests that do not need them: "

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -113,71 +111,39 @@ def op_counts(model: onnx.ModelProto) -> Counter[str]:
     return Counter(node.op_type for node in model.graph.node)
 
 
-def faster_from(standard: bytes, form: bytes, num_heads: int, num_kv_heads: int, head_dim: int,
-                 sequences: Sequence[int] = CALIBRATION_SEQUENCES, rounds: int = 7) -> int | None:
-    """The shortest of `sequences` from which `form` runs B=1 faster than `standard` at every longer one (the
-    fastest of `rounds` interleaved runs each: other load only ever adds time; onnxruntime's default options
-    on this machine's CPU); None when it is not faster at the longest."""
-    import onnxruntime as ort
-
-    sessions = [ort.InferenceSession(model, providers=["CPUExecutionProvider"]) for model in (standard, form)]
-    rng = np.random.default_rng(0)
-    faster = []
-    for seq in sequences:
-        inputs = {"query": rng.standard_normal((1, num_heads, seq, head_dim), dtype=np.float32),
-                  "key": rng.standard_normal((1, num_kv_heads, seq, head_dim), dtype=np.float32),
-                  "value": rng.standard_normal((1, num_kv_heads, seq, head_dim), dtype=np.float32),
-                  "position_ids": np.arange(seq, dtype=np.int64)[None, :]}
-        times: list[list[float]] = [[], []]
-        for session in sessions:
-            session.run(None, inputs)  # warm-up: the first run of a shape allocates
-        for index in range(rounds):
-            for side in (0, 1) if index % 2 == 0 else (1, 0):
-                started = time.perf_counter()
-                sessions[side].run(None, inputs)
-                times[side].append(time.perf_counter() - started)
-        faster.append(min(times[1]) < min(times[0]))
-    first = start_of_last_run(faster)
-    return None if first is None else sequences[first]
+# (model.onnx bytes, model.cpu.onnx bytes, config.json) -> the sequence length from which the CPU form is faster on
+# this machine, or None: `posenc.service.inference.calibration.measure_crossover`, passed in by `posenc export`
+Measure = Callable[[bytes, bytes, Mapping[str, Any]], int | None]
 
 
-def start_of_last_run(faster: Sequence[bool]) -> int | None:
-    """The index from which every entry of `faster` is true; None when the last is false (or none)."""
-    if not faster or not faster[-1]:
-        return None
-    first = len(faster) - 1
-    while first > 0 and faster[first - 1]:
-        first -= 1
-    return first
-
-
-def write_cpu_form(folder: Path) -> Path | None:
-    """Derive `<folder>/model.cpu.onnx` from `<folder>/model.onnx`, measure from which sequence length it is
-    faster here (`faster_from`), and record it in config.json (`cpu_model`: file, sha256, from_sequence, ops).
-    A model without a CPU form, or whose CPU form is never faster, has none (a stale one is removed). Returns
-    the file written, if any."""
+def write_cpu_form(folder: Path, measure: Measure | None = None) -> Path | None:
+    """Derive `<folder>/model.cpu.onnx` from `<folder>/model.onnx` and record it in config.json (`cpu_model`: file,
+    sha256, ops, and `from_sequence` as `measure` finds it here, null when not measured or never faster: the
+    serving machine calibrates its own, see posenc.service.inference.calibration). A model without a CPU form
+    has none (a stale one is removed). Returns the file written, if any."""
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     attention = config["attention"]
     heads = (attention["num_heads"], attention["num_kv_heads"], attention["head_dim"])
     standard = (folder / "model.onnx").read_bytes()
     form = cpu_form(onnx.load_from_string(standard), *heads)
-    data = form.SerializeToString() if form is not None else None
-    from_sequence = faster_from(standard, data, *heads) if data is not None else None
     target = folder / CPU_MODEL_FILE
     config.pop("cpu_model", None)
-    if form is None or data is None or from_sequence is None:
+    if form is None:
         target.unlink(missing_ok=True)
     else:
+        data = form.SerializeToString()
         target.write_bytes(data)
         config["cpu_model"] = {"file": CPU_MODEL_FILE, "sha256": hashlib.sha256(data).hexdigest(),
-                               "from_sequence": from_sequence, "ops": dict(sorted(op_counts(form).items()))}
+                               "from_sequence": measure(standard, data, config) if measure else None,
+                               "ops": dict(sorted(op_counts(form).items()))}
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     return target if target.exists() else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m posenc.models.export.cpu_form REPOSITORY...`: (re)write every model folder's CPU form."""
+    """`python -m posenc.models.export.cpu_form REPOSITORY...`: (re)derive every model folder's CPU form (not
+    measured: `posenc calibrate --write` records this machine's lengths)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -186,9 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for repository in args.repositories:
         for folder in sorted(p for p in repository.iterdir() if (p / "model.onnx").exists()):
             written = write_cpu_form(folder)
-            config = json.loads((folder / "config.json").read_text())
-            print(f"{folder.name}: " + (f"{written.name}, from sequence {config['cpu_model']['from_sequence']}"
-                                        if written else "no CPU form"))
+            print(f"{folder.name}: " + (written.name if written else "no CPU form"))
     return 0
 
 

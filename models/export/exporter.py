@@ -32,7 +32,7 @@ import torch
 
 from posenc.models.errors import ParameterError
 from posenc.models.export.arguments import ROPE_OPTIONS, add_export_arguments
-from posenc.models.export.cpu_form import op_counts, write_cpu_form
+from posenc.models.export.cpu_form import Measure, op_counts, write_cpu_form
 from posenc.models.export.rope_attention import Layout, RopeAttention
 from posenc.models.export.shipped_models import SHIPPED_MODELS
 from posenc.models.rope import (
@@ -229,7 +229,7 @@ def build_config(spec: ExportSpec, model_bytes: bytes, model: onnx.ModelProto) -
     }
 
 
-def export(spec: ExportSpec, repository: Path) -> Path:
+def export(spec: ExportSpec, repository: Path, measure: Measure | None = None) -> Path:
     """Write `<repository>/<name>/model.onnx` and `config.json`; returns the model folder."""
     model = export_model_proto(spec)
     model_bytes = model.SerializeToString()
@@ -238,7 +238,7 @@ def export(spec: ExportSpec, repository: Path) -> Path:
     (folder / "model.onnx").write_bytes(model_bytes)
     config = build_config(spec, model_bytes, model)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    cpu_form = write_cpu_form(folder)
+    cpu_form = write_cpu_form(folder, measure)
     log.info("exported %s (%d bytes%s) to %s", spec.name, len(model_bytes),
              f", and its CPU form {cpu_form.name}" if cpu_form else "", folder)
     return folder
@@ -259,15 +259,16 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
                       inv_freq_seq_len=frozen_seq_len(rope, args.max_position))
 
 
-def run_export(args: argparse.Namespace) -> list[Path]:
-    """Export what the arguments ask for; returns the written model folders."""
+def run_export(args: argparse.Namespace, measure: Measure | None = None) -> list[Path]:
+    """Export what the arguments ask for, `measure` timing each CPU form here (`write_cpu_form`); returns the
+    written model folders."""
     if args.repository is None:
         raise ParameterError("repository", "--repository is required outside a source checkout")
     if args.defaults:
-        return [export(spec, args.repository) for spec in default_specs()]
+        return [export(spec, args.repository, measure) for spec in default_specs()]
     if not args.name:
         raise ParameterError("name", "--name is required (or use --defaults)")
-    return [export(spec_from_args(args), args.repository)]
+    return [export(spec_from_args(args), args.repository, measure)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,7 +36,9 @@ def _export(args: argparse.Namespace) -> int:
     from posenc.models.errors import ParameterError
 
     try:
-        folders = exporter.run_export(args)
+        from posenc.service.inference.calibration import measure_crossover
+
+        folders = exporter.run_export(args, measure_crossover)
     except (ParameterError, exporter.ExportError, OSError, ValueError, KeyError) as exc:
         sys.stderr.write(f"posenc export: {exc}\n")
         return 2
@@ -63,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posenc.service.cli import check as check_cli  # `posenc check`: a file of your tensors against the golden table
 
     check_cli.add_parser(commands)
+    from posenc.service.cli import calibrate as calibrate_cli  # `posenc calibrate`: the CPU form's crossover here
+
+    calibrate_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")

@@ -13,6 +13,7 @@ import asyncio
 import ctypes
 import functools
 import logging
+import time
 import math
 import re
 from collections.abc import Mapping
@@ -187,8 +188,9 @@ class Engine:
         root = Path(self.settings.model_repository)
         if not root.is_dir():
             return [f"model repository {root} is not a folder"]
+        deadline = time.monotonic() + self.settings.calibration_seconds  # the CPU-form calibration of every model
         for folder in model_folders(root):
-            self.models[folder.name] = load_model(folder.name, folder, self.settings)
+            self.models[folder.name] = load_model(folder.name, folder, self.settings, deadline)
         loaded = [model for model in self.models.values() if isinstance(model, LoadedModel)]
         if not self.settings.max_run_bytes:
             self.run_budget.capacity = default_run_bytes(on_cuda=any(CUDA in m.providers for m in loaded))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ import onnxruntime as ort
 
 from posenc.models.dtypes import BY_KSERVE, BY_ONNX
 from posenc.service.errors import Unavailable
+from posenc.service.inference import calibration
 from posenc.service.inference.devices import CPU, CUDA
 from posenc.service.inference.graph_forms import GraphForms
 from posenc.service.inference.run_bound import cuda_arena_limit
@@ -262,37 +264,55 @@ def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.Infer
     return session
 
 
-def cpu_model_file(config: Mapping[str, Any]) -> tuple[str, str | None, int] | None:
-    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.export.cpu_form`) named in config.json."""
+def cpu_model_file(config: Mapping[str, Any]) -> tuple[str, str | None, int | None] | None:
+    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.export.cpu_form`) named in config.json;
+    from_sequence is where the export measured it faster (null: not measured there, or never faster)."""
     entry = config.get("cpu_model")
     if not isinstance(entry, dict):
         return None
     file, from_sequence = entry.get("file"), entry.get("from_sequence")
-    if not isinstance(file, str) or "/" in file or not isinstance(from_sequence, int) or from_sequence < 1:
-        raise ConfigError("cpu_model must name a file in the model's folder and an integer from_sequence >= 1")
+    if not isinstance(file, str) or "/" in file or not (
+            from_sequence is None or (isinstance(from_sequence, int) and from_sequence >= 1)):
+        raise ConfigError("cpu_model must name a file in the model's folder and a from_sequence >= 1 (or null)")
     return file, entry.get("sha256"), from_sequence
 
 
-def _graph_forms(config: ModelConfig, folder: Path, settings: Settings,
-                 session: ort.InferenceSession) -> GraphForms | None:
-    """Both graphs of a model that has a CPU form and runs on the CPU only (`GraphForms` picks by sequence)."""
+def _graph_forms(config: ModelConfig, folder: Path, settings: Settings, session: ort.InferenceSession,
+                 deadline: float) -> GraphForms | None:
+    """Both graphs of a model that has a CPU form and runs on the CPU only (`GraphForms` picks by sequence, from
+    the length calibrated on this machine by `deadline` (time.monotonic), or pinned: POSENC_CPU_FORM_FROM)."""
     cpu_form = cpu_model_file(config.raw)
     if cpu_form is None or session.get_providers() != [CPU]:
         return None
-    file, sha256, from_sequence = cpu_form
-    form = ort.InferenceSession(_model_bytes(folder, file, sha256), sess_options=_session_options(settings),
-                                providers=[CPU])
+    file, sha256, configured = cpu_form
+    form_bytes = _model_bytes(folder, file, sha256)
+    form = ort.InferenceSession(form_bytes, sess_options=_session_options(settings), providers=[CPU])
     _check_session(config, form)
     axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
-    return GraphForms(session, form, file, from_sequence, axes)
+    standard_sha = config.sha256 or hashlib.sha256(_model_bytes(folder, "model.onnx", None)).hexdigest()
+    threads = session.get_session_options().intra_op_num_threads
+    key = calibration.cache_key(calibration.Machine.here(), threads, standard_sha, hashlib.sha256(form_bytes).hexdigest())
+    shapes = [(t.name, t.datatype, t.shape, t.sequence_axis()) for t in config.inputs]
+    choice = calibration.choose_from_sequence(
+        settings.cpu_form_from, configured, lambda: calibration.time_forms(session, form, shapes, deadline), key,
+        calibration.CalibrationCache(_calibration_cache_path(settings.calibration_cache)))
+    log.info("model %s: %s from sequence %s (%s)", config.name, file, choice.from_sequence or "never", choice.how)
+    return GraphForms(session, form, file, choice.from_sequence, axes, choice.how)
 
 
-def load_model(name: str, folder: Path, settings: Settings) -> LoadedModel | FailedModel:
+def _calibration_cache_path(setting: str) -> Path | None:
+    if setting == "off":
+        return None
+    return Path(setting).expanduser() if setting else calibration.default_cache_path()
+
+
+def load_model(name: str, folder: Path, settings: Settings, deadline: float | None = None) -> LoadedModel | FailedModel:
     """Read config.json, check the file hash, build the session and check it against config.json."""
     try:
         config = ModelConfig.parse(name, _read_config(folder / "config.json"))
         session = _session(config, folder, settings)
-        forms = _graph_forms(config, folder, settings, session)
+        deadline = time.monotonic() + settings.calibration_seconds if deadline is None else deadline
+        forms = _graph_forms(config, folder, settings, session, deadline)
     except LOAD_ERRORS as exc:
         failed = FailedModel(name, f"model '{name}': {exc}")
         log.error("%s", failed.problem)

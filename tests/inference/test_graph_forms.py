@@ -85,7 +85,7 @@ def _edit_cpu_model(repo: Path, **changes: object) -> None:
 
 @pytest.mark.parametrize(("change", "reason"), [
     ({"sha256": "0" * 64}, "model.cpu.onnx does not match the sha256 in config.json"),
-    ({"from_sequence": 0}, "cpu_model must name a file in the model's folder and an integer from_sequence >= 1"),
+    ({"from_sequence": 0}, "cpu_model must name a file in the model's folder and a from_sequence >= 1 (or null)"),
     ({"file": "../rope_attention/model.cpu.onnx"}, "cpu_model must name a file in the model's folder"),
     ({"file": "missing.onnx"}, "model 'rope_attention'"),
 ])

@@ -1,0 +1,173 @@
+"""The CPU form's length rule, decided on the serving machine (`posenc.service.inference.calibration`): measured
+at start-up within its time bound, cached by machine, onnxruntime version, threads and graph hashes, pinned by
+POSENC_CPU_FORM_FROM, and fixed for the life of a process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from posenc.models.crossover import crossover, start_of_last_run
+from posenc.service.inference import calibration
+from posenc.service.inference.calibration import CalibrationCache, Machine, Timings, cache_key, choose_from_sequence
+from posenc.service.inference.engine import Engine
+from posenc.service.inference.graph_forms import STANDARD
+from posenc.service.inference.repository import LoadedModel
+from posenc.service.settings import Settings
+from tests.onnx_models import REPOSITORY
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_tile amx_bf16
+"""
+AMD = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC 7B13
+flags\t\t: fpu sse2 avx2 fma
+"""
+
+
+@pytest.mark.parametrize(("faster", "first"), [
+    ([], None), ([False], None), ([True], 0), ([False, True, True], 1), ([True, False, True], 2),
+    ([True, True, False], None), ([True, True, True], 0),
+])
+def test_start_of_last_run(faster: list[bool], first: int | None) -> None:
+    assert start_of_last_run(faster) == first
+
+
+def test_the_crossover_is_the_first_length_from_which_the_second_way_always_wins() -> None:
+    sizes = [16, 64, 256, 1024]
+    assert crossover(sizes, [1, 2, 3, 4], [2, 1, 4, 3]) == 1024  # a win at 64 that does not last
+    assert crossover(sizes, [1, 2, 3, 4], [2, 3, 2, 3]) == 256
+    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 1]) == 16
+    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 5]) is None
+    with pytest.raises(ValueError, match="one time per size"):
+        crossover(sizes, [1, 2], [1, 2])
+
+
+def test_the_machine_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    (tmp_path / "intel").write_text(INTEL)
+    (tmp_path / "amd").write_text(AMD)
+    intel, amd = Machine.here(tmp_path / "intel"), Machine.here(tmp_path / "amd")
+    assert intel.cpu == "Intel(R) Xeon(R) Platinum 8480+" and intel.isa == (
+        "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+    assert amd.cpu == "AMD EPYC 7B13" and amd.isa == ("avx2", "fma")
+    # the same graphs and threads on another CPU are measured anew
+    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(amd, 2, "a" * 64, "b" * 64)
+    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(intel, 4, "a" * 64, "b" * 64)
+    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(intel, 2, "a" * 64, "c" * 64)
+    assert Machine.here(tmp_path / "missing").cores >= 1  # no /proc: still a machine
+
+
+TIMINGS = Timings((16, 256, 1024), (1.0, 2.0, 4.0), (2.0, 1.5, 3.0))
+
+
+def _never() -> Timings:
+    raise AssertionError("measured although the rule was pinned or cached")
+
+
+@pytest.mark.parametrize(("setting", "expected"), [("config", 512), ("never", None), ("64", 64)])
+def test_a_pinned_rule_measures_nothing(tmp_path: Path, setting: str, expected: int | None) -> None:
+    cache = CalibrationCache(tmp_path / "c.json")
+    assert choose_from_sequence(setting, 512, _never, "key", cache).from_sequence == expected
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_calibrate_measures_once_then_reads_the_cache(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path / "posenc" / "c.json")
+    first = choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache)
+    assert (first.from_sequence, first.how) == (256, "calibrated on this machine")
+    saved = json.loads((tmp_path / "posenc" / "c.json").read_text())["key"]
+    assert saved["from_sequence"] == 256 and saved["sequences"] == [16, 256, 1024]
+    again = choose_from_sequence("calibrate", 1024, _never, "key", cache)
+    assert (again.from_sequence, again.how) == (256, "calibrated earlier on this machine (cache)")
+    other = choose_from_sequence("calibrate", 1024, lambda: Timings((16,), (1.0,), (2.0,)), "other key", cache)
+    assert other.from_sequence is None  # never faster here: model.onnx only, and that is cached too
+    assert set(json.loads((tmp_path / "posenc" / "c.json").read_text())) == {"key", "other key"}
+
+
+def test_out_of_time_keeps_config_json_and_caches_nothing(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path / "c.json")
+    choice = choose_from_sequence("calibrate", 1024, lambda: None, "key", cache)
+    assert choice.from_sequence == 1024 and "ran out of time" in choice.how
+    assert cache.get("key") is None
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": {"from_sequence": 0}}',
+                                     '{"key": {"from_sequence": "512"}}'])
+def test_a_broken_cache_is_measured_again(tmp_path: Path, content: str) -> None:
+    (tmp_path / "c.json").write_text(content)
+    cache = CalibrationCache(tmp_path / "c.json")
+    assert choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache).from_sequence == 256
+
+
+def test_an_unwritable_cache_is_no_cache(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    cache = CalibrationCache(tmp_path / "file" / "c.json")  # its folder is a file
+    assert choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache).from_sequence == 256
+
+
+@pytest.mark.parametrize("value", ["sometimes", "0", "-5", "1.5", ""])
+def test_the_setting_names_what_it_takes(value: str) -> None:
+    with pytest.raises(ValidationError, match="cpu_form_from"):
+        Settings(cpu_form_from=value)
+
+
+def test_calibration_inputs_count_positions_along_the_sequence() -> None:
+    shapes = [("query", "FP32", [-1, 4, -1, 8], 2), ("position_ids", "INT64", [-1, -1], 1)]
+    arrays = calibration.calibration_inputs(shapes, 5, np.random.default_rng(0))
+    assert arrays["query"].shape == (1, 4, 5, 8) and arrays["query"].dtype == np.float32
+    assert arrays["position_ids"].tolist() == [[0, 1, 2, 3, 4]]
+
+
+def _rope_repository(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    shutil.copytree(REPOSITORY / "rope_attention", repo / "rope_attention")
+    return repo
+
+
+def test_start_up_calibrates_on_this_machine_then_starts_from_the_cache(tmp_path: Path) -> None:
+    repo, cache = _rope_repository(tmp_path), tmp_path / "calibration.json"
+    settings = Settings(model_repository=repo, cpu_form_from="calibrate", calibration_cache=str(cache),
+                        intra_op_num_threads=1)
+    engine = Engine(settings)
+    assert engine.load() == []
+    model = engine.models["rope_attention"]
+    assert isinstance(model, LoadedModel) and model.forms is not None
+    assert model.forms.rule == "calibrated on this machine"
+    (key, entry), = json.loads(cache.read_text()).items()
+    assert Machine.here().cpu in key and "1 threads" in key
+    assert entry["from_sequence"] == model.forms.from_sequence
+    assert len(entry["standard_ms"]) == len(entry["form_ms"]) == len(calibration.SEQUENCES)
+    again = Engine(settings)
+    assert again.load() == []
+    second = again.models["rope_attention"]
+    assert isinstance(second, LoadedModel) and second.forms is not None
+    assert (second.forms.from_sequence, second.forms.rule) == (
+        model.forms.from_sequence, "calibrated earlier on this machine (cache)")
+
+
+def test_no_time_for_calibration_keeps_config_json(tmp_path: Path) -> None:
+    repo = _rope_repository(tmp_path)
+    engine = Engine(Settings(model_repository=repo, cpu_form_from="calibrate", calibration_cache="off",
+                             calibration_seconds=0, intra_op_num_threads=1))
+    assert engine.load() == []
+    model = engine.models["rope_attention"]
+    configured = json.loads((repo / "rope_attention" / "config.json").read_text())["cpu_model"]["from_sequence"]
+    assert isinstance(model, LoadedModel) and model.forms is not None
+    assert model.forms.from_sequence == configured and "ran out of time" in model.forms.rule
+
+
+def test_never_runs_model_onnx_at_every_length(tmp_path: Path) -> None:
+    engine = Engine(Settings(model_repository=_rope_repository(tmp_path), cpu_form_from="never"))
+    assert engine.load() == []
+    model = engine.models["rope_attention"]
+    assert isinstance(model, LoadedModel) and model.forms is not None
+    long = {"query": np.zeros((1, 8, 4096, 64), np.float32)}
+    assert model.forms.pick(long)[0] == STANDARD
