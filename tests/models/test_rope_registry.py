@@ -109,8 +109,8 @@ def test_scaling_hypotheses_apply_to_the_scaled_types(name: str) -> None:
 def test_a_new_entry_needs_no_code_outside_the_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry with its formula is validated, resolved from a config.json, computed and diagnosed."""
     name = "halved"
-    entry = RopeTypeSpec(reads=frozenset({"factor"}), required=("factor",), config_keys=frozenset({"rope_type", "factor"}),
-                         inv_freq=linear_inv_freq, scaled=True)
+    entry = RopeTypeSpec(reads=frozenset({"factor"}), required=("factor",),
+                         config_keys=frozenset({"rope_type", "factor"}), inv_freq=linear_inv_freq, scaled=True)
     monkeypatch.setitem(ROPE_TYPES, name, entry)
     assert rope_type_spec(name) is entry
     params = make_rope_parameters(head_dim=HEAD_DIM, rope_type=name, factor=2.0, low_freq_factor=9.0)
