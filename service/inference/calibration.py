@@ -20,7 +20,7 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,8 @@ log = logging.getLogger("posenc.inference.calibration")
 
 SEQUENCES = (16, 32, 64, 128, 256, 512, 1024)  # B=1 lengths timed; the CPU form must win at the longest
 ROUNDS = 3  # interleaved runs per graph and length, after one warm-up run each
+# (name, KServe datatype, shape with -1 for dynamic dims, the sequence axis) of one model input
+InputShape = tuple[str, str, Sequence[int], int | None]
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 
 
@@ -108,7 +110,7 @@ class CalibrationCache:
             log.warning("calibration cache %s not written (%s)", self.path, exc)
 
 
-def calibration_inputs(inputs: Sequence[tuple[str, str, Sequence[int], int | None]], seq: int,
+def calibration_inputs(inputs: Sequence[InputShape], seq: int,
                        rng: np.random.Generator) -> dict[str, np.ndarray]:
     """B=1 inputs of sequence length `seq` from (name, KServe datatype, shape with -1 dynamic, sequence axis):
     floats are standard normal, integers count positions 0 … seq-1 along the sequence axis."""
@@ -137,7 +139,7 @@ class Timings:
 
 
 def time_forms(standard: ort.InferenceSession, form: ort.InferenceSession,
-               inputs: Sequence[tuple[str, str, Sequence[int], int | None]], deadline: float,
+               inputs: Sequence[InputShape], deadline: float,
                sequences: Sequence[int] = SEQUENCES, rounds: int = ROUNDS) -> Timings | None:
     """Both sessions' best time at each length (interleaved rounds); None when `deadline` (time.monotonic)
     passes before the longest length is measured."""
@@ -167,7 +169,8 @@ class Choice:
     how: str  # pinned, never, config, cached, measured, or config because calibration ran out of time
 
 
-def choose_from_sequence(setting: str, configured: int | None, measure: Any, key: str, cache: CalibrationCache) -> Choice:
+def choose_from_sequence(setting: str, configured: int | None, measure: Callable[[], Timings | None], key: str,
+                         cache: CalibrationCache) -> Choice:
     """The rule for one model: POSENC_CPU_FORM_FROM pins it (`config`: config.json's `configured`; `never`; a
     length), else `calibrate`: the cache's entry for `key`, or `measure()` (a `Timings`, or None when out of
     time: config.json's value then, not cached)."""
@@ -187,10 +190,10 @@ def choose_from_sequence(setting: str, configured: int | None, measure: Any, key
     return Choice(from_sequence, "calibrated on this machine")
 
 
-def config_inputs(config: Mapping[str, Any]) -> list[tuple[str, str, Sequence[int], int | None]]:
+def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
     """(name, datatype, shape, sequence axis) of config.json's inputs (the sequence: the first dynamic axis after
     the batch axis)."""
-    shapes = []
+    shapes: list[InputShape] = []
     for entry in config["inputs"]:
         shape = list(entry["shape"])
         axis = next((index for index, dim in enumerate(shape) if dim == -1 and index > 0), None)

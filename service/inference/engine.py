@@ -13,9 +13,9 @@ import asyncio
 import ctypes
 import functools
 import logging
-import time
 import math
 import re
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager

@@ -291,7 +291,8 @@ def _graph_forms(config: ModelConfig, folder: Path, settings: Settings, session:
     axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
     standard_sha = config.sha256 or hashlib.sha256(_model_bytes(folder, "model.onnx", None)).hexdigest()
     threads = session.get_session_options().intra_op_num_threads
-    key = calibration.cache_key(calibration.Machine.here(), threads, standard_sha, hashlib.sha256(form_bytes).hexdigest())
+    form_sha = hashlib.sha256(form_bytes).hexdigest()
+    key = calibration.cache_key(calibration.Machine.here(), threads, standard_sha, form_sha)
     shapes = [(t.name, t.datatype, t.shape, t.sequence_axis()) for t in config.inputs]
     choice = calibration.choose_from_sequence(
         settings.cpu_form_from, configured, lambda: calibration.time_forms(session, form, shapes, deadline), key,
