@@ -12,7 +12,7 @@ import pytest
 
 from tests.onnx_models import ROOT
 
-WHEEL_SOURCES = ("pyproject.toml", "README.md", "posenc", "service", "models", "onnx")
+WHEEL_SOURCES = ("pyproject.toml", "setup.py", "README.md", "posenc", "service", "models", "onnx")
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
     for name in WHEEL_SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, symlinks=True)  # posenc/service, posenc/models
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
