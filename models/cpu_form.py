@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from posenc.models.crossover import start_of_last_run
+
 CPU_MODEL_FILE = "model.cpu.onnx"
 CALIBRATION_SEQUENCES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # B=1 runs timed to place `from_sequence`
 CONTRIB_DOMAIN = "com.microsoft"
@@ -139,16 +141,6 @@ def faster_from(standard: bytes, form: bytes, num_heads: int, num_kv_heads: int,
         faster.append(min(times[1]) < min(times[0]))
     first = start_of_last_run(faster)
     return None if first is None else sequences[first]
-
-
-def start_of_last_run(faster: Sequence[bool]) -> int | None:
-    """The index from which every entry of `faster` is true; None when the last is false (or none)."""
-    if not faster or not faster[-1]:
-        return None
-    first = len(faster) - 1
-    while first > 0 and faster[first - 1]:
-        first -= 1
-    return first
 
 
 def write_cpu_form(folder: Path) -> Path | None:
