@@ -10,6 +10,8 @@ Variants differ in frequency spacing and column layout:
 - marian:        paper omega; [sin | cos], sin in the first ceil(d/2) columns (HF `MarianSinusoidalPositionalEmbedding`)
 """
 
+import math
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -24,9 +26,17 @@ SinusoidalVariant = Literal["paper", "tensor2tensor", "fairseq", "marian"]
 DEFAULT_FAIRSEQ_PADDING_IDX = 1  # fairseq dictionaries' <pad> index
 
 
+def _libm(function: Callable[[float], float], values: np.ndarray) -> np.ndarray:
+    """`function` (a `math` one: the C library's) of each value, float64. numpy's own float64 pow, exp and log
+    loops take another code path on AVX-512 CPUs and differ in the last bit, so a table computed with them
+    would not be the same bytes on every machine; the C library's scalar functions are."""
+    return np.array([function(value) for value in values.tolist()], dtype=np.float64)
+
+
 def paper_frequencies(count: int, dim: int, base: float) -> np.ndarray:
     """omega_k = base^(-2k/dim), k < count. float64 [count]."""
-    return np.power(float(base), -2.0 * np.arange(count, dtype=np.float64) / dim)
+    exponents = -2.0 * np.arange(count, dtype=np.float64) / dim
+    return _libm(lambda e: math.pow(float(base), e), exponents)
 
 
 def log_spaced_frequencies(count: int, base: float, guard: bool) -> np.ndarray:
@@ -38,7 +48,7 @@ def log_spaced_frequencies(count: int, base: float, guard: bool) -> np.ndarray:
     if denominator == 0:
         raise ParameterError("dim", "fairseq divides by dim//2 - 1, so dim must be at least 4 "
                                     "(the reference raises ZeroDivisionError for dim 2 and 3)")
-    return np.exp(-np.arange(count, dtype=np.float64) * (np.log(float(base)) / denominator))
+    return _libm(math.exp, -np.arange(count, dtype=np.float64) * (math.log(float(base)) / denominator))
 
 
 def _concatenated(angles_sin: np.ndarray, angles_cos: np.ndarray, dim: int) -> np.ndarray:

@@ -50,6 +50,10 @@ GET_REQUESTS = [
     "/v1/sinusoidal?max_position=16&dim=8&variant=fairseq&padding_idx=3&offset=2",
     "/v1/sinusoidal?max_position=16&dim=7&variant=marian&dtype=float64&format=npy",
     "/v1/sinusoidal?max_position=4&dim=4&format=json",
+    # 256 frequencies from pow / exp: numpy's AVX-512 float64 pow and exp differ from the baseline's in the last bit
+    "/v1/sinusoidal?max_position=64&dim=512&dtype=float64&format=npy",
+    "/v1/sinusoidal?max_position=64&dim=512&variant=tensor2tensor&dtype=float64&format=npy",
+    "/v1/sinusoidal?max_position=4096&dim=512&variant=fairseq",
     "/v1/alibi/slopes?num_heads=12",
     "/v1/alibi/slopes?num_heads=12&alibi_bias_max=16&dtype=float64&format=raw",
     "/v1/alibi/bias?num_heads=5&query_length=3&key_length=7",

@@ -1,4 +1,4 @@
-"""Properties of position encodings, measured on the tables posenc serves (docs/PROPERTIES.md).
+"""Properties of position encodings, measured on the tables posenc serves (docs/properties.md).
 
 Pure numpy functions of plain parameters and tables: uniqueness (distances between positions' rows,
 exact collisions in a served dtype), relative-position awareness (residuals of the identities that

@@ -1,4 +1,4 @@
-"""`GET /v1/properties/...`: what a family's table does (docs/PROPERTIES.md), as named curves and a summary.
+"""`GET /v1/properties/...`: what a family's table does (docs/properties.md), as named curves and a summary.
 
 Importing this package registers every properties endpoint in `posenc.service.tables.TABLES`, beside the tables
 whose query models they extend; every module here is imported, in name order.

@@ -1,5 +1,5 @@
 """`GET /v1/properties/rope/vision` and `POST /v1/properties/rope/mrope`: the properties of the
-multi-axis RoPE tables (docs/PROPERTIES.md): per axis (height/width; t/h/w) each frequency's wavelength
+multi-axis RoPE tables (docs/properties.md): per axis (height/width; t/h/w) each frequency's wavelength
 against the positions the axis spans and the relativity residual, over all frequencies norm
 preservation and the uniqueness of the served rows.
 

@@ -1,5 +1,5 @@
 """`GET /v1/properties/{rope,sinusoidal,alibi,t5}`: the properties of a family's table as named curves
-and a summary (docs/PROPERTIES.md).
+and a summary (docs/properties.md).
 
 Each query is the family's table query (same parameters, bounds and defaults) plus the sample size of
 the random measurements; the math is `posenc.models.properties`. The curves are the tensors (every wire

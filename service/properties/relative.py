@@ -1,5 +1,5 @@
 """`GET /v1/properties/{deberta,relative,xlnet}`: the properties of the relative-position tables
-(docs/PROPERTIES.md): DeBERTa's log buckets (`/v1/deberta/buckets`), Shaw et al.'s clipped indices
+(docs/properties.md): DeBERTa's log buckets (`/v1/deberta/buckets`), Shaw et al.'s clipped indices
 (`/v1/relative/clipped`) and XLNet's relative sinusoid (`/v1/relative/sinusoidal`).
 
 Same conventions as `posenc.service.properties.families`: the table route's parameters, curves as tensors,

@@ -144,6 +144,22 @@ def test_the_cache_is_bounded(app_client: TestClient, statuses: list[int]) -> No
     assert Client(http=app_client, cache_bytes=0).alibi_slopes(num_heads=4).etag
 
 
+def test_the_cache_drops_the_table_used_longest_ago(app_client: TestClient, statuses: list[int]) -> None:
+    client = Client(http=app_client, cache_bytes=32)  # two slopes tables of 4 heads (16 bytes each)
+    a, b, c = ({"num_heads": 4, "alibi_bias_max": m} for m in (8, 16, 32))
+    assert client.alibi_slopes(**a).nbytes == 16
+    client.alibi_slopes(**b)
+    client.alibi_slopes(**c)  # a is dropped: the oldest
+    assert statuses == [200, 200, 200]
+    client.alibi_slopes(**c)
+    client.alibi_slopes(**b)  # b is now the newest, c the oldest
+    assert statuses[3:] == [304, 304]
+    client.alibi_slopes(**a)  # kept again, c dropped
+    client.alibi_slopes(**b)
+    client.alibi_slopes(**c)
+    assert statuses[5:] == [200, 304, 200]
+
+
 def test_errors_are_typed(client: Client) -> None:
     with pytest.raises(InvalidParameterError) as info:
         client.alibi_bias(num_heads=2, query_length=3, key_length=4, mode="sideways")

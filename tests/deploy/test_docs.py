@@ -125,11 +125,26 @@ def test_endpoints_list_every_route() -> None:
     from posenc.service.http.app import create_app
 
     table = _reference().render("endpoints")
-    readme = README.read_text()
     for path, operations in create_app().openapi()["paths"].items():
         for method in operations:
             assert f"| {method.upper()} | `{path}` |" in table
-            assert f"`{method.upper()} {path}`" in readme, f"README's endpoint index lacks {method} {path}"
+
+
+def test_readme_links_the_endpoint_list_and_names_only_real_routes() -> None:
+    """The README does not repeat the generated list: it links it, and the routes it names exist."""
+    from posenc.service.http.app import create_app
+
+    paths = create_app().openapi()["paths"]
+    readme = README.read_text()
+    assert "[Endpoints](docs/endpoints.md)" in readme
+    named = re.findall(r"`(GET|POST) (/[^`\s?]*)`", readme)
+    assert named
+    for method, path in named:
+        assert method.lower() in paths.get(path, {}), f"README names {method} {path}: no such route"
+    prefixes = re.findall(r"`(/(?:v1|v2|healthz|readyz|metrics)[^`\s?]*)`", readme)
+    assert len(prefixes) >= 10
+    for path in prefixes:
+        assert any(route.startswith(path.removesuffix("...")) for route in paths), f"README names {path}: no route"
 
 
 def test_rope_types_list_every_registered_type() -> None:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from posenc.models.crossover import crossover, start_of_last_run
 from posenc.service.inference import calibration
 from posenc.service.inference.calibration import CalibrationCache, Machine, Timings, cache_key, choose_from_sequence
 from posenc.service.inference.engine import Engine
@@ -31,24 +30,6 @@ vendor_id\t: AuthenticAMD
 model name\t: AMD EPYC 7B13
 flags\t\t: fpu sse2 avx2 fma
 """
-
-
-@pytest.mark.parametrize(("faster", "first"), [
-    ([], None), ([False], None), ([True], 0), ([False, True, True], 1), ([True, False, True], 2),
-    ([True, True, False], None), ([True, True, True], 0),
-])
-def test_start_of_last_run(faster: list[bool], first: int | None) -> None:
-    assert start_of_last_run(faster) == first
-
-
-def test_the_crossover_is_the_first_length_from_which_the_second_way_always_wins() -> None:
-    sizes = [16, 64, 256, 1024]
-    assert crossover(sizes, [1, 2, 3, 4], [2, 1, 4, 3]) == 1024  # a win at 64 that does not last
-    assert crossover(sizes, [1, 2, 3, 4], [2, 3, 2, 3]) == 256
-    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 1]) == 16
-    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 5]) is None
-    with pytest.raises(ValueError, match="one time per size"):
-        crossover(sizes, [1, 2], [1, 2])
 
 
 def test_the_machine_is_read_from_cpuinfo(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from posenc.models.export.cpu_form import cpu_form, start_of_last_run
+from posenc.models.export.cpu_form import cpu_form
 from posenc.models.export.exporter import IR_VERSION
 from tests.onnx_models import REPOSITORY, SHIPPED, geometry
 
@@ -54,14 +54,3 @@ def test_a_causal_attention_with_default_attributes_has_one() -> None:
     assert form is not None
     assert [n.op_type for n in form.graph.node].count("GroupQueryAttention") == 1
     assert "Attention" not in [n.op_type for n in form.graph.node]
-
-
-@pytest.mark.parametrize(("faster", "first"), [
-    ([False, False, True, True], 2),
-    ([True, False, True], 2),  # faster at the shortest only by chance: from where it stays faster
-    ([True, True], 0),
-    ([True, False], None),  # not faster at the longest: no CPU form
-    ([], None),
-])
-def test_the_cpu_form_runs_from_where_it_stays_faster(faster: list[bool], first: int | None) -> None:
-    assert start_of_last_run(faster) == first
