@@ -17,9 +17,7 @@ from posenc.service.http.errors import install_error_handlers
 from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
-from posenc.service.inference import repository_routes, shared_memory_routes
 from posenc.service.inference import routes as inference_routes
-from posenc.service.inference.check_routes import router as check_inference_router
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
@@ -87,11 +85,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_openapi(app)
     tables, properties, checks = _registry_routers()
     # Routes are matched in this order: the inference routes, the busiest, before the many table routes.
-    for router in (health.router, inference_routes.router, repository_routes.router, shared_memory_routes.router,
+    for router in (health.router, inference_routes.router, inference_routes.shared_memory_router,
                    tables, properties, presets.router, docs.router, explorer.router):
         app.include_router(router)
     app.include_router(checks)
-    app.include_router(check_inference_router)
+    app.include_router(inference_routes.check_router)
     # Restricted protocol groups refused before anything answers them (none holds a table or /healthz path,
     # which the fast path answers ahead of every layer).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())

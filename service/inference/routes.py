@@ -1,58 +1,53 @@
 """KServe v2 / Open Inference Protocol routes (REST), served from the model repository.
 
-`GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`,
-`.../ready`, `.../stats`, `POST .../infer`. The infer route reads the raw body itself: tritonclient
-sends no Content-Type, and binary tensors follow the JSON header (`Inference-Header-Content-Length`).
+`GET /v2`, `/v2/health/live`, `/v2/health/ready`, `GET /v2/models/{name}[/versions/{v}]`, `.../ready`,
+`.../stats`, `POST .../infer` (answered by `posenc.service.inference.answer`: the route reads the raw body
+itself, as tritonclient sends no Content-Type and binary tensors follow the JSON header,
+`Inference-Header-Content-Length`); Triton's repository views (`.../config`, `POST /v2/repository/index`);
+`POST /v2/models/{name}/check` (your attention output against the model's); the system shared-memory routes
+(`/v2/systemsharedmemory/...`: status, register, unregister).
 """
 
 from __future__ import annotations
 
-import asyncio
-import math
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Depends, Path, Request
+import pydantic_core
+from fastapi import APIRouter, Body, Depends, Path, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from pydantic import StrictBool
+from starlette.concurrency import run_in_threadpool
 
-from posenc.models.dtypes import BY_KSERVE
+from posenc.models.diagnosis.attention import AttentionSpec
 from posenc.service import __version__
-from posenc.service.budget import MemoryBudget, Reservation
-from posenc.service.errors import Unavailable, error_response
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.kserve_request import (
-    HEADER_LENGTH,
-    InferRequest,
-    RequestedOutput,
-    extensions,
-    parse_infer_request,
-)
-from posenc.service.inference.kserve_response import encode_infer_response_parts, requested_outputs
-from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
-from posenc.service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
-from posenc.service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
-from posenc.service.request_kit.bodies import declared_length, read_aligned_body, receive_into_of
+from posenc.service.check.attention import EXPECTED, bound_attention_work, check_attention
+from posenc.service.errors import BadRequest, Unavailable, error_response
+from posenc.service.inference import answer
+from posenc.service.inference.kserve_request import HEADER_LENGTH, InputTensor, extensions, parse_infer_request
+from posenc.service.inference.model_inputs import check_inputs, model_metadata
+from posenc.service.inference.repository import VERSION, RepositoryEntry, ensure_ready
+from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.inference.triton_config import triton_config
+from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import (
     EngineDep,
+    MemoryBudgetDep,
     ReadinessDep,
     SettingsDep,
+    SharedMemoryDep,
     engine_of,
     memory_budget_of,
     settings_of,
     shared_memory_of,
 )
 from posenc.service.request_kit.restricted import shared_memory_caller
-from posenc.service.request_kit.sending import HeldResponse
-from posenc.service.settings import Settings
 
 router = APIRouter(tags=["inference"])
+check_router = APIRouter(tags=["check"])  # beside the table checks
+shared_memory_router = APIRouter(tags=["shared memory"])
 
-# Bodies above this are parsed / encoded in a worker thread so the event loop keeps serving.
-OFFLOAD_BYTES = 256 * 1024
-T = TypeVar("T")
 NameParam = Annotated[str, Path(description="Model name: a folder of the model repository.")]
 VersionParam = Annotated[str, Path(description="Model version; every model has version '1'.")]
 
@@ -69,30 +64,14 @@ ModelDep = Annotated[RepositoryEntry, Depends(_model)]
 VersionedModelDep = Annotated[RepositoryEntry, Depends(_versioned_model)]
 
 
-@dataclass(frozen=True)
-class InferContext:
-    """What an infer request uses besides its model: the engine, the limits and budget, the shared memory."""
-
-    engine: Engine
-    settings: Settings
-    budget: MemoryBudget
-    shared_memory: SharedMemoryRegistry
-
-
-async def _infer_context(request: Request) -> InferContext:
+async def _infer_context(request: Request) -> answer.InferContext:
     # One dependency reading the four (FastAPI solves each dependency of a route on every request: on a small
     # inference that is a measurable share of the fixed cost).
-    return InferContext(await engine_of(request), await settings_of(request), await memory_budget_of(request),
+    return answer.InferContext(await engine_of(request), await settings_of(request), await memory_budget_of(request),
                         await shared_memory_of(request))
 
 
-InferContextDep = Annotated[InferContext, Depends(_infer_context)]
-
-
-async def _maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
-    if size > OFFLOAD_BYTES:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)
+InferContextDep = Annotated[answer.InferContext, Depends(_infer_context)]
 
 
 @router.get("/v2", summary="Server metadata")
@@ -150,147 +129,137 @@ async def model_version_stats(engine: EngineDep, model: VersionedModelDep) -> di
 
 @router.post("/v2/models/{name}/infer", summary="Inference (JSON or binary tensors)")
 async def infer(request: Request, name: NameParam, context: InferContextDep) -> Response:
-    return await _infer(request, context.engine.get(name), context)
+    return await answer.infer(request, context.engine.get(name), context)
 
 
 @router.post("/v2/models/{name}/versions/{version}/infer", summary="Inference (version)")
 async def infer_version(request: Request, name: NameParam, version: VersionParam,
                         context: InferContextDep) -> Response:
-    return await _infer(request, context.engine.get(name, version), context)
+    return await answer.infer(request, context.engine.get(name, version), context)
 
 
-async def _infer(request: Request, entry: RepositoryEntry, context: InferContext) -> Response:
-    """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
-    model = ensure_ready(entry)  # 503 before reading a body that cannot be served
-    engine, limit = context.engine, context.settings.max_request_bytes
-    # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
-    # (grown once the inputs are parsed, when the outputs and their JSON text need more: `_memory_needed`)
-    reserved = 3 * declared_length(request.headers.get("content-length"), limit)
-    with engine.admission(model):  # a full queue refuses before the body is read
-        reservation = await context.budget.acquire(reserved, f"an inference on '{model.name}'")
-        try:
-            parts, headers = await _run_infer(request, engine, model, limit, context.shared_memory, reservation)
-        except BaseException:
-            reservation.release()
-            raise
-    # the answer's bytes stay counted until the kernel has them (posenc.service.request_kit.sending)
-    reservation.shrink(sum(len(part) for part in parts))
-    return PartsResponse(parts, headers, release=reservation.release)
+# Triton's model-repository views
+
+@router.get("/v2/models/{name}/config", summary="Model configuration (Triton's model_config as JSON)")
+async def model_config(model: ModelDep, settings: SettingsDep) -> dict[str, Any]:
+    return triton_config(ensure_ready(model), settings)
 
 
-class PartsResponse(HeldResponse):
-    """A response whose body is sent as its parts, one ASGI message each (the JSON header, then views of the
-    output arrays): nothing is joined into a new buffer. `headers` carry Content-Length and Content-Type;
-    `release` runs once every part is sent."""
-
-    def __init__(self, parts: Sequence[bytes | bytearray | memoryview], headers: dict[str, str], *,
-                 release: Callable[[], None]) -> None:
-        super().__init__(b"", release=release, headers=headers)
-        self.parts = parts
-
-    async def send_body(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        last = len(self.parts) - 1
-        for index, part in enumerate(self.parts):
-            await send({"type": "http.response.body", "body": part, "more_body": index < last})
+@router.get("/v2/models/{name}/versions/{version}/config", summary="Model configuration (version)")
+async def model_version_config(model: VersionedModelDep, settings: SettingsDep) -> dict[str, Any]:
+    return triton_config(ensure_ready(model), settings)
 
 
-# The most bytes one number takes in a JSON data list: "-2.2250738585072014e-308" and its comma.
-JSON_NUMBER_BYTES = 25
+@router.post("/v2/repository/index", summary="Every model of the repository and its state (Triton's index)")
+def repository_index(
+    engine: EngineDep,
+    ready: Annotated[StrictBool, Body(embed=True, description="Only the models that are ready to serve.")] = False,
+) -> list[dict[str, str]]:
+    entries = []
+    for name, model in sorted(engine.models.items()):
+        if model.ready:
+            entries.append({"name": name, "version": VERSION, "state": "READY"})
+        elif not ready:
+            entries.append({"name": name, "version": VERSION, "state": "UNAVAILABLE", "reason": str(model.problem)})
+    return entries
 
 
-def _memory_needed(body: bytes | bytearray | memoryview, model: LoadedModel, parsed: InferRequest,
-                   inputs: Mapping[str, np.ndarray]) -> int:
-    """Bytes the request holds at its peak: the body, the inputs decoded from JSON (binary ones are views of
-    the body), every output, and the JSON text of the outputs answered as JSON."""
-    body_bytes = np.frombuffer(body, np.uint8)
-    decoded = sum(t.array.nbytes for t in parsed.inputs
-                  if t.shm is None and not np.may_share_memory(t.array, body_bytes))
-    largest_input = max((array.nbytes for array in inputs.values()), default=0)
-    elements = {}
-    for out in model.config.outputs:
-        shape = model.output_shape(out.name, inputs)
-        itemsize = BY_KSERVE[out.datatype].numpy.itemsize
-        elements[out.name] = math.prod(shape) if shape is not None else largest_input // itemsize
-    outputs = sum(elements[out.name] * BY_KSERVE[out.datatype].numpy.itemsize for out in model.config.outputs)
-    text = sum(elements.get(out.name, 0) * JSON_NUMBER_BYTES
-               for out in requested_outputs(parsed, model.config.output_names) if out.shm is None and not out.binary)
-    return len(body) + decoded + outputs + text
+# Check your attention output against the model's: an infer request plus `expected_output`
+
+BODY_DOC = {
+    "requestBody": {
+        "required": True,
+        "description": "A KServe v2 infer request (JSON, or the binary tensor extension) whose inputs also hold "
+                       f"`{EXPECTED}`: your output for these inputs (shape and datatype of the model's output).",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
 
 
-def _header_length(value: str | None) -> int:
-    """Where the binary section starts, for aligning the body buffer (the parser checks the header itself)."""
-    ok = value is not None and value.isascii() and value.isdigit() and len(value) <= 18  # int() caps digits
-    return int(value) if ok and value is not None else 0
+def split_expected(tensors: Sequence[InputTensor]) -> tuple[list[InputTensor], np.ndarray]:
+    """The model's inputs, and the user's output (400 when it is missing)."""
+    expected = [t for t in tensors if t.name == EXPECTED]
+    if len(expected) != 1:
+        raise BadRequest(f"add your output as the input tensor '{EXPECTED}' (same shape and datatype as the model's "
+                         "output), once")
+    return [t for t in tensors if t.name != EXPECTED], expected[0].array
 
 
-def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
-                      registry: RegionsFor | None) -> dict[str, np.ndarray]:
-    """Views of the regions that requested outputs go to, for the model to write into directly (400 up front
-    when one is too small). Outputs whose shape is known only after the run, or that cannot be written in
-    place (see `SharedMemoryRegistry.output_array`), are copied there afterwards."""
-    if registry is None:
-        return {}
-    input_refs = [tensor.shm for tensor in parsed.inputs if tensor.shm is not None]
-    datatypes = {tensor.name: tensor.datatype for tensor in model.config.outputs}
-    views = {}
-    for out in requested_outputs(parsed, model.config.output_names):
-        shape = model.output_shape(out.name, inputs)
-        if out.shm is None or shape is None:
-            continue
-        view = registry.output_array(out.shm, BY_KSERVE[datatypes[out.name]].numpy, shape, f"output '{out.name}'",
-                                     input_refs)
-        if view is not None:
-            views[out.name] = view
-    return views
+@check_router.post("/v2/models/{name}/check", summary="Check your attention output against the model's",
+             openapi_extra=BODY_DOC, response_class=JSONResponse)
+async def check_model(request: Request,
+                      name: Annotated[str, Path(description="Model name: a folder of the model repository.")],
+                      engine: EngineDep, settings: SettingsDep, budget: MemoryBudgetDep) -> JSONResponse:
+    """Runs the infer request through the model and compares your `expected_output` with its output; the
+    diagnosis ranks missing causal mask, 1/D scale, GQA grouping, RoPE on v and positions not passed."""
+    model = ensure_ready(engine.get(name))
+    limit = settings.max_request_bytes
+    with engine.admission(model):
+        async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
+                                  f"a check on '{model.name}'"):
+            body = await read_body(request.headers.get("content-length"), request.stream(), limit)
+            parsed = await run_in_threadpool(parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+            tensors, expected = split_expected(parsed.inputs)
+            inputs = check_inputs(model, tensors)
+            bound_attention_work(AttentionSpec.from_config(model.config.raw), inputs, settings.max_table_bytes)
+            outputs = await engine.infer(model, inputs)
+            output = outputs[model.config.output_names[0]]
+            report = await run_in_threadpool(check_attention, model.name, model.config.raw, inputs, output, expected)
+    return JSONResponse(report.document())
 
 
-def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
-                   order: Sequence[str]) -> list[RequestedOutput]:
-    """The shared-memory outputs the run did not write into their regions itself: copied there by `_answer`."""
-    return [out for out in requested_outputs(parsed, order)
-            if out.shm is not None and outputs[out.name] is not written.get(out.name)]
+# System shared memory (on when POSENC_SHARED_MEMORY=true, else each answers 400); the registry is
+# posenc.service.inference.shared_memory. Register and unregister answer an empty 200, as Triton does.
+
+REGISTER_BODY_LIMIT = 64 * 1024
+RegionParam = Annotated[str, Path(description="Name the region is registered under.")]
 
 
-def _answer(model_name: str, registry: RegionsFor | None, parsed: InferRequest,
-            outputs: dict[str, Any], copies: Sequence[RequestedOutput],
-            order: Sequence[str]) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
-    """Copy the `copies` into their regions, encode the rest: the body parts and headers."""
-    for out in copies:
-        if out.shm is not None and registry is not None:
-            registry.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
-    return encode_infer_response_parts(model_name, VERSION, parsed, outputs, order)
+async def _enabled_registry(request: Request, registry: SharedMemoryDep) -> SharedMemoryRegistry:
+    """The registry, or 400 saying how to turn the extension on; 403 for a caller that may not use shared
+    memory at all (over TCP without the shared-memory key)."""
+    registry.require_enabled()
+    shared_memory_caller(request.scope).require(request.url.path)
+    return registry
 
 
-def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence[RequestedOutput],
-                 order: Sequence[str]) -> int:
-    """Bytes the answer copies or encodes (binary outputs are sent as views: no work)."""
-    encoded = [out for out in requested_outputs(parsed, order) if out.shm is None and not out.binary]
-    return sum(outputs[out.name].nbytes for out in [*encoded, *copies])
+EnabledRegistryDep = Annotated[SharedMemoryRegistry, Depends(_enabled_registry)]
 
 
-async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int,
-                     registry: SharedMemoryRegistry,
-                     reservation: Reservation) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
-    """One buffer for the body, numpy views of it (or of shared memory) into onnxruntime, and the answer
-    sent as the JSON header plus views of the outputs. Only work that grows with the size (JSON parsing
-    and encoding, copies into shared memory) goes to a worker thread."""
-    header_length = request.headers.get(HEADER_LENGTH)
-    json_length = _header_length(header_length)
-    body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
-                                   align_at=json_length, receive_into=receive_into_of(request.scope))
-    shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
-    parsed = await _maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
-    inputs = check_inputs(model, parsed.inputs)
-    if parsed.outputs is not None:
-        check_outputs(model, [out.name for out in parsed.outputs])
-    await reservation.grow(_memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
-    written = _shm_destinations(model, parsed, inputs, shm)
-    outputs = await engine.infer(model, inputs, written)
-    # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
-    del body, inputs
-    parsed.inputs = []
-    order = model.config.output_names
-    copies = _copied_to_shm(parsed, outputs, written, order)
-    return await _maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
-                                parsed, outputs, copies, order)
+@shared_memory_router.get("/v2/systemsharedmemory/status",
+                          summary="Status of every registered system shared-memory region")
+def status_all(registry: EnabledRegistryDep) -> list[dict[str, Any]]:
+    return registry.status()
+
+
+@shared_memory_router.get("/v2/systemsharedmemory/region/{name}/status",
+                          summary="Status of one system shared-memory region")
+def status_one(registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
+    return registry.status(name)
+
+
+@shared_memory_router.post("/v2/systemsharedmemory/region/{name}/register",
+                           summary="Register a system shared-memory region")
+async def register(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> Response:
+    body = await read_body(request.headers.get("content-length"), request.stream(), REGISTER_BODY_LIMIT)
+    try:
+        parsed = pydantic_core.from_json(body)
+    except ValueError as exc:
+        raise BadRequest(f"register: the body is not valid JSON: {exc}") from None
+    registry.register(name, *parse_register(parsed), caller=shared_memory_caller(request.scope))
+    return Response(status_code=200)
+
+
+@shared_memory_router.post("/v2/systemsharedmemory/region/{name}/unregister",
+                           summary="Unregister a system shared-memory region")
+def unregister(registry: EnabledRegistryDep, name: RegionParam) -> Response:
+    registry.unregister(name)
+    return Response(status_code=200)
+
+
+@shared_memory_router.post("/v2/systemsharedmemory/unregister",
+                           summary="Unregister every system shared-memory region")
+def unregister_all(registry: EnabledRegistryDep) -> Response:
+    registry.unregister()
+    return Response(status_code=200)

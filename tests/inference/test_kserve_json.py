@@ -16,11 +16,11 @@ from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest
 from posenc.service.inference import kserve_json
+from posenc.service.inference.answer import JSON_NUMBER_BYTES, _memory_needed
 from posenc.service.inference.kserve_json import json_data
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
 from posenc.service.inference.repository import LoadedModel
-from posenc.service.inference.routes import JSON_NUMBER_BYTES, _memory_needed
 from posenc.service.testing import attention_inputs, kserve_request
 from tests.conftest import running_client
 

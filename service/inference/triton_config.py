@@ -1,0 +1,38 @@
+"""A model as Triton describes one it serves (`model_config.proto` as JSON: `input`/`output` with `data_type`
+`TYPE_FP32`… and `dims` without the batch dimension, `max_batch_size`, `dynamic_batching`, `instance_group`),
+so Triton's own tools and dashboards can read posenc: `GET /v2/models/{name}/config`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posenc.models.dtypes import BY_KSERVE
+from posenc.service.inference.devices import CUDA
+from posenc.service.inference.repository import LoadedModel, ModelTensor
+from posenc.service.settings import Settings
+
+
+def _tensor_config(tensor: ModelTensor) -> dict[str, Any]:
+    return {"name": tensor.name, "data_type": BY_KSERVE[tensor.datatype].triton, "dims": list(tensor.shape[1:])}
+
+
+def triton_config(model: LoadedModel, settings: Settings) -> dict[str, Any]:
+    """The model as Triton describes a model it serves (the fields Triton's tools read)."""
+    config = model.config
+    on_gpu = CUDA in model.providers
+    document: dict[str, Any] = {
+        "name": model.name, "platform": "onnxruntime_onnx", "backend": "onnxruntime",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": settings.max_batch_size or config.max_batch_size,
+        "input": [_tensor_config(t) for t in config.inputs],
+        "output": [_tensor_config(t) for t in config.outputs],
+        "instance_group": [{"name": model.name, "kind": "KIND_GPU" if on_gpu else "KIND_CPU", "count": 1,
+                            "gpus": [0] if on_gpu else []}],
+        "default_model_filename": "model.onnx",
+    }
+    if settings.batching:
+        document["dynamic_batching"] = {
+            "preferred_batch_size": [], "max_queue_delay_microseconds": settings.max_queue_delay_us,
+            "preserve_ordering": False, "default_queue_policy": {"max_queue_size": settings.max_queue_size},
+        }
+    return document
