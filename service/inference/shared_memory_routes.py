@@ -3,7 +3,9 @@
 `GET /v2/systemsharedmemory/status`, `GET /v2/systemsharedmemory/region/{name}/status` (a JSON list of
 `{"name", "key", "offset", "byte_size"}`), `POST .../region/{name}/register` (JSON body `key`, `offset`,
 `byte_size`), `POST .../region/{name}/unregister`, `POST /v2/systemsharedmemory/unregister` (every region).
-Register and unregister answer an empty 200, as Triton does. The registry is `posenc.service.inference.shared_memory`.
+Register and unregister answer an empty 200, as Triton does. Each caller sees and changes only its own
+regions (its uid on the Unix socket; the shared-memory key's holders over TCP). The registry is
+`posenc.service.inference.shared_memory`.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ EnabledRegistryDep = Annotated[SharedMemoryRegistry, Depends(_enabled_registry)]
 
 
 @router.get("/v2/systemsharedmemory/status", summary="Status of every registered system shared-memory region")
-def status_all(registry: EnabledRegistryDep) -> list[dict[str, Any]]:
-    return registry.status()
+def status_all(request: Request, registry: EnabledRegistryDep) -> list[dict[str, Any]]:
+    return registry.status(shared_memory_caller(request.scope))
 
 
 @router.get("/v2/systemsharedmemory/region/{name}/status", summary="Status of one system shared-memory region")
-def status_one(registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
-    return registry.status(name)
+def status_one(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
+    return registry.status(shared_memory_caller(request.scope), name)
 
 
 @router.post("/v2/systemsharedmemory/region/{name}/register", summary="Register a system shared-memory region")
@@ -59,12 +61,12 @@ async def register(request: Request, registry: EnabledRegistryDep, name: RegionP
 
 
 @router.post("/v2/systemsharedmemory/region/{name}/unregister", summary="Unregister a system shared-memory region")
-def unregister(registry: EnabledRegistryDep, name: RegionParam) -> Response:
-    registry.unregister(name)
+def unregister(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> Response:
+    registry.unregister(shared_memory_caller(request.scope), name)
     return Response(status_code=200)
 
 
 @router.post("/v2/systemsharedmemory/unregister", summary="Unregister every system shared-memory region")
-def unregister_all(registry: EnabledRegistryDep) -> Response:
-    registry.unregister()
+def unregister_all(request: Request, registry: EnabledRegistryDep) -> Response:
+    registry.unregister(shared_memory_caller(request.scope))
     return Response(status_code=200)
