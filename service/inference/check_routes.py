@@ -17,6 +17,7 @@ from posenc.service.http.deps import EngineDep, MemoryBudgetDep, SettingsDep
 from posenc.service.inference.kserve import HEADER_LENGTH, InputTensor, parse_infer_request
 from posenc.service.inference.model_inputs import check_inputs
 from posenc.service.inference.repository import ensure_ready
+from posenc.service.inference.routes import parse_watched
 
 router = APIRouter(tags=["check"])
 
@@ -53,7 +54,8 @@ async def check_model(request: Request,
         async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
                                   f"a check on '{model.name}'"):
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
-            parsed = await run_in_threadpool(parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+            parsed = await parse_watched(request, len(body), parse_infer_request, body,
+                                         request.headers.get(HEADER_LENGTH))
             tensors, expected = split_expected(parsed.inputs)
             inputs = check_inputs(model, tensors)
             bound_attention_work(AttentionSpec.from_config(model.config.raw), inputs, settings.max_table_bytes)
