@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from safetensors.numpy import save_file
 
 from posenc.models.rope import make_rope_parameters, rope_cos_sin
 from posenc.service.http.app import create_app
+from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
@@ -107,21 +109,43 @@ def running_client(**overrides: object) -> Iterator[TestClient]:
 
 
 # Shared-memory callers for the registry's own tests: a TCP client with the key, and this very process as a
-# Unix-socket peer (so that `fd:N` keys name this process's descriptors).
+# Unix-socket peer.
 TRUSTED = SharedMemoryCaller(None, has_key=True)
 SELF_PEER = SharedMemoryCaller(Peer(os.getpid(), os.getuid(), frozenset(os.getgroups()) | {os.getgid()}),
                                has_key=False)
+
+
+class Resent(PassedDescriptors):
+    """A descriptor a peer sends along with every request (each `take` a new copy, as SCM_RIGHTS gives the
+    server its own descriptor each time)."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__([fd])
+        self.fd = fd
+
+    def take(self) -> int | None:
+        return os.dup(self.fd)
+
+    def close(self) -> None:
+        pass  # the test's own descriptor: the test closes it
+
+
+def peer_sending(fd: int, caller: SharedMemoryCaller = SELF_PEER) -> SharedMemoryCaller:
+    """`caller` (a Unix-socket peer) sending descriptor `fd` with each request, for `fd:N` keys."""
+    return replace(caller, descriptors=Resent(fd))
 
 
 class AsPeer:
     """An ASGI app seen from a Unix-socket peer: every request's scope carries `peer`, as the server's
     protocol puts it there on the socket."""
 
-    def __init__(self, app: Any, peer: Peer) -> None:
-        self.app, self.peer, self.state = app, peer, app.state
+    def __init__(self, app: Any, peer: Peer, descriptors: PassedDescriptors | None = None) -> None:
+        self.app, self.peer, self.state, self.descriptors = app, peer, app.state, descriptors
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await self.app({**scope, PEER_SCOPE_KEY: self.peer} if scope["type"] == "http" else scope, receive, send)
+        if scope["type"] == "http":
+            scope = {**scope, PEER_SCOPE_KEY: self.peer, DESCRIPTORS_SCOPE_KEY: self.descriptors}
+        await self.app(scope, receive, send)
 
 
 @contextmanager
@@ -132,7 +156,7 @@ def shared_memory_client(peer: SharedMemoryCaller | None = None, **overrides: ob
     app = create_app(settings)
     if peer is not None:
         assert peer.peer is not None
-        with TestClient(AsPeer(app, peer.peer)) as client:  # type: ignore[arg-type]
+        with TestClient(AsPeer(app, peer.peer, peer.descriptors)) as client:  # type: ignore[arg-type]
             yield client
         return
     with TestClient(app) as client:

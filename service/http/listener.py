@@ -10,6 +10,10 @@ after SIGTERM) start only when it is finally accepted. asyncio's own loop accept
 
 Only the single-process server uses it. With several workers, uvicorn's workers share one listening socket,
 and one connection per iteration is what spreads connections between them.
+
+On a Unix socket, a connection is handed over once its first byte has arrived (within the header timeout),
+with the descriptors the client attached to that byte (`posenc.service.request_kit.descriptors`): the transport
+would drop them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ import errno
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
+
+from posenc.service.request_kit.descriptors import PassedDescriptors, peek_descriptors
 
 log = logging.getLogger("posenc.http.server")
 
@@ -38,12 +45,14 @@ class Listener:
     """
 
     def __init__(self, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol], backlog: int,
-                 loop: asyncio.AbstractEventLoop) -> None:
+                 loop: asyncio.AbstractEventLoop, first_byte_timeout: float = 30.0) -> None:
         sock.setblocking(False)
+        self.first_byte_timeout = first_byte_timeout
         sock.listen(backlog)
         self.sockets = [sock]
         self.sock, self.protocol_factory, self.loop = sock, protocol_factory, loop
         self.connecting: set[asyncio.Task[None]] = set()  # transports being made for accepted sockets
+        self.peeking: set[asyncio.Task[Any] | None] = set()  # of those, Unix ones waiting for their first byte
         self.closed = False
         self.resume_handle: asyncio.TimerHandle | None = None
         loop.add_reader(sock.fileno(), self.accept_waiting)
@@ -69,10 +78,25 @@ class Listener:
             task.add_done_callback(self.connecting.discard)
 
     async def _connect(self, conn: socket.socket) -> None:
+        passed: PassedDescriptors | None = None
         try:
-            await self.loop.connect_accepted_socket(self.protocol_factory, conn)
-        except OSError as exc:  # reset between accept() and the transport: nothing to answer
+            factory = self.protocol_factory
+            if conn.family == socket.AF_UNIX:
+                task = asyncio.current_task()
+                self.peeking.add(task)
+                try:
+                    passed = await peek_descriptors(conn, self.first_byte_timeout)
+                finally:
+                    self.peeking.discard(task)
+                if passed is None:  # nothing sent within the header timeout, as the protocol's head timer
+                    conn.close()
+                    return
+                factory = _with_descriptors(self.protocol_factory, passed)
+            await self.loop.connect_accepted_socket(factory, conn)
+        except (OSError, asyncio.CancelledError) as exc:  # reset before the transport, or the listener closed
             log.debug("an accepted connection failed before it was set up: %s", exc)
+            if passed is not None:
+                passed.close()
             conn.close()
 
     def _resume(self) -> None:
@@ -90,3 +114,18 @@ class Listener:
         else:
             self.loop.remove_reader(self.sock.fileno())
         self.sock.close()
+        for task in list(self.peeking):  # Unix connections that sent nothing yet: closed like idle ones
+            if task is not None:
+                task.cancel()
+
+
+def _with_descriptors(factory: Callable[[], asyncio.Protocol],
+                      passed: PassedDescriptors) -> Callable[[], asyncio.Protocol]:
+    def create() -> asyncio.Protocol:
+        protocol = factory()
+        if hasattr(protocol, "passed_descriptors"):
+            protocol.passed_descriptors = passed
+        else:
+            passed.close()
+        return protocol
+    return create

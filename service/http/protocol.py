@@ -47,6 +47,7 @@ from uvicorn.server import ServerState
 from posenc.service.errors import HeadersTooLarge
 from posenc.service.http.metrics import count_send_timeout
 from posenc.service.request_kit.bodies import RECEIVE_INTO
+from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer, peer_of
 from posenc.service.settings import Settings
@@ -125,6 +126,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.cut_timer: asyncio.TimerHandle | None = None
         self.send_timer: asyncio.TimerHandle | None = None
         self.peer: Peer | None = None  # set on the Unix socket: who connected (posenc.service.request_kit.unix)
+        # set by the listener on the Unix socket: what came with the first bytes (for the first request only)
+        self.passed_descriptors: PassedDescriptors | None = None
         self.sink: BodySink | None = None  # the body being read straight into a handler's buffer
         # releases of bodies not yet in the kernel: of the response being sent, of responses sent to the transport
         self.sending_holds: list[Callable[[], None]] = []
@@ -169,6 +172,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()  # a fresh scope for this request
         if self.peer is not None:
             self.scope[PEER_SCOPE_KEY] = self.peer  # type: ignore[literal-required]
+            if self.passed_descriptors is not None and self.heads_completed == 0:
+                self.scope[DESCRIPTORS_SCOPE_KEY] = self.passed_descriptors  # type: ignore[literal-required]
         self.scope[SEND_HOLD_SCOPE] = self.hold_until_sent  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
@@ -190,6 +195,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._release_sent()
+        if self.passed_descriptors is not None:  # only the first request could take them
+            self.passed_descriptors.close()
         # No request in progress (a pipelined one may have started): the next head must come in time. An
         # idle connection is closed by the keep-alive timer first; the head deadline never undercuts it.
         if not self.transport.is_closing() and self.cycle.response_complete:
@@ -370,6 +377,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
             _cancel(handle)
         self.head_timer = self.body_timer = self.cut_timer = self.send_timer = None
         self.lost = True
+        if self.passed_descriptors is not None:
+            self.passed_descriptors.close()
         holds, self.sending_holds, self.sent_holds = [*self.sending_holds, *self.sent_holds], [], []
         _release(holds)
         super().connection_lost(exc)

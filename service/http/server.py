@@ -90,7 +90,8 @@ class Server(uvicorn.Server):
                 await self.lifespan.shutdown()
                 raise
         loop = asyncio.get_running_loop()
-        self.listeners = [Listener(sock, create_protocol, config.backlog, loop) for sock in sockets]
+        self.listeners = [Listener(sock, create_protocol, config.backlog, loop, self.timeouts.header)
+                          for sock in sockets]
         self.servers = []
         self.started = True
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service.budget import MemoryBudget, Reservation
 from posenc.service.inference.engine import Engine
+from posenc.service.inference.kserve_json import CLIENT_GONE
 from posenc.service.inference.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts, requested_outputs
 from posenc.service.inference.model_inputs import check_inputs, check_outputs
@@ -42,6 +44,28 @@ class InferContext:
     settings: Settings
     budget: MemoryBudget
     shared_memory: SharedMemoryRegistry
+
+
+async def parse_watched(request: Request, size: int, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)`, a parse of `size` bytes: in a worker thread when large, and then stopped (a 499) as soon
+    as the client leaves (`CLIENT_GONE`), instead of parsing a body nobody waits for."""
+    if size <= OFFLOAD_BYTES:
+        return fn(*args)
+    gone = threading.Event()
+    watcher = asyncio.create_task(_watch_disconnect(request.receive, gone))
+    token = CLIENT_GONE.set(gone.is_set)  # copied into the worker thread's context
+    try:
+        return await asyncio.to_thread(fn, *args)
+    finally:
+        CLIENT_GONE.reset(token)
+        watcher.cancel()
+
+
+async def _watch_disconnect(receive: Receive, gone: threading.Event) -> None:
+    """Set `gone` when the client disconnects (the body has been read: nothing else comes from `receive`)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 async def maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
@@ -171,7 +195,7 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
                                    align_at=json_length, receive_into=receive_into_of(request.scope))
     shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
-    parsed = await maybe_offload(json_length or len(body), parse_infer_request, body, header_length, shm)
+    parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])

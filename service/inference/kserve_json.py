@@ -22,10 +22,12 @@ text is byte-identical to encoding the whole list at once; Python objects exist 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +35,7 @@ import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
 from posenc.service.codec.encode import json_values
-from posenc.service.errors import BadRequest
+from posenc.service.errors import BadRequest, ClientClosedRequest
 
 LIFT_MIN_BYTES = 1 << 20  # bodies smaller than this are parsed whole: their objects are few
 SPAN_MIN_BYTES = 64 << 10  # lists shorter than this stay in the JSON text
@@ -41,9 +43,25 @@ CHUNK_BYTES = 1 << 18  # text parsed at once: about 25,000 to 65,000 numbers
 CHUNK_NUMBERS = 1 << 14  # numbers written at once
 EXACT_INTEGER = 1 << 24  # integers above this in a float datatype: the generic path's rounding, not ours
 
-_DATA_LIST = re.compile(rb'"data"\s*:\s*\[')
-_NOT_NUMERIC = re.compile(rb"[^0-9eE+\-.,\s]")
-_CLOSE = re.compile(rb"\]")
+
+
+@functools.cache
+def _liftable(min_bytes: int) -> re.Pattern[bytes]:
+    """A flat numeric `data` list of at least `min_bytes`, closed. The possessive `{n,}+` never gives back what
+    it matched: a run of number characters is read once, and the search goes on after it whatever follows."""
+    return re.compile(rb'"data"\s*:\s*\[([0-9eE+\-.,\s]{%d,}+)\]' % min_bytes)
+
+
+# Set around a parse by the route that runs it (copied into the worker thread with the context): whether the
+# client has left, so that nobody's body is parsed for nobody.
+CLIENT_GONE: ContextVar[Callable[[], bool] | None] = ContextVar("posenc_client_gone", default=None)
+
+
+def stop_if_client_gone() -> None:
+    """499 (`ClientClosedRequest`) when the client of the request being parsed has left."""
+    gone = CLIENT_GONE.get()
+    if gone is not None and gone():
+        raise ClientClosedRequest("the client closed the connection while its body was parsed")
 
 
 class Fallback(Exception):
@@ -75,17 +93,19 @@ class Span:
 def lift_data(body: memoryview) -> tuple[bytes | None, dict[str, Span]]:
     """The JSON text with each large flat numeric `data` list replaced by a placeholder string, and the lists
     (views of `body`) by placeholder. No list lifted: None and {}. (Positions in the text differ from the
-    body's: a syntax error is reported by the generic path, on the body.)"""
+    body's: a syntax error is reported by the generic path, on the body.)
+
+    One pass of one regular expression (`_liftable`): each `"data": [` is followed to the first character
+    that is no part of a number, and the list is lifted when that is its `]`; lists nested, holding strings,
+    booleans or nulls, short or never closed stay in place. No byte is read more than twice, however the
+    body is made. Stops with a 499 between two lists once the client has left (`CLIENT_GONE`)."""
     spans: dict[str, Span] = {}
     parts: list[bytes] = []
     position = 0
     nonce = os.urandom(8).hex()
-    for match in _DATA_LIST.finditer(body):
-        start = match.end()
-        close = _CLOSE.search(body, start)
-        end = close.start() if close is not None else -1
-        if end < 0 or end - start < SPAN_MIN_BYTES or _NOT_NUMERIC.search(body, start, end):
-            continue  # nested, strings, booleans, nulls, or short: left in place
+    for match in _liftable(SPAN_MIN_BYTES).finditer(body):
+        stop_if_client_gone()
+        start, end = match.span(1)
         token = f"posenc-data-{nonce}-{len(spans)}"
         spans[token] = Span(body, start, end)
         parts += [bytes(body[position:start - 1]), f'"{token}"'.encode()]
@@ -150,6 +170,7 @@ class _Chunks:
         body, end = self.span.body, self.span.end
         if self.position > end:
             raise StopIteration
+        stop_if_client_gone()
         limit = self.position + CHUNK_BYTES
         cut = self.span.find_comma(limit) if limit < end else -1
         stop = end if cut < 0 else cut

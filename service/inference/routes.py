@@ -199,7 +199,8 @@ async def check_model(request: Request,
         async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
                                   f"a check on '{model.name}'"):
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
-            parsed = await run_in_threadpool(parse_infer_request, body, request.headers.get(HEADER_LENGTH))
+            parsed = await answer.parse_watched(request, len(body), parse_infer_request, body,
+                                                request.headers.get(HEADER_LENGTH))
             tensors, expected = split_expected(parsed.inputs)
             inputs = check_inputs(model, tensors)
             bound_attention_work(AttentionSpec.from_config(model.config.raw), inputs, settings.max_table_bytes)
@@ -210,7 +211,8 @@ async def check_model(request: Request,
 
 
 # System shared memory (on when POSENC_SHARED_MEMORY=true, else each answers 400); the registry is
-# posenc.service.inference.shared_memory. Register and unregister answer an empty 200, as Triton does.
+# posenc.service.inference.shared_memory. Register and unregister answer an empty 200, as Triton does. Each
+# caller sees and changes only its own regions (its uid on the Unix socket; the key's holders over TCP).
 
 REGISTER_BODY_LIMIT = 64 * 1024
 RegionParam = Annotated[str, Path(description="Name the region is registered under.")]
@@ -229,14 +231,14 @@ EnabledRegistryDep = Annotated[SharedMemoryRegistry, Depends(_enabled_registry)]
 
 @shared_memory_router.get("/v2/systemsharedmemory/status",
                           summary="Status of every registered system shared-memory region")
-def status_all(registry: EnabledRegistryDep) -> list[dict[str, Any]]:
-    return registry.status()
+def status_all(request: Request, registry: EnabledRegistryDep) -> list[dict[str, Any]]:
+    return registry.status(shared_memory_caller(request.scope))
 
 
 @shared_memory_router.get("/v2/systemsharedmemory/region/{name}/status",
                           summary="Status of one system shared-memory region")
-def status_one(registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
-    return registry.status(name)
+def status_one(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> list[dict[str, Any]]:
+    return registry.status(shared_memory_caller(request.scope), name)
 
 
 @shared_memory_router.post("/v2/systemsharedmemory/region/{name}/register",
@@ -253,13 +255,13 @@ async def register(request: Request, registry: EnabledRegistryDep, name: RegionP
 
 @shared_memory_router.post("/v2/systemsharedmemory/region/{name}/unregister",
                            summary="Unregister a system shared-memory region")
-def unregister(registry: EnabledRegistryDep, name: RegionParam) -> Response:
-    registry.unregister(name)
+def unregister(request: Request, registry: EnabledRegistryDep, name: RegionParam) -> Response:
+    registry.unregister(shared_memory_caller(request.scope), name)
     return Response(status_code=200)
 
 
 @shared_memory_router.post("/v2/systemsharedmemory/unregister",
                            summary="Unregister every system shared-memory region")
-def unregister_all(registry: EnabledRegistryDep) -> Response:
-    registry.unregister()
+def unregister_all(request: Request, registry: EnabledRegistryDep) -> Response:
+    registry.unregister(shared_memory_caller(request.scope))
     return Response(status_code=200)

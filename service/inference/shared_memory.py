@@ -5,17 +5,20 @@ registers a region of it under a name (`key`, `offset`, `byte_size`), and names 
 requests instead of sending the tensors' bytes; requested outputs are written into it.
 
 The server opens memory that another process controls, so:
+* a region belongs to its owner (the peer's uid on the Unix socket, the shared-memory key's holders over
+  TCP): names are per owner, and status, unregister and infer see only the caller's owner's regions;
 * only a caller entitled to an object gets it registered (`posenc.service.inference.shared_memory_guard`): a
   Unix-socket peer that could open the object itself, or a TCP client with the shared-memory key;
 * a key is a shared-memory object name (`name` or `/name`: letters, digits, `_`, `-`, `.`, no leading dot),
-  never a path, opened under /dev/shm with O_NOFOLLOW; or, from a Unix-socket peer, `fd:N`, the peer's own
-  descriptor N (a memfd);
+  never a path, opened under /dev/shm with O_NOFOLLOW; or, from a Unix-socket peer, `fd:N`: the descriptor
+  the peer sent with the request (SCM_RIGHTS; N, its own number, is only the key it is listed under);
 * an object sealed against shrinking (a memfd with F_SEAL_SHRINK) is mapped: inputs are views of it and the
   model writes outputs into it (zero copy). Any other object may be truncated by its owner at any moment,
   and touching a mapped page past its new end kills a process with SIGBUS; those are never mapped: inputs
   are read with pread before the run, outputs written with pwrite after it, and a truncation is a 400;
-* a region must lie inside the object when registered, and every tensor inside its region; each region
-  holds one descriptor, and POSENC_SHARED_MEMORY_MAX_BYTES bounds the bytes of all regions together;
+* a region must lie inside the object when registered, and every tensor inside its region; an output is
+  written only while the object accepts writes (a seal added later is a 400); each region holds one
+  descriptor (a mapped one two), and POSENC_SHARED_MEMORY_MAX_BYTES bounds the bytes of all regions together;
 * unregistering removes the name at once and closes the region; a mapping that a request in flight still
   views (mmap refuses to close while arrays export its buffer) is closed at the next register or unregister
   after that, and every mapping at shutdown.
@@ -26,15 +29,11 @@ status of an unknown name a 404, unregistering an unknown name succeeds and chan
 
 from __future__ import annotations
 
-import fcntl
 import logging
-import math
-import mmap
 import os
 import re
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,11 +41,13 @@ import numpy as np
 from posenc.service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
 from posenc.service.inference.kserve_request import SHARED_MEMORY_OFF, ShmRef
 from posenc.service.inference.shared_memory_guard import (
-    mapping_failed,
+    OpenedObject,
+    adopt_descriptor,
     open_object,
     require_input_access,
     require_output_access,
 )
+from posenc.service.inference.shared_memory_region import Region, check_room, map_region
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
 
@@ -99,181 +100,34 @@ def parse_register(body: Any) -> tuple[str, int, int]:
     return body["key"], _non_negative(body, "offset", 0), _non_negative(body, "byte_size", 1)
 
 
-@dataclass(eq=False)
-class Region:
-    """A registered region: object bytes [offset, offset + byte_size) of `key`.
-
-    Two ways to reach the bytes, one descriptor either way:
-    * `mapping` (zero copy): the object is sealed against shrinking (a memfd with F_SEAL_SHRINK), so no page
-      of the mapping can vanish under a run; the mapping starts at file byte `offset - start` (mmap offsets
-      are multiples of the allocation granularity) and holds the only descriptor;
-    * `fd` (copying): any other object. A client may truncate it at any moment, and a mapped page past the
-      new end would kill the process with SIGBUS, so inputs are read with pread before the run and outputs
-      written with pwrite after it: a truncation is then a short read, answered 400.
-    """
-
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-    info: os.stat_result  # of the object when registered: owner, group and mode judge later callers
-    writable: bool  # opened read-write: outputs may be written to it
-    fd: int | None = None
-    mapping: mmap.mmap | None = None
-    start: int = 0
-    closed: bool = field(default=False)
-
-    @property
-    def file_id(self) -> tuple[int, int]:
-        """(st_dev, st_ino) of the object: regions of one object can alias each other."""
-        return (self.info.st_dev, self.info.st_ino)
-
-    def status(self) -> dict[str, Any]:
-        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
-
-    def _object_size(self, where: str) -> int:
-        try:
-            return self.mapping.size() if self.mapping is not None else os.fstat(self.fd).st_size  # type: ignore[arg-type]
-        except (OSError, ValueError):
-            raise BadRequest(f"{where}: region '{self.name}' can no longer be read; register it again") from None
-
-    def _check_range(self, ref: ShmRef, where: str) -> None:
-        """400 unless `ref` lies inside the region and the object still holds the whole region."""
-        if ref.offset + ref.byte_size > self.byte_size:
-            raise BadRequest(f"{where}: shared_memory_offset {ref.offset} + shared_memory_byte_size {ref.byte_size} "
-                             f"is past the end of region '{self.name}' ({self.byte_size} bytes)")
-        size = self._object_size(where)
-        if size < self.offset + self.byte_size:
-            raise _shrunk(where, self, size)
-
-    def view(self, ref: ShmRef, where: str) -> np.ndarray | None:
-        """[ref.byte_size] uint8 view of the mapping at `ref.offset` (zero-copy regions), else None."""
-        self._check_range(ref, where)
-        if self.mapping is None:
-            return None
-        return np.frombuffer(self.mapping, dtype=np.uint8, count=ref.byte_size, offset=self.start + ref.offset)
-
-    def read(self, ref: ShmRef, where: str) -> np.ndarray:
-        """[ref.byte_size] uint8: a view of the mapping, or a copy read with pread (400 when the object shrank
-        meanwhile: the read comes up short instead of faulting)."""
-        view = self.view(ref, where)
-        if view is not None:
-            return view
-        assert self.fd is not None  # a region without a mapping reads and writes through its descriptor
-        out = np.empty(ref.byte_size, dtype=np.uint8)
-        done, position, target = 0, self.offset + ref.offset, out.data
-        while done < ref.byte_size:
-            got = os.preadv(self.fd, [target[done:]], position + done)
-            if got == 0:
-                raise _shrunk(where, self, position + done)
-            done += got
-        return out
-
-    def write(self, ref: ShmRef, data: np.ndarray, where: str) -> None:
-        """Write uint8 `data` at `ref.offset` of the region (into the mapping, or with pwrite)."""
-        view = self.view(ShmRef(ref.region, ref.offset, data.nbytes), where)
-        if view is not None:
-            np.copyto(view, data)
-            return
-        assert self.fd is not None  # a region without a mapping reads and writes through its descriptor
-        done, position, source = 0, self.offset + ref.offset, data.data
-        while done < data.nbytes:
-            done += os.pwrite(self.fd, source[done:], position + done)
-
-    def overlaps(self, offset: int, size: int, other: Region, other_offset: int, other_size: int) -> bool:
-        """Whether bytes [offset, offset + size) of this region and [other_offset, ...) of `other` share memory."""
-        start, other_start = self.offset + offset, other.offset + other_offset  # offsets in the objects
-        return (self.file_id == other.file_id and start < other_start + other_size
-                and other_start < start + size)
-
-    def close(self) -> bool:
-        """Unmap and close; False while arrays still view the mapping (a request in flight): try again later."""
-        if not self.closed:
-            if self.mapping is not None:
-                try:
-                    self.mapping.close()
-                except BufferError:
-                    return False
-            if self.fd is not None:
-                os.close(self.fd)
-            self.closed = True
-        return True
-
-
-def _shrunk(where: str, region: Region, size: int) -> BadRequest:
-    return BadRequest(f"{where}: shared-memory object {echo(region.key)} of region '{region.name}' now has {size} "
-                      f"bytes, the region needs {region.offset + region.byte_size}; register it again")
-
-
-def _check_room(ref: ShmRef, shape: tuple[int, ...], dtype: np.dtype, where: str) -> int:
-    """The bytes of a [shape] `dtype` output; 400 when `ref` is smaller."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes > ref.byte_size:
-        raise BadRequest(f"{where}: shared_memory_byte_size is {ref.byte_size} bytes, the output "
-                         f"{list(shape)} {dtype} needs {nbytes}")
-    return nbytes
-
-
-def sealed_against_shrinking(fd: int) -> bool:
-    """Whether the object can never shrink (F_SEAL_SHRINK, only memfds carry seals)."""
-    try:
-        return bool(fcntl.fcntl(fd, fcntl.F_GET_SEALS) & fcntl.F_SEAL_SHRINK)
-    except OSError:
-        return False
-
-
-def object_path(key: str, caller: SharedMemoryCaller) -> tuple[str, bool]:
-    """(path, follow) of a key: `name` or `/name` under /dev/shm; `fd:N` (Unix-socket peers only) is the
-    peer's descriptor N, typically a sealed memfd, reached through /proc/<pid>/fd."""
+def open_key(key: str, caller: SharedMemoryCaller) -> OpenedObject:
+    """The object a key names, opened for `caller`: `name` or `/name` under /dev/shm; `fd:N` (Unix-socket
+    peers only) the descriptor the peer sent with the request (N is its own number, kept as the key)."""
     if isinstance(key, str) and key.startswith(MEMFD_PREFIX):
         number = key[len(MEMFD_PREFIX):]
         if caller.peer is None:
             raise BadRequest(f"key {echo(key)}: a descriptor of the client ('{MEMFD_PREFIX}N') can be registered "
-                             "only over the Unix socket (POSENC_UDS), where the server knows the client's process")
+                             "only over the Unix socket (POSENC_UDS), where the client sends it with the request")
         if not (number.isdigit() and len(number) <= 9):
             raise BadRequest(f"key {echo(key)}: '{MEMFD_PREFIX}' must be followed by a descriptor number")
-        return f"/proc/{caller.peer.pid}/fd/{int(number)}", True
-    return shm_file(key), False
-
-
-def map_region(name: str, key: str, offset: int, byte_size: int, caller: SharedMemoryCaller) -> Region:
-    """Open `key` for `caller` and reach [offset, offset + byte_size) of it: mapped when the object is sealed
-    against shrinking, else read and written through its descriptor. 400 when the object is missing or too
-    small, 403 when the caller may not read it, 503/507 when the server runs out of descriptors or mappings."""
-    path, follow = object_path(key, caller)
-    opened = open_object(key, path, caller, follow=follow)
-    fd, info = opened.fd, opened.info
-    try:
-        if offset + byte_size > info.st_size:
-            raise BadRequest(f"region '{name}': offset {offset} + byte_size {byte_size} = {offset + byte_size} "
-                             f"bytes, but shared-memory object {echo(key)} has {info.st_size}")
-        if not sealed_against_shrinking(fd):
-            return Region(name, key, offset, byte_size, info, opened.writable, fd=fd)  # keeps the descriptor
-        start = offset % mmap.ALLOCATIONGRANULARITY
-        prot = mmap.PROT_READ | (mmap.PROT_WRITE if opened.writable else 0)
-        mapping = mmap.mmap(fd, start + byte_size, flags=mmap.MAP_SHARED, prot=prot, offset=offset - start)
-    except OSError as exc:
-        os.close(fd)
-        raise mapping_failed(key, exc) from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.close(fd)  # the mapping keeps its own descriptor (Python's mmap duplicates it): one per region
-    return Region(name, key, offset, byte_size, info, opened.writable, mapping=mapping, start=start)
+        return adopt_descriptor(key, caller)
+    return open_object(key, shm_file(key), caller)
 
 
 class SharedMemoryRegistry:
-    """The registered regions of one server process; thread-safe (parsing may run in worker threads).
+    """The registered regions of one server process, by owner and name; thread-safe (parsing may run in
+    worker threads).
 
-    `for_caller` gives the `TensorSource` an infer request reads its shared-memory inputs from: the regions
-    as that caller may use them.
+    Every call names its caller, and sees only that caller's owner's regions (`SharedMemoryCaller.owner`):
+    two owners may register the same name without meeting. `for_caller` gives the `TensorSource` an infer
+    request reads its shared-memory inputs from: the caller's regions as it may use them.
     """
 
     def __init__(self, enabled: bool, max_regions: int = MAX_REGIONS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.enabled = enabled
         self.max_regions = max_regions
         self.max_bytes = max_bytes
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[tuple[str, str], Region] = {}  # (owner, name) -> region
         self._retired: list[Region] = []  # unregistered, still viewed by a request in flight
         self._lock = threading.Lock()
 
@@ -287,7 +141,7 @@ class SharedMemoryRegistry:
         name = _region_name(name)
         with self._lock:
             self._sweep()
-            if name in self._regions:
+            if (caller.owner, name) in self._regions:
                 raise BadRequest(f"shared-memory region '{name}' is already registered; unregister it first")
             if len(self._regions) >= self.max_regions:
                 raise BadRequest(f"{self.max_regions} shared-memory regions are registered, the most this server "
@@ -297,38 +151,42 @@ class SharedMemoryRegistry:
                 raise PayloadTooLarge(f"register '{name}': {format_bytes(byte_size)} more would make "
                                       f"{format_bytes(registered + byte_size)} of registered shared memory; this "
                                       f"server allows {format_bytes(self.max_bytes)} (POSENC_SHARED_MEMORY_MAX_BYTES)")
-            region = map_region(name, key, offset, byte_size, caller)
-            self._regions[name] = region
-        log.info("shared-memory region %r registered: key %r, offset %d, %d bytes, %s%s", name, key, offset,
-                 byte_size, "zero-copy" if region.mapping is not None else "copied",
+            region = map_region(name, key, offset, byte_size, open_key(key, caller), caller.owner)
+            self._regions[caller.owner, name] = region
+        log.info("shared-memory region %r of %s registered: key %r, offset %d, %d bytes, %s%s", name, caller.owner,
+                 key, offset, byte_size, "zero-copy" if region.mapping is not None else "copied",
                  "" if region.writable else ", read-only")
 
-    def unregister(self, name: str | None = None) -> None:
-        """Unregister `name` (unknown: nothing happens, as in Triton), or every region (None)."""
+    def unregister(self, caller: SharedMemoryCaller, name: str | None = None) -> None:
+        """Unregister the caller's region `name` (unknown: nothing happens, as in Triton), or every region of
+        the caller's (None)."""
         self.require_enabled()
+        caller.require("unregister")
         with self._lock:
-            names = list(self._regions) if name is None else [name] if name in self._regions else []
-            for each in names:
-                self._retire(self._regions.pop(each))
+            keys = [key for key in self._regions if key[0] == caller.owner and name in (None, key[1])]
+            for key in keys:
+                self._retire(self._regions.pop(key))
             self._sweep()
 
-    def status(self, name: str | None = None) -> list[dict[str, Any]]:
+    def status(self, caller: SharedMemoryCaller, name: str | None = None) -> list[dict[str, Any]]:
+        """The caller's regions (all, or `name`: 404 when the caller has none of that name)."""
         self.require_enabled()
+        caller.require("status")
         with self._lock:
             if name is None:
-                return [region.status() for region in self._regions.values()]
-            region = self._regions.get(name)
+                return [region.status() for (owner, _), region in self._regions.items() if owner == caller.owner]
+            region = self._regions.get((caller.owner, name))
         if region is None:
             raise NotFound(f"no shared-memory region named {echo(name)} is registered")
         return [region.status()]
 
     def for_caller(self, caller: SharedMemoryCaller) -> RegionsFor:
-        """The regions as `caller` may use them in an infer request."""
+        """The caller's regions as it may use them in an infer request."""
         return RegionsFor(self, caller)
 
-    def region(self, ref: ShmRef, where: str) -> Region:
-        """The region `ref` names (call with the lock held); 400 when none is registered under that name."""
-        region = self._regions.get(ref.region)
+    def region(self, owner: str, ref: ShmRef, where: str) -> Region:
+        """The region of `owner` that `ref` names (call with the lock held); 400 when it has none of that name."""
+        region = self._regions.get((owner, ref.region))
         if region is None:
             raise BadRequest(f"{where}: no shared-memory region named {echo(ref.region)} is registered")
         return region
@@ -345,7 +203,7 @@ class SharedMemoryRegistry:
 
     def _retire(self, region: Region) -> None:
         self._retired.append(region)
-        log.info("shared-memory region %r unregistered", region.name)
+        log.info("shared-memory region %r of %s unregistered", region.name, region.owner)
 
     def _sweep(self) -> None:
         """Close retired mappings no request views any more (call with the lock held)."""
@@ -353,8 +211,9 @@ class SharedMemoryRegistry:
 
 
 class RegionsFor:
-    """The registered regions as one caller may use them (the `TensorSource` of its infer request): every
-    region it names must be one that caller could open itself (regions are shared by name between clients)."""
+    """The caller's registered regions as it may use them (the `TensorSource` of its infer request). A
+    region it names must be its owner's, and one the caller could open itself (peers of one uid may differ
+    in groups)."""
 
     def __init__(self, registry: SharedMemoryRegistry, caller: SharedMemoryCaller) -> None:
         self.registry, self.caller = registry, caller
@@ -362,9 +221,9 @@ class RegionsFor:
 
     def _region(self, ref: ShmRef, where: str, output: bool) -> Region:
         self.caller.require(where)
-        region = self.registry.region(ref, where)
+        region = self.registry.region(self.caller.owner, ref, where)
         if output:
-            require_output_access(self.caller, region.info, region.writable, region.name, where)
+            require_output_access(self.caller, region.info, region.refusal, region.name, where)
         else:
             require_input_access(self.caller, region.info, region.name, where)
         return region
@@ -384,20 +243,22 @@ class RegionsFor:
         """Writeable [shape] `dtype` view of the region at `ref.offset` for a model to write its output into, or
         None where the output must be written after the run instead (a copied region, bytes not aligned for
         `dtype`, or overlapping the shared-memory `inputs`, which the run reads while it writes). 400 when it
-        does not fit, 403 when the caller may not write the region."""
-        nbytes = _check_room(ref, shape, dtype, where)
+        does not fit or the object refuses writes, 403 when the caller may not write the region."""
+        nbytes = check_room(ref, shape, dtype, where)
+        owner = self.caller.owner
         with self.registry._lock:
             region = self._region(ref, where, output=True)
+            region.check_writable(where)
             raw = region.view(ShmRef(ref.region, ref.offset, nbytes), where)
             if raw is None or any(
-                    region.overlaps(ref.offset, nbytes, self.registry.region(other, where), other.offset,
+                    region.overlaps(ref.offset, nbytes, self.registry.region(owner, other, where), other.offset,
                                     other.byte_size) for other in inputs):
                 return None
         return raw.view(dtype).reshape(shape) if raw.ctypes.data % dtype.alignment == 0 else None
 
     def write_output(self, ref: ShmRef, array: np.ndarray, where: str) -> None:
         """Write `array` (C order, native byte order) to the region at `ref.offset`."""
-        _check_room(ref, array.shape, array.dtype, where)
+        check_room(ref, array.shape, array.dtype, where)
         with self.registry._lock:
             self._region(ref, where, output=True).write(
                 ref, np.ascontiguousarray(array).reshape(-1).view(np.uint8), where)

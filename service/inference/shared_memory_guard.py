@@ -9,21 +9,27 @@ only for a caller entitled to it (`posenc.service.request_kit.restricted.SharedM
   swapped;
 * a TCP client that sent the `shared-memory` key of POSENC_RESTRICTED_API is trusted as the operator
   configured it (objects are opened with the server's rights);
+* a Unix-socket peer that registers `fd:N` hands over its descriptor itself (SCM_RIGHTS,
+  `posenc.service.request_kit.descriptors`): it has what that descriptor gives, no more (a read-only descriptor,
+  or a memfd sealed against writing, makes a read-only region). Nothing is opened through its pid;
 * anyone else is refused before anything is opened.
 
-An object is opened read-only first; it is reopened read-write (through /proc/self/fd, so the same object)
-only when the caller may write it. Each region then holds one descriptor.
+An object by name is opened read-only first; it is reopened read-write (through /proc/self/fd, so the same
+object) only when the caller may write it. A region that outputs may not go to carries why
+(`WriteRefusal`): the caller may not write the object (403), or the object refuses writes (400).
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import resource
 import stat
 from dataclasses import dataclass
 
-from posenc.service.errors import BadRequest, Forbidden, InsufficientStorage, Unavailable, echo
+from posenc.service.errors import BadRequest, Forbidden, InsufficientStorage, ServiceError, Unavailable, echo
+from posenc.service.request_kit.descriptors import MAX_DESCRIPTORS
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.request_kit.unix import Peer
 
@@ -65,13 +71,40 @@ def require_descriptor_room(what: str) -> None:
         raise out_of_descriptors(what)
 
 
+F_SEAL_FUTURE_WRITE = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)  # Linux 5.1
+
+
+@dataclass(frozen=True)
+class WriteRefusal:
+    """Why no output may be written to a region: `cause` names it; `forbidden` when it is the caller's rights
+    (403), not the object's (400)."""
+
+    cause: str
+    forbidden: bool = False
+
+
+def write_refusal(fd: int) -> WriteRefusal | None:
+    """Why the object behind `fd` refuses writes through it now (seals, a read-only descriptor), or None."""
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        seals = 0  # not a memfd: no seals
+    if seals & fcntl.F_SEAL_WRITE:
+        return WriteRefusal("it is sealed against writing (F_SEAL_WRITE)")
+    if seals & F_SEAL_FUTURE_WRITE:
+        return WriteRefusal("it is sealed against writing (F_SEAL_FUTURE_WRITE)")
+    if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+        return WriteRefusal("its descriptor is open read-only")
+    return None
+
+
 @dataclass(frozen=True)
 class OpenedObject:
-    """A shared-memory object opened for a caller: its one descriptor, its stat, whether it is writable."""
+    """A shared-memory object opened for a caller: its descriptor, its stat, why outputs may not go to it."""
 
     fd: int
     info: os.stat_result
-    writable: bool
+    refusal: WriteRefusal | None
 
 
 def open_object(key: str, path: str, caller: SharedMemoryCaller, *, follow: bool = False) -> OpenedObject:
@@ -100,10 +133,36 @@ def open_object(key: str, path: str, caller: SharedMemoryCaller, *, follow: bool
             raise Forbidden(f"register: {peer.describe()} may not read shared-memory object {echo(key)} "
                             f"(owner uid {info.st_uid}, group {info.st_gid}, mode {stat.S_IMODE(info.st_mode):o}), "
                             "so the server does not read it on its behalf")
-        writable = peer is None or caller.has_key or may_access(peer, info, write=True)
-        if writable:
-            fd, writable = _reopen_writable(fd)
-        return OpenedObject(fd, info, writable)
+        if peer is not None and not caller.has_key and not may_access(peer, info, write=True):
+            return OpenedObject(fd, info, WriteRefusal(f"{peer.describe()} may not write it", forbidden=True))
+        fd, writable = _reopen_writable(fd)
+        return OpenedObject(fd, info, write_refusal(fd) if writable else WriteRefusal("the server cannot open it "
+                                                                                      "for writing"))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def adopt_descriptor(key: str, caller: SharedMemoryCaller) -> OpenedObject:
+    """The descriptor the peer sent with this request (SCM_RIGHTS) for key `fd:N`: 400 when none came, or
+    when it is not a regular file (a memfd or a /dev/shm object); 503 when the server is out of descriptors."""
+    caller.require("register")
+    passed = caller.descriptors
+    fd = passed.take() if passed is not None else None
+    if fd is None:
+        more = passed is not None and passed.refused
+        raise BadRequest(f"register {echo(key)}: " + (
+            f"more than {MAX_DESCRIPTORS} descriptor came with the request; send one" if more else
+            "no descriptor came with the request. Send the object's descriptor itself as SCM_RIGHTS ancillary "
+            "data of the request's first bytes, on a new connection to the Unix socket (socket.send_fds; "
+            "posenc.service.testing.register_memfd does it)"))
+    try:
+        require_descriptor_room(f"register {echo(key)}")
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadRequest(f"register {echo(key)}: the descriptor sent is not a shared-memory object (a memfd "
+                             "or a file under /dev/shm)")
+        return OpenedObject(fd, info, write_refusal(fd))
     except BaseException:
         os.close(fd)
         raise
@@ -123,12 +182,14 @@ def _reopen_writable(fd: int) -> tuple[int, bool]:
     return writable_fd, True
 
 
-def require_output_access(caller: SharedMemoryCaller, info: os.stat_result, writable: bool, region: str,
-                          where: str) -> None:
-    """403 unless outputs may go to `region`: the server holds it writable and the caller may write it."""
-    if not writable:
-        raise Forbidden(f"{where}: region '{region}' was registered read-only (its client may not write the "
-                        "object), so no output can be written to it")
+def require_output_access(caller: SharedMemoryCaller, info: os.stat_result, refusal: WriteRefusal | None,
+                          region: str, where: str) -> None:
+    """Unless outputs may go to `region`: 403 when the caller may not write the object, 400 when the object
+    refuses writes (sealed, read-only descriptor); its cause named."""
+    if refusal is not None:
+        error: type[ServiceError] = Forbidden if refusal.forbidden else BadRequest
+        raise error(f"{where}: region '{region}' was registered read-only ({refusal.cause}), so no output can "
+                    "be written to it")
     peer = caller.peer
     if peer is not None and not caller.has_key and not may_access(peer, info, write=True):
         raise Forbidden(f"{where}: {peer.describe()} may not write the object of region '{region}'")
@@ -142,8 +203,14 @@ def require_input_access(caller: SharedMemoryCaller, info: os.stat_result, regio
 
 
 def mapping_failed(key: str, exc: OSError) -> Exception:
-    """The error for an mmap that failed (address space or map count exhausted: 507, never a 500)."""
+    """The error for an mmap that failed, naming its cause: the object refuses the mapping (400), the server
+    is out of descriptors (503) or of address space or mappings (507); never a 500."""
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return out_of_descriptors(f"register {echo(key)}")
-    return InsufficientStorage(f"register {echo(key)}: the server cannot map it ({os.strerror(exc.errno or 0)}); "
-                               "unregister regions first")
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.ENODEV, errno.EINVAL):
+        return BadRequest(f"register {echo(key)}: the object cannot be mapped as registered "
+                          f"({os.strerror(exc.errno or 0)}: a seal or its descriptor's access refuses it)")
+    if exc.errno == errno.ENOMEM:
+        return InsufficientStorage(f"register {echo(key)}: the server's address space or its count of mappings "
+                                   "(vm.max_map_count) is exhausted; unregister regions first")
+    return InsufficientStorage(f"register {echo(key)}: the server cannot map it ({os.strerror(exc.errno or 0)})")

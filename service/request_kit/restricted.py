@@ -11,6 +11,9 @@ read and write memory on the server's host, so it needs more than reaching the p
 * over TCP, only a request that carries the `shared-memory` group's header may use it, and without that group
   in POSENC_RESTRICTED_API nobody may: the server cannot tell who is at the other end.
 
+Regions belong to whoever registered them (`SharedMemoryCaller.owner`): the peer's uid on the Unix socket,
+the holders of the shared-memory key over TCP. Each owner has its own names; none sees or touches another's.
+
 The middleware puts a `SharedMemoryCaller` in every request's scope; the shared-memory routes and the infer
 route read it with `shared_memory_caller`.
 """
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from posenc.service.errors import Forbidden, error_response
+from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 
 CALLER_SCOPE_KEY = "posenc.shared_memory_caller"
@@ -35,7 +39,7 @@ _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
 GROUP_ROUTES: dict[str, re.Pattern[str]] = {
     "health": re.compile(rf"/v2/health/(?:live|ready)|{_MODEL}/ready"),
     "metadata": re.compile(rf"/v2/?|{_MODEL}"),
-    "inference": re.compile(rf"{_MODEL}/infer"),
+    "inference": re.compile(rf"{_MODEL}/(?:infer|check)"),
     "shared-memory": re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/.*)?"),
     "model-config": re.compile(rf"{_MODEL}/config"),
     "model-repository": re.compile(r"/v2/repository(?:/.*)?"),
@@ -57,6 +61,12 @@ class SharedMemoryCaller:
 
     peer: Peer | None
     has_key: bool
+    descriptors: PassedDescriptors | None = None  # what a Unix-socket peer sent with this request (SCM_RIGHTS)
+
+    @property
+    def owner(self) -> str:
+        """The scope its regions are named in: the peer's uid, or the shared-memory key's holders."""
+        return f"uid {self.peer.uid}" if self.peer is not None else "the shared-memory key"
 
     def require(self, what: str) -> None:
         """403 unless this caller may use shared memory at all (`what`: the action, for the message)."""
@@ -100,11 +110,13 @@ class RestrictedApi:
                 await response(scope, receive, send)
                 return
             has_key = self.shared_memory is not None and _carries(scope, self.shared_memory)
-            scope[CALLER_SCOPE_KEY] = SharedMemoryCaller(peer, has_key)
+            scope[CALLER_SCOPE_KEY] = SharedMemoryCaller(peer, has_key, scope.get(DESCRIPTORS_SCOPE_KEY))
         await self.app(scope, receive, send)
 
 
 def shared_memory_caller(scope: Scope) -> SharedMemoryCaller:
     """The caller the middleware recorded (none recorded: an app without it, treated as an unknown TCP client)."""
     caller = scope.get(CALLER_SCOPE_KEY)
-    return caller if isinstance(caller, SharedMemoryCaller) else SharedMemoryCaller(scope.get(PEER_SCOPE_KEY), False)
+    if isinstance(caller, SharedMemoryCaller):
+        return caller
+    return SharedMemoryCaller(scope.get(PEER_SCOPE_KEY), False, scope.get(DESCRIPTORS_SCOPE_KEY))

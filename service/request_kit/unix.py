@@ -1,7 +1,8 @@
 """The Unix-domain-socket listener (`POSENC_UDS`): who the peer is, and the socket itself.
 
 Over TCP the server cannot tell who a client is. On a Unix socket the kernel tells it (SO_PEERCRED: the pid,
-uid and gid of the process that connected); the supplementary groups come from /proc/<pid>/status. The
+uid and gid of the process that connected; SO_PEERGROUPS: its supplementary groups), as they were when it
+connected. Nothing is looked up through the pid, which another process may own by the time it is read. The
 protocol (`posenc.service.http.protocol`) reads them once per connection and puts them in every request's scope under
 `PEER_SCOPE_KEY`; shared memory judges access by them (`posenc.service.inference.shared_memory_guard`).
 """
@@ -9,6 +10,7 @@ protocol (`posenc.service.http.protocol`) reads them once per connection and put
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import stat
@@ -19,6 +21,8 @@ from typing import Any
 
 PEER_SCOPE_KEY = "posenc.peer"
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)  # Linux 4.13; Python names it from 3.12 on some builds
+PEER_GROUPS_BYTES = 1024  # the most Python's getsockopt reads: 256 groups
 
 
 @dataclass(frozen=True)
@@ -33,13 +37,17 @@ class Peer:
         return f"uid {self.uid} (pid {self.pid})"
 
 
-def supplementary_groups(pid: int) -> frozenset[int]:
-    """The `Groups:` of /proc/<pid>/status; empty when the process is gone or /proc is not readable."""
-    with contextlib.suppress(OSError, ValueError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("Groups:"):
-                return frozenset(int(gid) for gid in line.split()[1:])
-    return frozenset()
+def supplementary_groups(sock: Any) -> frozenset[int]:
+    """The peer's supplementary groups when it connected (SO_PEERGROUPS). Empty where the kernel does not
+    tell them or the peer has more than 256: the peer is then judged by its uid and primary group only,
+    which can refuse it access, never grant more."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, PEER_GROUPS_BYTES)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOPROTOOPT, errno.ERANGE, errno.EINVAL):
+            raise
+        return frozenset()
+    return frozenset(struct.unpack(f"{len(raw) // 4}I", raw[:len(raw) // 4 * 4]))
 
 
 def peer_of(sock: Any) -> Peer | None:
@@ -47,7 +55,7 @@ def peer_of(sock: Any) -> Peer | None:
     if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
         return None
     pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return Peer(pid, uid, frozenset({gid}) | supplementary_groups(pid))
+    return Peer(pid, uid, frozenset({gid}) | supplementary_groups(sock))
 
 
 def bind_unix_socket(path: Path, backlog: int = 2048) -> socket.socket:

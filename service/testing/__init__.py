@@ -11,8 +11,9 @@
 * `LoadGenerator` (load.py): bounded closed-loop load over keep-alive connections, every body read.
 * `request_head`, `request_bytes`, `http_request`, `read_response`, `unix_http_request` (http.py): plain
   HTTP/1.1 on loopback, or on the server's Unix socket.
-* `shared_memory_key_settings`, `SHARED_MEMORY_HEADERS`, `sealed_memfd` (shared_memory.py): the restricted-API
-  key TCP clients need for shared memory, and zero-copy memfds for Unix-socket clients.
+* `shared_memory_key_settings`, `SHARED_MEMORY_HEADERS`, `sealed_memfd`, `register_memfd` (shared_memory.py):
+  the restricted-API key TCP clients need for shared memory, and zero-copy memfds for Unix-socket clients,
+  registered by sending the descriptor itself.
 * `attention_inputs` (inputs.py): seeded inputs for the shipped RoPE-attention graphs.
 
 Imports only the standard library, numpy and posenc's own modules: it ships with the service.
@@ -47,6 +48,7 @@ from posenc.service.testing.shared_memory import (
     SHARED_MEMORY_KEY,
     SHARED_MEMORY_KEY_HEADER,
     memfd_key,
+    register_memfd,
     sealed_memfd,
     shared_memory_key_settings,
 )
@@ -75,6 +77,7 @@ __all__ = [
     "kserve_request",
     "memfd_key",
     "read_response",
+    "register_memfd",
     "request_bytes",
     "request_head",
     "request_with_header",

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import http.client
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from posenc.service.request_kit.descriptors import send_with_descriptors
 from posenc.service.testing.ports import LOOPBACK, require_loopback
 
 Response = tuple[int, dict[str, str], bytes]  # status, lower-cased headers, body
@@ -45,11 +47,13 @@ def http_request(port: int, path: str, method: str = "GET", body: bytes | None =
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
-    """http.client over a Unix-domain socket (the server's POSENC_UDS listener)."""
+    """http.client over a Unix-domain socket (the server's POSENC_UDS listener). `fds`: descriptors sent with
+    the first bytes of the first request (SCM_RIGHTS), as a register of an `fd:N` region needs."""
 
-    def __init__(self, socket_path: str, timeout: float = 60) -> None:
+    def __init__(self, socket_path: str, timeout: float = 60, fds: Sequence[int] = ()) -> None:
         super().__init__("localhost", timeout=timeout)
         self.socket_path = socket_path
+        self.fds = list(fds)
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -57,11 +61,22 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         sock.connect(self.socket_path)
         self.sock = sock
 
+    def send(self, data: Any) -> None:
+        if self.fds and isinstance(data, bytes | bytearray):
+            if self.sock is None:
+                self.connect()
+            fds, self.fds = self.fds, []
+            send_with_descriptors(self.sock, bytes(data), fds)
+            return
+        super().send(data)
+
 
 def unix_http_request(socket_path: str, path: str, method: str = "GET", body: bytes | None = None,
-                      headers: Mapping[str, str] | None = None, timeout: float = 60) -> Response:
-    """One request over the Unix socket at `socket_path`: status, headers, body."""
-    conn = UnixHTTPConnection(socket_path, timeout)
+                      headers: Mapping[str, str] | None = None, timeout: float = 60,
+                      fds: Sequence[int] = ()) -> Response:
+    """One request over the Unix socket at `socket_path` (a new connection; `fds` sent with its first bytes):
+    status, headers, body."""
+    conn = UnixHTTPConnection(socket_path, timeout, fds)
     try:
         conn.request(method, path, body=body, headers=dict(headers or {}))
         response = conn.getresponse()

@@ -4,6 +4,7 @@ until they are sent (`BodiesInFlight`, `HeldResponse`); the protocol's side is t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 
 from fastapi.testclient import TestClient
@@ -96,3 +97,28 @@ def test_a_held_response_releases_when_sent_or_dropped() -> None:
         response = client.get("/v1/alibi/bias?num_heads=16&query_length=256&key_length=256&format=raw")
         assert response.status_code == 200 and len(response.content) == 4 << 20
         assert app.state.memory_budget.reserved == 0 and app.state.bodies_in_flight.bytes_held == 0
+
+
+def test_a_send_that_raises_or_is_cancelled_gives_its_bytes_back() -> None:
+    """Without the protocol's hook (a test client), the release runs after the send, whatever ends it."""
+    released: list[str] = []
+
+    async def failing_send(message: object) -> None:
+        raise ConnectionResetError
+
+    async def stalled_send(message: object) -> None:
+        await asyncio.sleep(60)
+
+    async def scenario() -> None:
+        raising = HeldResponse(BIG, release=lambda: released.append("raised"))
+        with contextlib.suppress(ConnectionResetError):
+            await raising({"type": "http"}, None, failing_send)  # type: ignore[arg-type]
+        stalled = HeldResponse(BIG, release=lambda: released.append("cancelled"))
+        task = asyncio.create_task(stalled({"type": "http"}, None, stalled_send))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert released == ["raised", "cancelled"]

@@ -208,3 +208,21 @@ assert faults < 3 * 512 * 1024 // 4096, f"{faults} page faults in 50 blocks"
 def resident_bytes() -> int:
     """This process's resident set size (/proc/self/statm: pages)."""
     return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_nobody_jumps_ahead_of_requests_already_waiting() -> None:
+    """`try_acquire` (a response sharing a body in flight) takes nothing while another request waits, even
+    where its bytes would fit: the waiter would wait behind every such sharer."""
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
+        held = await budget.acquire(80, "a test")
+        waiter = asyncio.create_task(budget.acquire(50, "a test"))
+        await asyncio.sleep(0)
+        assert budget.waiting == 1
+        assert budget.try_acquire(10) is None  # 80 + 10 fit, but someone waits
+        held.release()
+        (await waiter).release()
+        taken = budget.try_acquire(10)  # nobody waits any more
+        assert taken is not None and budget.reserved == 10
+
+    asyncio.run(scenario())

@@ -3,6 +3,7 @@ arrays, the same 400s and byte-identical JSON as the generic path, and memory wi
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,10 +15,10 @@ import pytest
 import posenc.service.inference.kserve_request as kserve
 from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
-from posenc.service.errors import BadRequest
+from posenc.service.errors import BadRequest, ClientClosedRequest
 from posenc.service.inference import kserve_json
 from posenc.service.inference.answer import JSON_NUMBER_BYTES, _memory_needed
-from posenc.service.inference.kserve_json import json_data
+from posenc.service.inference.kserve_json import json_data, lift_data
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
 from posenc.service.inference.repository import LoadedModel
@@ -198,3 +199,37 @@ def test_a_large_json_body_parses_within_its_reservation() -> None:
     parsed, peak = _traced(lambda: parse_infer_request(body, None))
     assert parsed.inputs[0].array.shape == (count,) and bool((parsed.inputs[0].array == 0.5).all())
     assert peak <= 2 * len(body), (peak, len(body))
+
+
+# --- linear time, and no work for a client that left ---------------------------------------------------------------
+
+PATHOLOGICAL = {  # bodies the scan for large data lists must get through in one pass
+    "data lists never closed": b'"data":[' * (1 << 17),
+    "numbers, then a string": (b'"data":[' + b"1," * 40_000 + b'"x",') * 13,
+    "spaces after the key": (b'"data"' + b" " * 65_536) * 16,
+}
+
+
+@pytest.mark.parametrize("body", list(PATHOLOGICAL.values()), ids=list(PATHOLOGICAL))
+def test_the_large_body_scan_is_linear(body: bytes) -> None:
+    """The same body at 1x and 8x: the scan's CPU time grows at most about 8-fold (it grew 64-fold, quadratic)."""
+    def cpu(text: bytes) -> float:
+        start = time.process_time()
+        for _ in range(3):
+            lift_data(memoryview(text))
+        return time.process_time() - start
+
+    cpu(body)  # warm
+    small, large = cpu(body), cpu(body * 8)
+    assert large <= 16 * max(small, 0.002), (small, large)
+
+
+def test_a_parse_stops_when_its_client_has_left() -> None:
+    body = _request(",".join([FLOATS] * 400))  # one list of 2 MB: lifted, parsed a chunk at a time
+    token = kserve_json.CLIENT_GONE.set(lambda: True)
+    try:
+        with pytest.raises(ClientClosedRequest):
+            parse_infer_request(body, None)
+    finally:
+        kserve_json.CLIENT_GONE.reset(token)
+    assert parse_infer_request(body, None).inputs[0].array.size == 300 * 400

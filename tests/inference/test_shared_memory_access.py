@@ -32,7 +32,7 @@ from posenc.service.testing import (
     sealed_memfd,
     shared_memory_inputs,
 )
-from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
+from tests.conftest import SELF_PEER, TRUSTED, peer_sending, running_client, shared_memory_client
 from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 NOBODY = SharedMemoryCaller(Peer(os.getpid(), 65534, frozenset({65534})), has_key=False)
@@ -113,7 +113,8 @@ def test_several_groups_and_specs_parse() -> None:
     ("/v2/models/m/versions/1/infer", "inference"), ("/v2/models/m/config", "model-config"),
     ("/v2/models/m/stats", "statistics"), ("/v2/repository/index", "model-repository"),
     ("/v2/systemsharedmemory/status", "shared-memory"), ("/v2/systemsharedmemory/region/r/register", "shared-memory"),
-    ("/v2/models/m/check", None), ("/v1/rope", None), ("/metrics", None),
+    ("/v2/models/m/check", "inference"), ("/v2/models/m/versions/1/check", "inference"), ("/v1/rope", None),
+    ("/metrics", None),
 ])
 def test_every_protocol_route_has_its_group(path: str, group: str | None) -> None:
     assert group_of(path) == group
@@ -158,10 +159,10 @@ def test_a_peer_may_not_register_what_it_could_not_open(shm_path: Path) -> None:
     registry.register("own", key, 0, 8192, NOBODY)
     regions.write_output(ShmRef("own", 0, 16), np.ones(4, np.float32), "output 'y'")
     assert np.frombuffer(shm_path.read_bytes()[:16], np.float32).tolist() == [1.0] * 4
-    # a region registered by a trusted caller is no way around it: the peer is judged by the object
+    # a region registered by a trusted caller is no way around it: another owner's names are not the peer's
     os.chown(shm_path, 0, 0)
     registry.register("by-key", key, 0, 8192, TRUSTED)
-    with pytest.raises(Forbidden, match=r"uid 65534 .* may not read the object of region 'by-key'"):
+    with pytest.raises(BadRequest, match="no shared-memory region named 'by-key' is registered"):
         regions.input_array(ShmRef("by-key", 0, 16), np.dtype(np.float32), (4,), "x")
     registry.close()
 
@@ -173,9 +174,11 @@ def test_a_descriptor_key_is_for_peers_only() -> None:
         with pytest.raises(BadRequest, match="only over the Unix socket"):
             registry.register("m", memfd_key(fd), 0, 4096, TRUSTED)
         with pytest.raises(BadRequest, match="must be followed by a descriptor number"):
-            registry.register("m", "fd:x", 0, 4096, SELF_PEER)
-        registry.register("m", memfd_key(fd), 0, 4096, SELF_PEER)
-        assert registry._regions["m"].mapping is not None  # sealed against shrinking: mapped, zero copy
+            registry.register("m", "fd:x", 0, 4096, peer_sending(fd))
+        with pytest.raises(BadRequest, match="no descriptor came with the request"):
+            registry.register("m", memfd_key(fd), 0, 4096, SELF_PEER)
+        registry.register("m", memfd_key(fd), 0, 4096, peer_sending(fd))
+        assert registry._regions[SELF_PEER.owner, "m"].mapping is not None  # sealed against shrinking: mapped
         registry.close()
     finally:
         os.close(fd)
@@ -188,15 +191,16 @@ def _open_descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def test_one_descriptor_per_region(shm_path: Path) -> None:
+def test_one_descriptor_per_copied_region_two_per_mapped_one(shm_path: Path) -> None:
+    """A mapped region keeps its descriptor beside the mapping's: its seals are read before every write."""
     fd = sealed_memfd(8192)
     registry = SharedMemoryRegistry(enabled=True)
     try:
         before = _open_descriptors()
         for index in range(8):
             registry.register(f"copied{index}", f"/{shm_path.name}", 0, 8192, TRUSTED)
-            registry.register(f"mapped{index}", memfd_key(fd), 0, 8192, SELF_PEER)
-        assert _open_descriptors() - before == 16
+            registry.register(f"mapped{index}", memfd_key(fd), 0, 8192, peer_sending(fd))
+        assert _open_descriptors() - before == 8 + 2 * 8
         registry.close()
         assert _open_descriptors() == before
     finally:
@@ -266,7 +270,7 @@ def test_an_unsealed_object_is_copied_and_a_shrink_is_a_400(shm_path: Path, monk
     body = kserve_request(shared_memory_inputs(inputs, "r"), outputs=[output]).body
     with shared_memory_client() as client:
         assert _register(client, "r", f"/{shm_path.name}", 16384).status_code == 200
-        assert client.app.state.shared_memory._regions["r"].mapping is None
+        assert client.app.state.shared_memory._regions[TRUSTED.owner, "r"].mapping is None
         answer = client.post(URL, content=body)
         assert answer.status_code == 200, answer.text
         got = np.frombuffer(shm_path.read_bytes()[8192:8192 + expected.nbytes], np.float32).reshape(expected.shape)

@@ -30,7 +30,7 @@ from posenc.service.testing import (
     sealed_memfd,
     shared_memory_inputs,
 )
-from tests.conftest import SELF_PEER, TRUSTED, running_client, shared_memory_client
+from tests.conftest import SELF_PEER, TRUSTED, peer_sending, running_client, shared_memory_client
 from tests.onnx_models import REPOSITORY, random_inputs, run, session
 
 URL = "/v2/models/rope_attention/infer"
@@ -214,14 +214,14 @@ def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
     head["inputs"].insert(0, {"name": "query", "datatype": "FP32", "shape": [1, 8, 2, 64], "parameters": {
         "shared_memory_region": "q", "shared_memory_byte_size": 4096, "shared_memory_offset": 64}})
     new_head = json.dumps(head).encode()
-    with shared_memory_client(peer=SELF_PEER) as client:
+    with shared_memory_client(peer=peer_sending(fd)) as client:
         assert "system_shared_memory" in client.get("/v2").json()["extensions"]
         register = {"key": key, "offset": 64, "byte_size": 8192 - 64}
         assert client.post("/v2/systemsharedmemory/region/q/register", content=json.dumps(register)).status_code == 200
         answer = client.post(URL, content=new_head + body[int(length):],
                              headers={"Inference-Header-Content-Length": str(len(new_head))})
         assert answer.status_code == 200, answer.text
-        mapping = client.app.state.shared_memory._regions["q"].mapping  # type: ignore[attr-defined]
+        mapping = client.app.state.shared_memory._regions[SELF_PEER.owner, "q"].mapping  # type: ignore[attr-defined]
         assert _root(captured["query"]) is mapping, "the shared-memory input was copied"
         assert not captured["query"].flags.writeable
         np.testing.assert_array_equal(captured["query"], query)
@@ -233,7 +233,7 @@ def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
 def test_registry_checks_every_range(memfd: tuple[str, int]) -> None:
     key, fd = memfd
     registry = SharedMemoryRegistry(enabled=True)
-    registry.register("r", key, 4100, 4092, caller=SELF_PEER)  # an offset that is no multiple of the page size
+    registry.register("r", key, 4100, 4092, caller=peer_sending(fd))  # an offset that is no multiple of the page size
     os.pwrite(fd, np.arange(4, dtype=np.float32).tobytes(), 4100 + 8)
     regions = registry.for_caller(SELF_PEER)
     view = regions.input_array(ShmRef("r", 8, 16), np.dtype(np.float32), (2, 2), "input 'x'")
@@ -244,11 +244,11 @@ def test_registry_checks_every_range(memfd: tuple[str, int]) -> None:
     assert np.frombuffer(os.pread(fd, 24, 4100 + 32), np.int64).tolist() == [7, 7, 7]
     with pytest.raises(BadRequest, match="shared_memory_byte_size is 16 bytes, the output \\[3\\] int64 needs 24"):
         regions.write_output(ShmRef("r", 32, 16), np.full(3, 7, np.int64), "output 'y'")
-    registry.unregister("r")  # the view above still exports the mapping: closed once it is gone
+    registry.unregister(SELF_PEER, "r")  # the view above still exports the mapping: closed once it is gone
     assert len(registry._retired) == 1 and view[1, 1] == 3
     del view
-    registry.unregister("r")
-    assert registry._retired == [] and registry.status() == []
+    registry.unregister(SELF_PEER, "r")
+    assert registry._retired == [] and registry.status(SELF_PEER) == []
     registry.close()
 
 
@@ -260,7 +260,7 @@ def test_registry_limits_the_number_of_regions(shm_object: tuple[str, int]) -> N
     with pytest.raises(BadRequest, match="2 shared-memory regions are registered"):
         registry.register("c", key, 16, 8, TRUSTED)
     registry.close()
-    assert registry.status() == []
+    assert registry.status(TRUSTED) == []
 
 
 @pytest.mark.parametrize(("body", "message"), [
@@ -297,15 +297,15 @@ def test_symbolic_links_and_folders_under_dev_shm_are_refused(tmp_path: Any) -> 
     finally:
         os.unlink(f"/dev/shm/{name}_link")
         os.rmdir(f"/dev/shm/{name}_dir")
-    assert registry.status() == []
+    assert registry.status(TRUSTED) == []
 
 
 def test_regions_are_unmapped_at_shutdown(memfd: tuple[str, int]) -> None:
-    key, _ = memfd
-    with shared_memory_client(peer=SELF_PEER) as client:
+    key, fd = memfd
+    with shared_memory_client(peer=peer_sending(fd)) as client:
         register = {"key": key, "offset": 0, "byte_size": 8192}
         assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
-        region = client.app.state.shared_memory._regions["r"]  # type: ignore[attr-defined]
+        region = client.app.state.shared_memory._regions[SELF_PEER.owner, "r"]  # type: ignore[attr-defined]
         assert client.get("/v2/systemsharedmemory/region/r/status").json() == [{"name": "r", **register}]
     assert region.closed and region.mapping.closed
 
@@ -314,11 +314,11 @@ def test_regions_are_unmapped_at_shutdown(memfd: tuple[str, int]) -> None:
 
 
 def test_output_views_only_where_the_model_can_write_directly(memfd: tuple[str, int]) -> None:
-    key, _ = memfd
+    key, fd = memfd
     registry = SharedMemoryRegistry(enabled=True)
-    registry.register("a", key, 0, 4096, SELF_PEER)
-    registry.register("b", key, 4096, 4096, SELF_PEER)
-    registry.register("c", key, 2048, 4096, SELF_PEER)  # the same object: its bytes 2048..6143 alias "a" and "b"
+    registry.register("a", key, 0, 4096, peer_sending(fd))
+    registry.register("b", key, 4096, 4096, peer_sending(fd))
+    registry.register("c", key, 2048, 4096, peer_sending(fd))  # the same object: its bytes 2048..6143 alias "a" and "b"
     regions = registry.for_caller(SELF_PEER)
     f32 = np.dtype(np.float32)
     view = regions.output_array(ShmRef("b", 0, 4096), f32, (2, 512), "output 'y'", [ShmRef("a", 0, 4096)])
@@ -368,9 +368,9 @@ def test_shared_memory_outputs_are_written_in_place_unless_they_overlap_an_input
     inputs = random_inputs(8, 8, 64, 1, 2)  # 12,304 bytes; the output 4096
     os.pwrite(fd, b"".join(a.tobytes() for a in inputs.values()), 0)
     expected = run(session(REPOSITORY / "rope_attention" / "model.onnx"), inputs)
-    with shared_memory_client(peer=SELF_PEER) as client:
+    with shared_memory_client(peer=peer_sending(fd)) as client:
         answer = _shm_request(client, key, inputs, out_offset)
-        mapping = client.app.state.shared_memory._regions["r"].mapping  # type: ignore[attr-defined]
+        mapping = client.app.state.shared_memory._regions[SELF_PEER.owner, "r"].mapping  # type: ignore[attr-defined]
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["parameters"].get("shared_memory_offset", 0) == out_offset
         assert (runs[-1] is not None and _root(runs[-1]["output"]) is mapping) == in_place

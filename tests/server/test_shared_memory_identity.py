@@ -25,7 +25,7 @@ from posenc.service.testing import (
     SharedMemory,
     http_request,
     kserve_request,
-    memfd_key,
+    register_memfd,
     sealed_memfd,
     shared_memory_inputs,
     shared_memory_key_settings,
@@ -140,8 +140,8 @@ def test_a_client_of_another_uid_gets_only_its_own_objects(server: ServerProcess
             assert seen[call][0] == 403 and "POSENC_RESTRICTED_API" in seen[call][1], call
         assert seen["tcp_status"] == [403]
         assert seen["uds_register_secret"][0] == 403 and "uid 65534" in seen["uds_register_secret"][1]
-        assert seen["uds_infer_from_root_region"][0] == 403
-        assert "may not read the object of region 'registered_by_root'" in seen["uds_infer_from_root_region"][1]
+        assert seen["uds_infer_from_root_region"][0] == 400  # root's names are not uid 65534's
+        assert "no shared-memory region named 'registered_by_root'" in seen["uds_infer_from_root_region"][1]
         assert seen["uds_register_own"] == [200, ""] and seen["uds_infer_own"] == [200, ""]
         assert seen["uds_status"] == [200]
         assert secret.read_bytes().startswith(b"root's secret ")  # nothing was written to it
@@ -164,8 +164,7 @@ def test_the_socket_speaks_the_whole_protocol(server: ServerProcess, socket_dir:
     fd = sealed_memfd(16384)
     try:
         os.pwrite(fd, b"".join(array.tobytes() for array in INPUTS.values()), 0)
-        register = json.dumps({"key": memfd_key(fd), "byte_size": 16384}).encode()
-        assert unix_http_request(socket_path, "/v2/systemsharedmemory/region/mine/register", "POST", register)[0] == 200
+        assert register_memfd(socket_path, "mine", fd, 16384)[0] == 200
         status, _, answer = unix_http_request(socket_path, "/v2/models/rope_attention/infer", "POST", request.body)
         assert status == 200, answer
         expected = run(session(REPOSITORY / "rope_attention" / "model.onnx"), INPUTS)

@@ -1,0 +1,106 @@
+"""The protocol's limits at their edges, on a real server: a head of exactly POSENC_MAX_HEADER_BYTES is
+served (one byte more is a 431), an idle kept-alive connection outlives a shorter header timeout, and a
+client that paused reading and resumed is not cut by the send timeout afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from posenc.service.testing import ServerProcess, request_bytes
+
+LIMIT = 16 * 1024
+HEADER_TIMEOUT = 0.5
+KEEP_ALIVE = 10.0
+SEND_TIMEOUT = 1.0
+URL = "/v1/alibi/slopes?num_heads=8"
+BIG = "/v1/alibi/bias?num_heads=16&query_length=512&key_length=512&format=raw"  # 16 MiB
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    settings = {"max_header_bytes": LIMIT, "header_timeout": HEADER_TIMEOUT, "timeout_keep_alive": KEEP_ALIVE,
+                "send_timeout": SEND_TIMEOUT, "cache_bytes": 0, "log_level": "warning"}
+    with ServerProcess(settings) as process:
+        yield process
+
+
+def _status(sock: socket.socket) -> int:
+    """The status of the next response on `sock` (read whole); 0 when the connection was closed instead."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                return 0
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        length = next((int(line.split(":")[1]) for line in lines if line.lower().startswith("content-length")), 0)
+        while len(body) < length:
+            chunk = sock.recv(1 << 20)
+            if not chunk:
+                return 0
+            body += chunk
+    except (ConnectionResetError, TimeoutError):
+        return 0
+    return int(lines[0].split()[1])
+
+
+# --- a head of exactly the limit ---------------------------------------------------------------------------------
+
+
+def _head_parsed_as(size: int) -> bytes:
+    """A head whose size as the server counts it once parsed (the URL, and each header's name and value plus
+    4) is `size`."""
+    fixed = len(URL) + (4 + 1 + 4) + (6 + 4)  # the URL, "Host: x", "X-Junk: ..."
+    return f"GET {URL} HTTP/1.1\r\nHost: x\r\nX-Junk: {'j' * (size - fixed)}\r\n\r\n".encode()
+
+
+@pytest.mark.parametrize(("size", "status"), [(LIMIT, 200), (LIMIT + 1, 431)])
+def test_a_head_in_one_read_at_the_limit(server: ServerProcess, size: int, status: int) -> None:
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(_head_parsed_as(size))
+        assert _status(sock) == status
+
+
+@pytest.mark.parametrize(("size", "status"), [(LIMIT, 200), (LIMIT + 1, 431)])
+def test_a_head_growing_in_pieces_up_to_the_limit(server: ServerProcess, size: int, status: int) -> None:
+    """`size` bytes of an unfinished head (counted as they arrive), then its end."""
+    start = f"GET {URL} HTTP/1.1\r\nHost: x\r\nX-Junk: ".encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(start + b"j" * (size - len(start)))
+        time.sleep(0.2)  # read on its own: the head is still growing
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"\r\n\r\n")
+        assert _status(sock) == status
+
+
+# --- timers ----------------------------------------------------------------------------------------------------------
+
+
+def test_an_idle_connection_outlives_a_shorter_header_timeout(server: ServerProcess) -> None:
+    """Keep-alive (10 s) longer than the header timeout (0.5 s): between two requests the connection is
+    idle, not a head that is late, and stays open for the keep-alive."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request_bytes("GET", URL))
+        assert _status(sock) == 200
+        time.sleep(4 * HEADER_TIMEOUT)
+        sock.sendall(request_bytes("GET", URL))
+        assert _status(sock) == 200
+
+
+def test_a_client_that_paused_and_resumed_reading_is_not_cut_later(server: ServerProcess) -> None:
+    """A 16 MiB answer that the client leaves unread for half the send timeout, then reads whole: the send
+    timer stopped when it resumed, so the connection is still there well past the send timeout."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request_bytes("GET", BIG))
+        time.sleep(SEND_TIMEOUT / 2)  # 16 MiB is more than the sockets hold: the server pauses writing
+        assert _status(sock) == 200
+        time.sleep(2 * SEND_TIMEOUT)
+        sock.sendall(request_bytes("GET", URL))
+        assert _status(sock) == 200
