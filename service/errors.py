@@ -116,6 +116,11 @@ class Unavailable(ServiceError):
         super().__init__(message, headers={"Retry-After": str(retry_after)} if retry_after else None)
 
 
+class Overloaded(Unavailable):
+    """Too busy now (503 with Retry-After): a model's queue or the memory budget is full. gRPC answers it
+    RESOURCE_EXHAUSTED, where a model or server that is not ready is UNAVAILABLE."""
+
+
 ECHO_LIMIT = 200  # characters of a client's own input repeated in an error message
 
 
