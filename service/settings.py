@@ -79,9 +79,10 @@ class Settings(BaseSettings):
     )
     grpc_max_concurrent_rpcs: int = Field(
         256, ge=1, le=100_000,
-        description="gRPC calls (a stream counts once) served at once per worker; one more is refused with "
-        "RESOURCE_EXHAUSTED. gRPC reads a message before posenc sees it, so this times max_request_bytes bounds "
-        "the memory that messages being received can hold.",
+        description="gRPC calls (a stream counts once) served at once per worker, and streams open at once on one "
+        "connection (a client's next one waits on its side); one more call is refused with RESOURCE_EXHAUSTED. "
+        "gRPC reads a message before posenc sees it, so this times max_request_bytes bounds the memory that "
+        "messages being received can hold.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["text", "json"] = Field(

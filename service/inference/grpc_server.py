@@ -3,11 +3,12 @@ the same objects: `inference.GRPCInferenceService` (`posenc.service.inference.gr
 and server reflection.
 
 Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED by gRPC itself from
-its length prefix, before it is read; POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once (one more:
-RESOURCE_EXHAUSTED). Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model
-loaded, and each model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either.
-With several workers each binds the port with SO_REUSEPORT, as uvicorn's workers share the HTTP socket;
-with one, a port in use is a start-up failure.
+its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
+RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes.
+Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model loaded, and each
+model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. With several
+workers each binds the port with SO_REUSEPORT, as uvicorn's workers share the HTTP socket; with one, a port in
+use is a start-up failure.
 """
 
 from __future__ import annotations
@@ -62,8 +63,9 @@ def listen_address(host: str, port: int) -> str:
 async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Server:
     """Build, bind and start the server (RuntimeError naming the address when the port cannot be bound)."""
     settings = state.settings
+    # The call limit is the servicer's own: grpc.aio's `maximum_concurrent_rpcs` can undercount, and a stream
+    # refused while its client is still writing ends as INTERNAL on the client (grpc/grpc#36066).
     server = grpc.aio.server(
-        maximum_concurrent_rpcs=settings.grpc_max_concurrent_rpcs,
         options=[("grpc.max_receive_message_length", settings.max_request_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1 if workers > 1 else 0)])

@@ -125,6 +125,31 @@ class Servicer:
     def __init__(self, state: GrpcState) -> None:
         self.state = state
         self.restrictions = state.settings.restrictions()
+        self.active = 0  # calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
+        self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
+
+    def admit(self) -> None:
+        """One more unary call in progress, or RESOURCE_EXHAUSTED with a retry hint when the limit is reached."""
+        limit = self.state.settings.grpc_max_concurrent_rpcs
+        if self.active >= limit:
+            raise Overloaded(f"busy: {self.active} gRPC calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS={limit}); "
+                             "retry later", retry_after=1)
+        self.active += 1
+
+    async def admit_stream(self) -> None:
+        """One more stream in progress, once there is room: a stream refused while its client still writes
+        would end as INTERNAL on the client, so it waits, unread (its deadline still applies)."""
+        while self.active >= self.state.settings.grpc_max_concurrent_rpcs:
+            if self.freed is None:
+                self.freed = asyncio.Event()
+            await self.freed.wait()
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.freed is not None:
+            self.freed.set()  # every waiter re-checks; the next call to find it full waits on a fresh event
+            self.freed = None
 
     # -- what every call goes through
 
@@ -142,8 +167,10 @@ class Servicer:
         """The handler of a unary method: request bytes in, response message out."""
 
         async def handler(data: bytes, context: grpc.aio.ServicerContext) -> Message:
-            start, code, size = time.perf_counter(), "OK", 0
+            start, code, size, admitted = time.perf_counter(), "OK", 0, False
             try:
+                self.admit()
+                admitted = True
                 caller = self.caller(method, _metadata(context))
                 response = await handle(decode(request_type, data), caller)
                 size = response.ByteSize()
@@ -154,6 +181,8 @@ class Servicer:
                     await context.abort(*answer)  # raises AbortError: the call ends with this status
                 raise
             finally:
+                if admitted:
+                    self.leave()
                 self.state.record(method, code, time.perf_counter() - start, size, context.peer() or "")
 
         return handler
@@ -185,11 +214,13 @@ class Servicer:
         responses stops the server reading its requests."""
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
-            start, code, count = time.perf_counter(), "OK", 0
+            start, code, count, admitted = time.perf_counter(), "OK", 0, False
             pending: asyncio.Queue[asyncio.Future[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
             reader: asyncio.Future[None] | None = None
             try:
                 caller = self.caller(method, _metadata(context))
+                await self.admit_stream()
+                admitted = True
 
                 async def read() -> None:
                     async for data in request_iterator:
@@ -213,6 +244,8 @@ class Servicer:
                     left = pending.get_nowait()
                     if left is not None:
                         left.cancel()
+                if admitted:
+                    self.leave()
                 self.state.record(method, code, time.perf_counter() - start, count, context.peer() or "")
 
         return handler
