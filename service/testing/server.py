@@ -73,7 +73,8 @@ class ServerProcess:
 
     `command` defaults to `posenc serve`; its parts may hold `{host}` and `{port}` (e.g. a bare uvicorn app).
     POSENC_HOST and POSENC_PORT are always set to the server's; POSENC_GRPC_PORT to 0 (no gRPC) unless `grpc`
-    (a free port of its own: `grpc_port`, `grpc_address`) or the settings say otherwise. `ready`: the path
+    (a free port of its own: `grpc_port`, `grpc_address`), the base environment or the settings say
+    otherwise. `ready`: the path
     polled until it answers 200 (None: do not wait). The process gets its own session, so a Ctrl-C meant for
     the caller does not reach it: only `stop` (or `send_signal`) does.
     """
@@ -90,11 +91,15 @@ class ServerProcess:
         self.ready, self.ready_timeout, self.stop_timeout = ready, ready_timeout, stop_timeout
         self.argv = [part.replace("{host}", host).replace("{port}", str(self.port))
                      for part in (command if command is not None else serve_command())] + list(args)
-        # no gRPC unless asked for (`grpc=True`: on a free port of its own), so servers never share port 8001
-        self.grpc_port = free_port(host) if grpc else 0
+        # No gRPC unless asked for (`grpc=True`: on a free port of its own) or set in the base environment, so
+        # servers never share port 8001.
+        base = os.environ if base_env is None else base_env
+        grpc_env = {"POSENC_GRPC_PORT": str(free_port(host) if grpc else 0)}
+        if not grpc and "POSENC_GRPC_PORT" in base:
+            grpc_env = {}
         self.env = serve_env(settings, base=base_env, pythonpath=pythonpath,
-                             env={"POSENC_GRPC_PORT": str(self.grpc_port), **(env or {}), "POSENC_HOST": host,
-                                  "POSENC_PORT": str(self.port)})
+                             env={**grpc_env, **(env or {}), "POSENC_HOST": host, "POSENC_PORT": str(self.port)})
+        self.grpc_port = int(self.env.get("POSENC_GRPC_PORT", "0") or 0)
         self.cwd = cwd
         self._own_log = log_path is None
         if log_path is None:
