@@ -24,7 +24,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from posenc.service.errors import Overloaded
+from posenc.service.errors import Unavailable
 
 log = logging.getLogger("posenc.budget")
 
@@ -87,9 +87,9 @@ class MemoryBudget:
 
     async def _wait(self, amount: int, what: str) -> None:
         if self.waiting >= self.max_waiters:
-            raise Overloaded(f"busy: {self.waiting} requests already wait for memory to compute {what} "
-                             f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
-                             "retry later", retry_after=RETRY_AFTER_SECONDS)
+            raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
+                              f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
+                              "retry later", retry_after=RETRY_AFTER_SECONDS, overloaded=True)
         self.waiting += 1
         loop = asyncio.get_running_loop()
         try:
@@ -99,9 +99,9 @@ class MemoryBudget:
                     self._wakeups.append(wakeup)
                     await wakeup
         except TimeoutError:
-            raise Overloaded(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
-                             f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
-                             retry_after=RETRY_AFTER_SECONDS) from None
+            raise Unavailable(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
+                              f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
+                              retry_after=RETRY_AFTER_SECONDS, overloaded=True) from None
         finally:
             self.waiting -= 1
 

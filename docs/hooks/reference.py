@@ -127,11 +127,17 @@ def grpc_status() -> str:
     classes.sort(key=lambda cls: cls.status_code)
     rows = []
     for cls in classes:
-        error = cls.__new__(cls)
-        error.headers = {"Retry-After": "1"} if issubclass(cls, taxonomy.Unavailable) else {}
-        code, trailing = status_of(error)
-        rows.append([str(cls.status_code), f"`{cls.__name__}`", f"`{code.name}`",
-                     "`retry-after`" if trailing else "—"])
+        variants = [("", {})]
+        if issubclass(cls, taxonomy.Unavailable):  # not ready, and overloaded (a full queue or memory budget)
+            variants = [(" (not ready)", {}), (" (overloaded: a queue or the memory budget is full)",
+                                               {"overloaded": True})]
+        for label, flags in variants:
+            error = cls.__new__(cls)
+            error.headers = {"Retry-After": "1"} if issubclass(cls, taxonomy.Unavailable) else {}
+            error.__dict__.update(flags or ({"overloaded": False} if label else {}))
+            code, trailing = status_of(error)
+            rows.append([str(cls.status_code), f"`{cls.__name__}`{label}", f"`{code.name}`",
+                         "`retry-after`" if trailing else "—"])
     return _table(["HTTP status", "error", "gRPC status", "trailing metadata"], rows)
 
 

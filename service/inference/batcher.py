@@ -56,7 +56,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from posenc.service.budget import MemoryBudget
-from posenc.service.errors import Overloaded, Unavailable
+from posenc.service.errors import Unavailable
 from posenc.service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
 
 log = logging.getLogger("posenc.inference.batcher")
@@ -147,8 +147,9 @@ class Batcher:
         """One of the model's `max_queue_size` places, held until the answer; 503 with Retry-After when
         they are all taken. Taken before a request's body is read, so a full model refuses at once."""
         if self._waiting_requests >= self.max_queue_size:
-            raise Overloaded(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
-                             f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
+            raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
+                              f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1,
+                              overloaded=True)
         self._set_waiting(self._waiting_requests + 1)
         try:
             yield

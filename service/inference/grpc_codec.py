@@ -139,11 +139,15 @@ def _set_parameter(target: Proto, value: Any) -> None:
 
 
 def encode_infer_response(model_name: str, model_version: str, request: InferRequest,
-                          outputs: Mapping[str, np.ndarray], order: Sequence[str]) -> Proto:
-    """The response: every requested output's bytes in `raw_output_contents` (an empty entry for one written
-    to shared memory, so that entry i stays output i's, as tritonclient reads them)."""
+                          outputs: Mapping[str, np.ndarray], order: Sequence[str]) -> bytes:
+    """The serialized `ModelInferResponse`: every requested output's bytes in `raw_output_contents` (an empty entry
+    for one written to shared memory, so that entry i stays output i's, as tritonclient reads them).
+
+    The message without its raw contents is serialized by protobuf; each `raw_output_contents` field (number 6,
+    length-delimited) is appended from the output array's own buffer: the only copy of an output is the one into
+    the message (protobuf would copy it into a bytes object first, then into the message)."""
     response = pb.ModelInferResponse(model_name=model_name, model_version=model_version, id=request.id or "")
-    raw = []
+    raw: list[bytes | memoryview] = []
     for out in requested_outputs(request, order):
         array = np.ascontiguousarray(outputs[out.name])
         tensor = response.outputs.add(name=out.name, datatype=lookup(array.dtype).kserve, shape=list(array.shape))
@@ -152,9 +156,28 @@ def encode_infer_response(model_name: str, model_version: str, request: InferReq
                 _set_parameter(tensor.parameters[key], value)
             raw.append(b"")
         else:
-            raw.append(array.tobytes())
-    response.raw_output_contents.extend(raw)
-    return response
+            raw.append(array.reshape(-1).view(np.uint8).data)  # [nbytes], no copy
+    parts: list[bytes | memoryview] = [response.SerializeToString()]
+    for chunk in raw:
+        parts += [RAW_OUTPUT_TAG, _varint(len(chunk)), chunk]
+    return b"".join(parts)
+
+
+RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def stream_response(infer_response: bytes) -> bytes:
+    """A serialized `ModelStreamInferResponse` holding a serialized `ModelInferResponse` (field 2)."""
+    return b"".join((bytes([2 << 3 | 2]), _varint(len(infer_response)), infer_response))
 
 
 def model_metadata_message(document: Mapping[str, Any]) -> Proto:

@@ -32,18 +32,17 @@ STREAM_METHODS = ("ModelStreamInfer",)
 
 def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
     """The methods posenc serves, each reading its request's bytes itself (a malformed message is then an
-    INVALID_ARGUMENT naming the message, where gRPC's own decoding would answer INTERNAL). Methods it does
-    not serve are absent: gRPC answers UNIMPLEMENTED."""
+    INVALID_ARGUMENT naming the message, where gRPC's own decoding would answer INTERNAL) and answering bytes
+    (an infer response is assembled around its outputs' buffers). Methods it does not serve are absent: gRPC
+    answers UNIMPLEMENTED."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
-        response_type = getattr(pb, method.output_type.name)
+        # requests and responses are bytes both ways: the handlers decode and encode them themselves
         if method.name in STREAM_METHODS:
-            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
-                servicer.stream(method.name), response_serializer=response_type.SerializeToString)
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.stream(method.name))
         elif hasattr(servicer, method.name):
             handle = servicer.unary(method.name, getattr(pb, method.input_type.name), getattr(servicer, method.name))
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                handle, response_serializer=response_type.SerializeToString)
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(handle)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

@@ -24,7 +24,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget
-from posenc.service.errors import BadRequest, Forbidden, Overloaded, ServiceError, Unavailable
+from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
 from posenc.service.http.restricted import SHARED_MEMORY_GROUP, SharedMemoryCaller, restricted_message
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.grpc_codec import (
@@ -35,6 +35,7 @@ from posenc.service.inference.grpc_codec import (
     repository_index_message,
     shared_memory_status_message,
     statistics_message,
+    stream_response,
 )
 from posenc.service.inference.kserve import extensions
 from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
@@ -80,8 +81,9 @@ M = TypeVar("M", bound=Message)
 
 def grpc_status(exc: ServiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
     """The status code of a service error, and its trailing metadata (the retry hint of a 503)."""
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, Overloaded) else STATUS_CODES.get(
-        exc.status_code, grpc.StatusCode.INTERNAL)
+    overloaded = isinstance(exc, Unavailable) and exc.overloaded
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED if overloaded else STATUS_CODES.get(exc.status_code,
+                                                                                  grpc.StatusCode.INTERNAL)
     retry = exc.headers.get("Retry-After") if isinstance(exc, Unavailable) else None
     return code, ((RETRY_AFTER_KEY, retry),) if retry else ()
 
@@ -132,8 +134,8 @@ class Servicer:
         """One more unary call in progress, or RESOURCE_EXHAUSTED with a retry hint when the limit is reached."""
         limit = self.state.settings.grpc_max_concurrent_rpcs
         if self.active >= limit:
-            raise Overloaded(f"busy: {self.active} gRPC calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS={limit}); "
-                             "retry later", retry_after=1)
+            raise Unavailable(f"busy: {self.active} gRPC calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS={limit}); "
+                              "retry later", retry_after=1, overloaded=True)
         self.active += 1
 
     async def admit_stream(self) -> None:
@@ -163,18 +165,21 @@ class Servicer:
         return SharedMemoryCaller(None, key is not None and _carries(metadata, key))
 
     def unary(self, method: str, request_type: type[M],
-              handle: Callable[[M, SharedMemoryCaller], Awaitable[Message]]) -> Callable[..., Awaitable[Message]]:
-        """The handler of a unary method: request bytes in, response message out."""
+              handle: Callable[[M, SharedMemoryCaller, int], Awaitable[Message | bytes]]
+              ) -> Callable[..., Awaitable[bytes]]:
+        """The handler of a unary method: request bytes in, response bytes out (`handle` gets the request, the
+        caller and the request's size, and answers a message or its serialized bytes)."""
 
-        async def handler(data: bytes, context: grpc.aio.ServicerContext) -> Message:
+        async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start, code, size, admitted = time.perf_counter(), "OK", 0, False
             try:
                 self.admit()
                 admitted = True
                 caller = self.caller(method, _metadata(context))
-                response = await handle(decode(request_type, data), caller)
-                size = response.ByteSize()
-                return response
+                response = await handle(decode(request_type, data), caller, len(data))
+                answer = response if isinstance(response, bytes) else response.SerializeToString()
+                size = len(answer)
+                return answer
             except BaseException as exc:
                 code, answer = self.status_of(method, context, exc)
                 if answer is not None:
@@ -215,7 +220,7 @@ class Servicer:
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             start, code, count, admitted = time.perf_counter(), "OK", 0, False
-            pending: asyncio.Queue[asyncio.Future[pb.ModelStreamInferResponse] | None] = asyncio.Queue(STREAM_WINDOW)
+            pending: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
             reader: asyncio.Future[None] | None = None
             try:
                 caller = self.caller(method, _metadata(context))
@@ -229,8 +234,9 @@ class Servicer:
 
                 reader = asyncio.ensure_future(read())
                 while (task := await _next(pending, reader)) is not None:
-                    await context.write(await task)
-                    count += 1
+                    written = await task
+                    await context.write(written)
+                    count += len(written)
                 await reader  # a failed read raises here
             except BaseException as exc:
                 code, answer = self.status_of(method, context, exc)
@@ -250,42 +256,43 @@ class Servicer:
 
         return handler
 
-    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> pb.ModelStreamInferResponse:
+    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
         request = pb.ModelInferRequest()
         try:
             request = decode(pb.ModelInferRequest, data)
-            return pb.ModelStreamInferResponse(infer_response=await self.infer(request, caller))
+            return stream_response(await self.infer(request, caller, len(data)))
         except ServiceError as exc:
             message = exc.message
         except Exception as exc:  # this request's own failure; the stream goes on
             log.error("unhandled error in a gRPC stream request", exc_info=exc)
             message = INTERNAL_MESSAGE
         return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id))
+            model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
 
     # -- health and metadata
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, caller: SharedMemoryCaller) -> Message:
+    async def ServerLive(self, request: pb.ServerLiveRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: pb.ServerReadyRequest, caller: SharedMemoryCaller) -> Message:
+    async def ServerReady(self, request: pb.ServerReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return pb.ServerReadyResponse(ready=not self.state.problems)
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, caller: SharedMemoryCaller) -> Message:
+    async def ModelReady(self, request: pb.ModelReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return pb.ModelReadyResponse(ready=self.state.engine.get(request.name, request.version or None).ready)
 
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest, caller: SharedMemoryCaller) -> Message:
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return pb.ServerMetadataResponse(name="posenc", version=__version__,
                                          extensions=extensions(self.state.settings.shared_memory))
 
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest, caller: SharedMemoryCaller) -> Message:
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return model_metadata_message(model_metadata(self.state.engine.get(request.name, request.version or None)))
 
-    async def ModelConfig(self, request: pb.ModelConfigRequest, caller: SharedMemoryCaller) -> Message:
+    async def ModelConfig(self, request: pb.ModelConfigRequest, caller: SharedMemoryCaller, size: int) -> Message:
         entry = self.state.engine.get(request.name, request.version or None)
         return model_config_message(triton_config(ensure_ready(entry), self.state.settings))
 
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, caller: SharedMemoryCaller) -> Message:
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, caller: SharedMemoryCaller,
+                              size: int) -> Message:
         engine = self.state.engine
         if request.name:
             entries = [engine.get(request.name, request.version or None)]
@@ -293,7 +300,8 @@ class Servicer:
             entries = [engine.models[name] for name in sorted(engine.models)]
         return statistics_message([engine.statistics(entry) for entry in entries])
 
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, caller: SharedMemoryCaller) -> Message:
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, caller: SharedMemoryCaller,
+                              size: int) -> Message:
         return repository_index_message(repository_index(self.state.engine, request.ready))
 
     # -- system shared memory (the rules of the HTTP routes: `posenc.service.inference.shared_memory_routes`)
@@ -305,12 +313,12 @@ class Servicer:
         return registry
 
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
-                                       caller: SharedMemoryCaller) -> Message:
+                                       caller: SharedMemoryCaller, size: int) -> Message:
         registry = self._registry(caller, "SystemSharedMemoryStatus")
         return shared_memory_status_message(registry.status(request.name or None))
 
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
-                                         caller: SharedMemoryCaller) -> Message:
+                                         caller: SharedMemoryCaller, size: int) -> Message:
         registry = self._registry(caller, "SystemSharedMemoryRegister")
         key, offset, byte_size = parse_register({"key": request.key, "offset": request.offset,
                                                  "byte_size": request.byte_size})
@@ -318,21 +326,21 @@ class Servicer:
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
-                                           caller: SharedMemoryCaller) -> Message:
+                                           caller: SharedMemoryCaller, size: int) -> Message:
         self._registry(caller, "SystemSharedMemoryUnregister").unregister(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # -- inference
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller) -> Message:
-        return await self.infer(request, caller)
+    async def ModelInfer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
+        return await self.infer(request, caller, size)
 
-    async def infer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller) -> pb.ModelInferResponse:
-        """One infer request, as `posenc.service.inference.routes._infer` runs it: admitted by the model's queue,
-        its memory reserved before its work, the same parser and checks, the same batcher."""
+    async def infer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
+        """One infer request of `size` bytes, as `posenc.service.inference.routes._infer` runs it: admitted by the
+        model's queue, its memory reserved before its work, the same parser and checks, the same batcher; the
+        serialized response. (The message is in memory already: gRPC read it, within its size limit.)"""
         state = self.state
         model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
-        size = request.ByteSize()  # the message is in memory already (gRPC read it, within its size limit)
         with state.engine.admission(model):
             reservation = await state.budget.acquire(3 * size, f"an inference on '{model.name}'")
             try:

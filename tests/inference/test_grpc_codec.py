@@ -15,7 +15,6 @@ from posenc.service.errors import (
     Forbidden,
     InsufficientStorage,
     NotFound,
-    Overloaded,
     PayloadTooLarge,
     ServiceError,
     Unavailable,
@@ -89,9 +88,31 @@ def test_binary_data_size_is_refused_and_outputs_are_raw() -> None:
     request.outputs.add(name="y")
     parsed, _ = decode_infer_request(request, None)
     assert parsed.outputs is not None and parsed.outputs[0].binary
-    response = encode_infer_response("m", "1", parsed, {"y": np.arange(3, dtype=np.float32)}, ["y"])
+    response = pb.ModelInferResponse.FromString(
+        encode_infer_response("m", "1", parsed, {"y": np.arange(3, dtype=np.float32)}, ["y"]))
     assert response.id == "r1" and response.outputs[0].datatype == "FP32" and list(response.outputs[0].shape) == [3]
     assert response.raw_output_contents[0] == np.arange(3, dtype=np.float32).tobytes()
+
+
+def test_response_bytes_are_protobufs_own_encoding() -> None:
+    """The response assembled around the outputs' buffers is the message protobuf would build, with an empty raw
+    entry for an output in shared memory and lengths that take several varint bytes."""
+    from posenc.service.inference.kserve import InferRequest, RequestedOutput, ShmRef
+
+    outputs = {"a": np.arange(40_000, dtype=np.float32).reshape(200, 200), "b": np.ones((2, 3), np.int64),
+               "c": np.zeros(0, np.float16)}
+    request = InferRequest("id-7", [], [RequestedOutput("a", True), RequestedOutput("b", True, ShmRef("r", 8, 48)),
+                                        RequestedOutput("c", True)], True)
+    ours = encode_infer_response("m", "1", request, outputs, ["a", "b", "c"])
+    expected = pb.ModelInferResponse(model_name="m", model_version="1", id="id-7")
+    expected.outputs.add(name="a", datatype="FP32", shape=[200, 200])
+    shm = expected.outputs.add(name="b", datatype="INT64", shape=[2, 3])
+    shm.parameters["shared_memory_region"].string_param = "r"
+    shm.parameters["shared_memory_byte_size"].int64_param = 48
+    shm.parameters["shared_memory_offset"].int64_param = 8
+    expected.outputs.add(name="c", datatype="FP16", shape=[0])
+    expected.raw_output_contents.extend([outputs["a"].tobytes(), b"", b""])
+    assert pb.ModelInferResponse.FromString(ours) == expected
 
 
 @pytest.mark.parametrize(("error", "code", "retry"), [
@@ -100,7 +121,7 @@ def test_binary_data_size_is_refused_and_outputs_are_raw() -> None:
     (NotFound("x"), grpc.StatusCode.NOT_FOUND, None),
     (PayloadTooLarge("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, None),
     (InsufficientStorage("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, None),
-    (Overloaded("x", retry_after=1), grpc.StatusCode.RESOURCE_EXHAUSTED, "1"),
+    (Unavailable("x", retry_after=1, overloaded=True), grpc.StatusCode.RESOURCE_EXHAUSTED, "1"),
     (Unavailable("x", retry_after=5), grpc.StatusCode.UNAVAILABLE, "5"),
     (Unavailable("x"), grpc.StatusCode.UNAVAILABLE, None),
     (ServiceError("x"), grpc.StatusCode.INTERNAL, None),
