@@ -63,7 +63,9 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastA
             yield
         finally:
             if grpc_server is not None:
-                await grpc_server.stop(settings.graceful_shutdown_timeout)
+                from posenc.service.inference.grpc_server import stop
+
+                await stop(grpc_server, settings.graceful_shutdown_timeout)
             await engine.close()
             app.state.shared_memory.close()  # unmap every registered region
             app.state.row_blocks.close()

@@ -13,6 +13,7 @@ use is a start-up failure.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 
@@ -25,6 +26,9 @@ from posenc.service.inference.grpc_servicer import SERVICE, GrpcState, Servicer
 from posenc.service.inference.repository import RepositoryEntry
 
 log = logging.getLogger("posenc.grpc")
+
+_SERVING: set[grpc.aio.Server] = set()  # this process's started gRPC servers (`drain`)
+_STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 STREAM_METHODS = ("ModelStreamInfer",)
@@ -82,5 +86,21 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
     if not bound:
         raise RuntimeError(f"gRPC cannot listen on {address} (POSENC_GRPC_PORT; 0 turns gRPC off)")
     await server.start()
+    _SERVING.add(server)
     log.info("gRPC (KServe v2 / Triton, health, reflection) on %s", address)
     return server
+
+
+def drain(grace: float) -> None:
+    """Begin the graceful stop of this process's gRPC servers (no new calls; those in flight get `grace` seconds),
+    at the moment the HTTP server begins its own drain after SIGTERM, so both drain together."""
+    for server in list(_SERVING):
+        task = asyncio.ensure_future(server.stop(grace))
+        _STOPPING.add(task)
+        task.add_done_callback(_STOPPING.discard)
+
+
+async def stop(server: grpc.aio.Server, grace: float) -> None:
+    """Stop `server` (after `drain`: wait for the stop it began) and forget it."""
+    await server.stop(grace)
+    _SERVING.discard(server)
