@@ -196,7 +196,7 @@ class Servicer:
                   exc: BaseException) -> tuple[str, tuple[grpc.StatusCode, str, Any] | None]:
         """The code a failed call ends with, and the (status, message, trailing metadata) to abort it with
         (None: it ended already: cancelled, past its deadline, aborted)."""
-        if isinstance(exc, asyncio.CancelledError):
+        if isinstance(exc, asyncio.CancelledError) or context.cancelled():  # (a write to a cancelled call fails)
             remaining = context.time_remaining()
             return ("DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"), None
         if isinstance(exc, grpc.aio.AbortError) or not isinstance(exc, Exception):
@@ -220,36 +220,40 @@ class Servicer:
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             start, code, count, admitted = time.perf_counter(), "OK", 0, False
-            pending: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue(STREAM_WINDOW)
+            window = asyncio.Semaphore(STREAM_WINDOW)  # requests read and not yet answered
+            pending: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()  # in request order; None: end
             reader: asyncio.Future[None] | None = None
+            task: asyncio.Future[bytes] | None = None
             try:
                 caller = self.caller(method, _metadata(context))
                 await self.admit_stream()
                 admitted = True
 
                 async def read() -> None:
-                    async for data in request_iterator:
-                        await pending.put(asyncio.ensure_future(self._stream_one(data, caller)))
-                    await pending.put(None)
+                    try:
+                        async for data in request_iterator:
+                            await window.acquire()
+                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller)))
+                    finally:
+                        pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
 
                 reader = asyncio.ensure_future(read())
-                while (task := await _next(pending, reader)) is not None:
+                while (task := await pending.get()) is not None:
                     written = await task
                     await context.write(written)
+                    window.release()
                     count += len(written)
-                await reader  # a failed read raises here
+                await reader
             except BaseException as exc:
                 code, answer = self.status_of(method, context, exc)
                 if answer is not None:
                     await context.abort(*answer)
                 raise
             finally:
-                if reader is not None:
-                    reader.cancel()
-                while not pending.empty():
-                    left = pending.get_nowait()
-                    if left is not None:
-                        left.cancel()
+                left = [reader, task, *(pending.get_nowait() for _ in range(pending.qsize()))]
+                for future in left:
+                    if future is not None and not future.done():
+                        future.cancel()
                 if admitted:
                     self.leave()
                 self.state.record(method, code, time.perf_counter() - start, count, context.peer() or "")
@@ -362,15 +366,3 @@ class Servicer:
                                             model.name, VERSION, parsed, outputs, order)
             finally:
                 reservation.release()
-
-
-async def _next(pending: asyncio.Queue[T], reader: asyncio.Future[None]) -> T | None:
-    """The next queued item; None when the reader failed with nothing queued (the caller awaits its error)."""
-    getter: asyncio.Future[Any] = asyncio.ensure_future(pending.get())
-    await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-    if getter.done():
-        return getter.result()
-    getter.cancel()
-    if reader.exception() is not None:
-        return None
-    return await pending.get()
