@@ -2,7 +2,7 @@
 #
 #   docker build -t posenc .
 #   docker build --build-arg ONNXRUNTIME=onnxruntime-gpu -t posenc:gpu .   # CUDA hosts
-#   docker run --rm -p 8000:8000 posenc
+#   docker run --rm -p 8000:8000 -p 8001:8001 posenc    # HTTP on 8000, gRPC on 8001
 #
 # BASE_IMAGE must provide python3 (>= 3.11) with the venv module; both stages use it, so the
 # virtual environment copied from the build stage finds the same interpreter.
@@ -57,7 +57,8 @@ ENV PATH=/opt/posenc/bin:$PATH \
     POSENC_MODEL_REPOSITORY=/srv/posenc/onnx
 USER posenc
 WORKDIR /srv/posenc
-EXPOSE 8000
+# HTTP, and the KServe v2 / Triton gRPC service (POSENC_GRPC_PORT)
+EXPOSE 8000 8001
 
 # Standard library only (slim images have no curl); 503 (not ready) and refused connections fail it.
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 \

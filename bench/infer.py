@@ -19,7 +19,8 @@ side by side in this run (each column once per round, the order reversed every o
   restricted-API key: objects that may shrink are read with pread before the run and written with pwrite;
 * onnxruntime in-process with numpy in/out (and, with --device cuda, with I/O binding: inputs and output as
   OrtValues on the device, bound once);
-* torch eager (the module the models were exported from), when torch is installed.
+* torch eager (the module the models were exported from), when torch is installed;
+* gRPC raw and gRPC tritonclient: the same request over the server's gRPC service (bench/grpc_columns.py).
 * onnxruntime as a user runs it in-process: a session with onnxruntime's default options (the server picks its
   own, by measurement: see docs/performance.md), on the graph the server runs for the case (on the CPU, the
   model's CPU form from the sequence length its export measured it faster: bench/inprocess.py `model_file`).
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from bench import grpc_columns
 from bench.echo_asgi import ECHO_PATH
 from bench.harness import Bench, Report, Row, call_ms, inputs, interleaved, log, med, spread
 from bench.inprocess import io_binding_call, ort_call, ort_session, require_cuda, torch_call, torch_version
@@ -263,8 +265,8 @@ def run(bench: Bench) -> Report:
     table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm zero-copy | HTTP shm copied | onnxruntime"
              + (" | onnxruntime I/O binding" if binding_column else "")
              + " | torch eager | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) | onnxruntime / shm (≥ 0.6 at "
-             "B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096) |",
-             "|---" * (12 + binding_column) + "|"]
+             "B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
+             "|---" * (16 + binding_column) + "|"]
     report = Report(notes=notes)
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
@@ -273,11 +275,12 @@ def run(bench: Bench) -> Report:
     command = [sys.executable, "-m", "bench.echo_asgi", "--host", "{host}", "--port", "{port}"]
     socket_path = str(bench.work_dir / "posenc.sock")
     with bench.servers() as servers:
-        server = servers.start("posenc + echo", settings, command=command)
+        server = servers.start("posenc + echo", {**settings, **grpc_columns.server_settings()}, command=command)
         # the zero-copy column: `posenc serve` itself, whose Unix socket tells it who the client is
         servers.start("posenc serve (unix socket)", {**settings, "uds": socket_path})
         servers.ready("/v2/health/ready", timeout=120)
         raw = Raw(server)
+        grpc = grpc_columns.GrpcColumns(server)
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
@@ -293,13 +296,15 @@ def run(bench: Bench) -> Report:
                         "echo": lambda body=echo_body, headers=echo_headers: raw.post(ECHO_PATH, body, headers),
                         "binary": binary, "shm": zero_copy.call(model), "shm copied": shared.call(raw, model),
                         "ort": ort_call(session, arrays)}
+                    calls.update(grpc.calls(model, arrays))
                     if binding_column:
                         calls["binding"] = io_binding_call(session, arrays)
                     eager = torch_call(model, arrays, device, threads)
                     if eager is not None:
                         calls["torch"] = eager
                     np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
-                    np.testing.assert_allclose(calls["shm copied"](), expected, atol=1e-4, rtol=1e-4)
+                    for name in ("shm copied", "grpc", "grpc tritonclient"):
+                        np.testing.assert_allclose(calls[name](), expected, atol=1e-4, rtol=1e-4)
                     times = side_by_side(calls, repeat)
                 finally:
                     shared.close()
@@ -313,10 +318,13 @@ def run(bench: Bench) -> Report:
                              f"| {ms['shm copied']:.2f} ms | {ms['ort']:.2f} ms"
                              + (f" | {ms['binding']:.2f} ms" if binding_column else "")
                              + (f" | {ms['torch']:.2f} ms" if has_torch else " | n/a")
-                             + f" | {overhead:.2f}{overhead_note} | {shm_ratio:.2f}{shm_note} |")
+                             + f" | {overhead:.2f}{overhead_note} | {shm_ratio:.2f}{shm_note}"
+                             + grpc.cells(times) + " |")
                 log(table[-1])
                 report.rows += case_rows(model, batch, seq, times, threads)
+                report.rows += grpc.rows(model, batch, seq, times)
         finally:
             raw.close()
+            grpc.close()
     report.tables.append("\n".join(table))
     return report

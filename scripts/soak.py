@@ -63,6 +63,8 @@ from posenc.service.testing import (  # noqa: E402
     shared_memory_inputs,
     shared_memory_key_settings,
 )
+from scripts.soak_grpc import KINDS as GRPC_KINDS  # noqa: E402
+from scripts.soak_grpc import grpc_load  # noqa: E402
 
 MiB = 1024 * 1024
 HOST = "127.0.0.1"
@@ -404,6 +406,7 @@ class Soak:
         tasks.append(asyncio.create_task(self.shared_memory_register_flood()))
         tasks.append(asyncio.create_task(self.spelling_flood()))
         tasks += [asyncio.create_task(self.slow_readers()), asyncio.create_task(self.large_json_bodies())]
+        tasks.append(asyncio.create_task(grpc_load(self)))  # gRPC clients beside the HTTP load (scripts/soak_grpc.py)
         sampler = asyncio.create_task(self.sample_rss())
         await asyncio.sleep(self.args.seconds)
         self.sigterm_at = time.monotonic()
@@ -462,7 +465,7 @@ def report(soak: Soak, status: int | None, exit_after: float, max_rss: int, log:
                           f"{soak.args.graceful_timeout:g} s + {SLACK:g} s)")
     if soak.peak_hwm > max_rss:
         violations.append(f"peak RSS {soak.peak_hwm / MiB:.0f} MiB over --max-rss-mib {max_rss / MiB:.0f}")
-    for kind in [*MIX, "shm-truncated", "shm-register-flood", "spelling-flood"]:
+    for kind in [*MIX, "shm-truncated", "shm-register-flood", "spelling-flood", *GRPC_KINDS]:
         if not any(r.outcome == "200" for r in by_kind[kind]):
             violations.append(f"{kind}: no successful request at all")
     print(f"\nrequests: {len(soak.results)}; 503 with Retry-After (allowed): {overload}; "
@@ -493,7 +496,7 @@ def main() -> int:
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(DESCRIPTOR_LIMIT, hard), hard))
     max_rss = int(args.max_rss_mib * MiB) if args.max_rss_mib else Settings().cache_bytes + 400 * MiB
-    server = ServerProcess(settings, host=HOST, cwd=ROOT, ready="/readyz", ready_timeout=120)
+    server = ServerProcess(settings, host=HOST, cwd=ROOT, ready="/readyz", ready_timeout=120, grpc=True)
     try:
         server.start()
     except RuntimeError as exc:

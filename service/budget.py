@@ -89,7 +89,7 @@ class MemoryBudget:
         if self.waiting >= self.max_waiters:
             raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
                               f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
-                              "retry later", retry_after=RETRY_AFTER_SECONDS)
+                              "retry later", retry_after=RETRY_AFTER_SECONDS, overloaded=True)
         self.waiting += 1
         loop = asyncio.get_running_loop()
         try:
@@ -101,7 +101,7 @@ class MemoryBudget:
         except TimeoutError:
             raise Unavailable(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
                               f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
-                              retry_after=RETRY_AFTER_SECONDS) from None
+                              retry_after=RETRY_AFTER_SECONDS, overloaded=True) from None
         finally:
             self.waiting -= 1
 

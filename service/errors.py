@@ -107,13 +107,16 @@ class InsufficientStorage(ServiceError):
 
 
 class Unavailable(ServiceError):
-    """Overloaded or not ready (503); `retry_after` seconds go into the Retry-After header."""
+    """Overloaded or not ready (503); `retry_after` seconds go into the Retry-After header. `overloaded`: too busy
+    now (a model's queue or the memory budget is full), which gRPC answers RESOURCE_EXHAUSTED where a model or
+    server that is not ready is UNAVAILABLE."""
 
     status_code = 503
     error_type = "unavailable"
 
-    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+    def __init__(self, message: str, *, retry_after: int | None = None, overloaded: bool = False) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after)} if retry_after else None)
+        self.overloaded = overloaded
 
 
 ECHO_LIMIT = 200  # characters of a client's own input repeated in an error message

@@ -72,6 +72,18 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `posenc serve` binds to.")
     port: int = Field(8000, ge=1, le=65535, description="Port `posenc serve` listens on.")
     workers: int = Field(1, ge=1, le=64, description="Worker processes for `posenc serve`.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535,
+        description="Port of the KServe v2 / Triton gRPC service (`inference.GRPCInferenceService`, health, "
+        "reflection) that `posenc serve` runs beside HTTP on the same host, engine and limits; 0 = no gRPC.",
+    )
+    grpc_max_concurrent_rpcs: int = Field(
+        256, ge=1, le=100_000,
+        description="gRPC calls (a stream counts once) served at once per worker, and streams open at once on one "
+        "connection (a client's next one waits on its side); one more call is refused with RESOURCE_EXHAUSTED. "
+        "gRPC reads a message before posenc sees it, so this times max_request_bytes bounds the memory that "
+        "messages being received can hold.",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
     log_format: Literal["text", "json"] = Field(
         "text", description="Log lines as plain text, or one JSON object per line (access log included)."

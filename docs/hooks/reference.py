@@ -5,7 +5,8 @@ A page holds a marker line `<!-- reference:NAME -->` and the hook replaces it wi
 - errors: every class of the error taxonomy (`service/errors.py`) with its HTTP status, type and docstring,
   plus the answers `service/http/errors.py` gives outside it (validation, unknown route, wrong method);
 - endpoints: every route of the OpenAPI document of `posenc.service.http.app.create_app()`;
-- rope_types: every entry of `posenc.models.rope_types.ROPE_TYPES` (the fields it reads, the config.json keys).
+- rope_types: every entry of `posenc.models.rope_types.ROPE_TYPES` (the fields it reads, the config.json keys);
+- grpc_status: the gRPC status code of every class of the error taxonomy (`grpc_servicer.grpc_status`).
 `render(name)` is what the tests call, without mkdocs.
 """
 
@@ -117,8 +118,32 @@ def presets() -> str:
     return _table(["preset", "family", "public model", "read from"], rows)
 
 
+def grpc_status() -> str:
+    from posenc.service import errors as taxonomy
+    from posenc.service.inference.grpc_servicer import grpc_status as status_of
+
+    classes = [cls for _, cls in inspect.getmembers(taxonomy, inspect.isclass)
+               if issubclass(cls, taxonomy.ServiceError) and cls.__module__ == taxonomy.__name__]
+    classes.sort(key=lambda cls: cls.status_code)
+    rows = []
+    for cls in classes:
+        variants = [("", {})]
+        if issubclass(cls, taxonomy.Unavailable):  # not ready, and overloaded (a full queue or memory budget)
+            variants = [(" (not ready)", {}), (" (overloaded: a queue or the memory budget is full)",
+                                               {"overloaded": True})]
+        for label, flags in variants:
+            error = cls.__new__(cls)
+            error.headers = {"Retry-After": "1"} if issubclass(cls, taxonomy.Unavailable) else {}
+            error.__dict__.update(flags or ({"overloaded": False} if label else {}))
+            code, trailing = status_of(error)
+            rows.append([str(cls.status_code), f"`{cls.__name__}`{label}", f"`{code.name}`",
+                         "`retry-after`" if trailing else "—"])
+    return _table(["HTTP status", "error", "gRPC status", "trailing metadata"], rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {"configuration": configuration, "errors": errors,
-                                        "endpoints": endpoints, "rope_types": rope_types, "presets": presets}
+                                        "endpoints": endpoints, "rope_types": rope_types, "presets": presets,
+                                        "grpc_status": grpc_status}
 
 
 def render(name: str) -> str:

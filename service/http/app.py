@@ -5,6 +5,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.types import Receive, Scope, Send
@@ -40,8 +41,9 @@ def _registry_routers() -> tuple[APIRouter, APIRouter, APIRouter]:
     return table_router(), properties_router(), check_router()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the service with `settings` (default: read from `POSENC_*` now, at call time)."""
+def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastAPI:
+    """Build the service with `settings` (default: read from `POSENC_*` now, at call time). `grpc`: its lifespan
+    also runs the gRPC server on POSENC_GRPC_PORT (what `posenc serve` does; in-process apps leave it off)."""
     settings = settings if settings is not None else Settings()
 
     @asynccontextmanager
@@ -55,9 +57,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
         else:
             log.info("posenc %s ready (%d models)", __version__, len(engine.models))
+        grpc_server = await _start_grpc(app, settings, engine, problems) if grpc and settings.grpc_port else None
         try:
             yield
         finally:
+            if grpc_server is not None:
+                from posenc.service.inference.grpc_server import stop
+
+                await stop(grpc_server, settings.graceful_shutdown_timeout)
             await engine.close()
             app.state.shared_memory.close()  # unmap every registered region
             app.state.row_blocks.close()
@@ -101,6 +108,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+async def _start_grpc(app: FastAPI, settings: Settings, engine: Engine, problems: list[str]) -> Any:
+    """The gRPC server on the app's own engine, budget, shared memory and recorder."""
+    from posenc.service.inference.grpc_server import start_grpc_server
+    from posenc.service.inference.grpc_servicer import GrpcState
+
+    state = GrpcState(engine, settings, app.state.memory_budget, app.state.shared_memory, problems,
+                      app.state.request_recorder.record_grpc)
+    return await start_grpc_server(state, workers=settings.workers)
+
+
 class PosencApp(FastAPI):
     """FastAPI with posenc's fast path (`posenc.service.http.fastpath`) in front of it: liveness and cached
     tables are answered, and recorded, without FastAPI's per-request work (its root path and telemetry checks)
@@ -121,4 +138,4 @@ class PosencApp(FastAPI):
 
 def app_from_env() -> FastAPI:
     """uvicorn factory (`posenc.service.http.app:app_from_env`): settings from the environment of the worker."""
-    return create_app(Settings())
+    return create_app(Settings(), grpc=True)

@@ -49,6 +49,7 @@ from posenc.service import __version__
 
 access_log = logging.getLogger("posenc.access")  # docs/operations.md documents this name: logs filter on it
 ACCESS_MESSAGE = "%s %s %d %.1fms %dB"  # method, path, status, duration, response bytes
+GRPC_ACCESS_MESSAGE = "%s %s %s %.1fms %dB"  # GRPC, method path, code, duration, response bytes (a stream: responses)
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -131,6 +132,10 @@ class Metrics:
                                  registry=r, multiprocess_mode="livesum")
         self.run_seconds = Histogram("posenc_onnxruntime_run_seconds", "Wall time of one onnxruntime session.run.",
                                      ["model"], buckets=RUN_BUCKETS, registry=r)
+        self.grpc_requests = Counter("posenc_grpc_requests", "gRPC calls by method and status code.",
+                                     ["method", "code"], registry=r)
+        self.grpc_latency = Histogram("posenc_grpc_request_duration_seconds", "gRPC call duration (a stream: all "
+                                      "of it).", ["method"], buckets=LATENCY_BUCKETS, registry=r)
         self.send_timeouts = Counter("posenc_send_timeouts", "Connections cut because the client stopped reading "
                                      "its response for POSENC_SEND_TIMEOUT.", registry=r)
         info = Gauge("posenc_build_info", "Service version (value is always 1).", ["version"], registry=r,
@@ -169,6 +174,10 @@ class Metrics:
         response_bytes.inc(nbytes)
         if self.shared_cache is not None:
             self.shared_cache.sync()
+
+    def observe_grpc(self, method: str, code: str, seconds: float) -> None:
+        self.grpc_requests.labels(method=method, code=code).inc()
+        self.grpc_latency.labels(method=method).observe(seconds)
 
     def exposition(self) -> bytes:
         """The registry in the Prometheus text format (version 0.0.4)."""
@@ -254,6 +263,21 @@ class RequestRecorder:
         # the record itself: `info` would also walk the stack for a caller no format prints
         access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, ACCESS_MESSAGE,
                                                 (method, path, status, duration_ms, nbytes), None, "record",
+                                                {"access": fields}))
+
+
+    def record_grpc(self, method: str, code: str, seconds: float, nbytes: int, peer: str) -> None:
+        """One gRPC call (a stream: when it ends; `nbytes`: the responses it wrote): metrics and access log,
+        `GRPC /inference.GRPCInferenceService/<method> <code> <ms> <bytes>`."""
+        self.metrics.observe_grpc(method, code, seconds)
+        if not self.access_log_enabled or not access_log.isEnabledFor(logging.INFO):
+            return
+        path = f"/inference.GRPCInferenceService/{method}"
+        duration_ms = round(seconds * 1000.0, 3)
+        fields = {"method": "GRPC", "path": path, "route": path, "grpc_code": code, "duration_ms": duration_ms,
+                  "bytes": nbytes, "client": peer}
+        access_log.handle(access_log.makeRecord(access_log.name, logging.INFO, __file__, 0, GRPC_ACCESS_MESSAGE,
+                                                ("GRPC", path, code, duration_ms, nbytes), None, "record_grpc",
                                                 {"access": fields}))
 
 

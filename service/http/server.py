@@ -107,6 +107,9 @@ class Server(uvicorn.Server):
             listener.close()
         for sock in sockets or []:
             sock.close()
+        from posenc.service.inference.grpc_server import drain
+
+        drain(self.timeouts.graceful_shutdown)  # gRPC's calls drain beside HTTP's
         for connection in list(self.server_state.connections):
             connection.shutdown()  # ours arm their cut timer
         loop = asyncio.get_running_loop()

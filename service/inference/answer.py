@@ -79,7 +79,7 @@ async def infer(request: Request, entry: RepositoryEntry, context: InferContext)
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     engine, limit = context.engine, context.settings.max_request_bytes
     # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
-    # (grown once the inputs are parsed, when the outputs and their JSON text need more: `_memory_needed`)
+    # (grown once the inputs are parsed, when the outputs and their JSON text need more: `memory_needed`)
     reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
         reservation = await context.budget.acquire(reserved, f"an inference on '{model.name}'")
@@ -114,7 +114,7 @@ class PartsResponse(HeldResponse):
 JSON_NUMBER_BYTES = 25
 
 
-def _memory_needed(body: bytes | bytearray | memoryview, model: LoadedModel, parsed: InferRequest,
+def memory_needed(body: bytes | bytearray | memoryview, model: LoadedModel, parsed: InferRequest,
                    inputs: Mapping[str, np.ndarray]) -> int:
     """Bytes the request holds at its peak: the body, the inputs decoded from JSON (binary ones are views of
     the body), every output, and the JSON text of the outputs answered as JSON."""
@@ -139,7 +139,7 @@ def _header_length(value: str | None) -> int:
     return int(value) if ok and value is not None else 0
 
 
-def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
+def shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[str, np.ndarray],
                       registry: RegionsFor | None) -> dict[str, np.ndarray]:
     """Views of the regions that requested outputs go to, for the model to write into directly (400 up front
     when one is too small). Outputs whose shape is known only after the run, or that cannot be written in
@@ -160,7 +160,7 @@ def _shm_destinations(model: LoadedModel, parsed: InferRequest, inputs: Mapping[
     return views
 
 
-def _copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
+def copied_to_shm(parsed: InferRequest, outputs: dict[str, Any], written: Mapping[str, np.ndarray],
                    order: Sequence[str]) -> list[RequestedOutput]:
     """The shared-memory outputs the run did not write into their regions itself: copied there by `_answer`."""
     return [out for out in requested_outputs(parsed, order)
@@ -199,13 +199,13 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])
-    await reservation.grow(_memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
-    written = _shm_destinations(model, parsed, inputs, shm)
+    await reservation.grow(memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
+    written = shm_destinations(model, parsed, inputs, shm)
     outputs = await engine.infer(model, inputs, written)
     # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
     del body, inputs
     parsed.inputs = []
     order = model.config.output_names
-    copies = _copied_to_shm(parsed, outputs, written, order)
+    copies = copied_to_shm(parsed, outputs, written, order)
     return await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
                                 parsed, outputs, copies, order)

@@ -148,7 +148,8 @@ class Batcher:
         they are all taken. Taken before a request's body is read, so a full model refuses at once."""
         if self._waiting_requests >= self.max_queue_size:
             raise Unavailable(f"model '{self.name}' is overloaded: {self._waiting_requests} requests queued "
-                              f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1)
+                              f"(POSENC_MAX_QUEUE_SIZE={self.max_queue_size}); retry later", retry_after=1,
+                              overloaded=True)
         self._set_waiting(self._waiting_requests + 1)
         try:
             yield

@@ -343,6 +343,13 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: str
     return _parse_header(_load_json_header(raw), body, length, shared_memory, {})
 
 
+def parse_infer_document(header: dict[str, Any], binary: bytes | bytearray | memoryview,
+                         shared_memory: TensorSource | None = None) -> InferRequest:
+    """An infer request already in the JSON header's form (the gRPC messages: `posenc.service.inference.grpc_codec`),
+    its binary inputs' bytes in `binary`, in input order: the checks and messages of `parse_infer_request`."""
+    return _parse_header(header, binary, 0, shared_memory, {})
+
+
 def _parse_lifted(text: bytes, spans: Mapping[str, Span], body: bytes | bytearray | memoryview,
                   length: int, shared_memory: TensorSource | None) -> InferRequest:
     """`parse_infer_request` of a body whose large data lists were lifted out of its JSON text (`lift_data`).

@@ -29,7 +29,7 @@ from posenc.service.inference.kserve_request import HEADER_LENGTH, InputTensor, 
 from posenc.service.inference.model_inputs import check_inputs, model_metadata
 from posenc.service.inference.repository import VERSION, RepositoryEntry, ensure_ready
 from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
-from posenc.service.inference.triton_config import triton_config
+from posenc.service.inference.triton_config import repository_index, triton_config
 from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import (
     EngineDep,
@@ -151,17 +151,11 @@ async def model_version_config(model: VersionedModelDep, settings: SettingsDep) 
 
 
 @router.post("/v2/repository/index", summary="Every model of the repository and its state (Triton's index)")
-def repository_index(
+def repository_index_route(
     engine: EngineDep,
     ready: Annotated[StrictBool, Body(embed=True, description="Only the models that are ready to serve.")] = False,
 ) -> list[dict[str, str]]:
-    entries = []
-    for name, model in sorted(engine.models.items()):
-        if model.ready:
-            entries.append({"name": name, "version": VERSION, "state": "READY"})
-        elif not ready:
-            entries.append({"name": name, "version": VERSION, "state": "UNAVAILABLE", "reason": str(model.problem)})
-    return entries
+    return repository_index(engine.models, ready)
 
 
 # Check your attention output against the model's: an infer request plus `expected_output`

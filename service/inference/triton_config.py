@@ -1,14 +1,16 @@
 """A model as Triton describes one it serves (`model_config.proto` as JSON: `input`/`output` with `data_type`
 `TYPE_FP32`… and `dims` without the batch dimension, `max_batch_size`, `dynamic_batching`, `instance_group`),
-so Triton's own tools and dashboards can read posenc: `GET /v2/models/{name}/config`."""
+so Triton's own tools and dashboards can read posenc: `GET /v2/models/{name}/config`; and Triton's repository
+index, every model with its state (`POST /v2/repository/index`). HTTP and gRPC answer both from here."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service.inference.devices import CUDA
-from posenc.service.inference.repository import LoadedModel, ModelTensor
+from posenc.service.inference.repository import VERSION, LoadedModel, ModelTensor, RepositoryEntry
 from posenc.service.settings import Settings
 
 
@@ -36,3 +38,14 @@ def triton_config(model: LoadedModel, settings: Settings) -> dict[str, Any]:
             "preserve_ordering": False, "default_queue_policy": {"max_queue_size": settings.max_queue_size},
         }
     return document
+
+
+def repository_index(models: Mapping[str, RepositoryEntry], ready_only: bool) -> list[dict[str, str]]:
+    """Every model with its state, `READY` or `UNAVAILABLE` and the reason (`ready_only`: the ready ones), by name."""
+    entries = []
+    for name, model in sorted(models.items()):
+        if model.ready:
+            entries.append({"name": name, "version": VERSION, "state": "READY"})
+        elif not ready_only:
+            entries.append({"name": name, "version": VERSION, "state": "UNAVAILABLE", "reason": str(model.problem)})
+    return entries

@@ -76,6 +76,12 @@ class SharedMemoryCaller:
                             "the server's host can use the Unix socket (POSENC_UDS) instead")
 
 
+def restricted_message(path: str, group: str, header: str) -> str:
+    """The 403 of a restricted group's route (HTTP) or method (gRPC, where the header is call metadata)."""
+    return (f"{path} is in the restricted protocol group '{group}': send the header '{header}' with the value this "
+            "server is configured with (POSENC_RESTRICTED_API)")
+
+
 def _header(scope: Scope, name: str) -> bytes | None:
     encoded = name.encode("latin-1")
     return next((value for key, value in scope.get("headers", ()) if key.lower() == encoded), None)
@@ -103,9 +109,7 @@ class RestrictedApi:
             # judged by them. Every other restricted group needs its header on both listeners.
             exempt = group == SHARED_MEMORY_GROUP and peer is not None
             if group in self.restrictions and not exempt and not _carries(scope, self.restrictions[group]):
-                header = self.restrictions[group][0]
-                message = (f"{scope['path']} is in the restricted protocol group '{group}': send the header "
-                           f"'{header}' with the value this server is configured with (POSENC_RESTRICTED_API)")
+                message = restricted_message(scope["path"], group, self.restrictions[group][0])
                 response = error_response(Forbidden.status_code, Forbidden.error_type, message)
                 await response(scope, receive, send)
                 return

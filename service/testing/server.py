@@ -72,9 +72,11 @@ class ServerProcess:
     """A server subprocess on `host:port` (loopback); a context manager that starts it and stops it.
 
     `command` defaults to `posenc serve`; its parts may hold `{host}` and `{port}` (e.g. a bare uvicorn app).
-    POSENC_HOST and POSENC_PORT are always set to the server's. `ready`: the path polled until it answers
-    200 (None: do not wait). The process gets its own session, so a Ctrl-C meant for the caller does not
-    reach it: only `stop` (or `send_signal`) does.
+    POSENC_HOST and POSENC_PORT are always set to the server's; POSENC_GRPC_PORT to 0 (no gRPC) unless `grpc`
+    (a free port of its own: `grpc_port`, `grpc_address`), the base environment or the settings say
+    otherwise. `ready`: the path
+    polled until it answers 200 (None: do not wait). The process gets its own session, so a Ctrl-C meant for
+    the caller does not reach it: only `stop` (or `send_signal`) does.
     """
 
     def __init__(self, settings: Mapping[str, object] | None = None, *, args: Sequence[str] = (),
@@ -82,14 +84,22 @@ class ServerProcess:
                  command: Sequence[str] | None = None, host: str = LOOPBACK, port: int | None = None,
                  ready: str | None = "/readyz", ready_timeout: float = 90.0, stop_timeout: float = 15.0,
                  cwd: str | Path | None = None, log_path: str | Path | None = None,
-                 pythonpath: Sequence[str | Path] | None = None, name: str = "posenc serve") -> None:
+                 pythonpath: Sequence[str | Path] | None = None, name: str = "posenc serve",
+                 grpc: bool = False) -> None:
         self.host, self.name = require_loopback(host), name
         self.port = port if port is not None else free_port(host)
         self.ready, self.ready_timeout, self.stop_timeout = ready, ready_timeout, stop_timeout
         self.argv = [part.replace("{host}", host).replace("{port}", str(self.port))
                      for part in (command if command is not None else serve_command())] + list(args)
+        # No gRPC unless asked for (`grpc=True`: on a free port of its own) or set in the base environment, so
+        # servers never share port 8001.
+        base = os.environ if base_env is None else base_env
+        grpc_env = {"POSENC_GRPC_PORT": str(free_port(host) if grpc else 0)}
+        if not grpc and "POSENC_GRPC_PORT" in base:
+            grpc_env = {}
         self.env = serve_env(settings, base=base_env, pythonpath=pythonpath,
-                             env={**(env or {}), "POSENC_HOST": host, "POSENC_PORT": str(self.port)})
+                             env={**grpc_env, **(env or {}), "POSENC_HOST": host, "POSENC_PORT": str(self.port)})
+        self.grpc_port = int(self.env.get("POSENC_GRPC_PORT", "0") or 0)
         self.cwd = cwd
         self._own_log = log_path is None
         if log_path is None:
@@ -106,6 +116,11 @@ class ServerProcess:
     def address(self) -> str:
         """`host:port` (what tritonclient takes)."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """`host:port` of its gRPC service (started with `grpc=True`)."""
+        return f"{self.host}:{self.grpc_port}"
 
     @property
     def url(self) -> str:

@@ -38,7 +38,7 @@ def test_dockerfile_essentials() -> None:
     assert re.search(r"^ARG BASE_IMAGE=python:3\.\d+-slim$", text, re.M)
     assert re.search(r"^ARG ONNXRUNTIME=onnxruntime$", text, re.M)
     assert re.search(r"^USER (?!root|0\b)\w+", text, re.M)
-    assert re.search(r"^EXPOSE 8000$", text, re.M)
+    assert re.search(r"^EXPOSE 8000 8001$", text, re.M)
     assert "HEALTHCHECK" in text and "/readyz" in text and "urllib" in text
     assert re.search(r'^CMD \["posenc", "serve"\]$', text, re.M)
     assert "POSENC_MODEL_REPOSITORY=" in text and "POSENC_HOST=0.0.0.0" in text and "POSENC_PORT=8000" in text

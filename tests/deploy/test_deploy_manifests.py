@@ -163,8 +163,9 @@ def test_pods_are_locked_down_probed_and_drain(overlay: str) -> None:
     budget = int(pre_stop[1]) + float(config["POSENC_GRACEFUL_SHUTDOWN_TIMEOUT"]) + BACKSTOP_MARGIN_SECONDS
     assert pod["terminationGracePeriodSeconds"] > budget
     port = int(config["POSENC_PORT"])
-    assert main["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
-    assert resources["Service"]["spec"]["ports"][0]["targetPort"] == "http"
+    assert main["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"},
+                             {"name": "grpc", "containerPort": int(config["POSENC_GRPC_PORT"]), "protocol": "TCP"}]
+    assert [p["targetPort"] for p in resources["Service"]["spec"]["ports"]] == ["http", "grpc"]
     selector = resources["Deployment"]["spec"]["selector"]["matchLabels"]
     assert resources["Service"]["spec"]["selector"] == selector
     assert resources["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"] == selector

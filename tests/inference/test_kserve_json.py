@@ -17,7 +17,7 @@ from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest, ClientClosedRequest
 from posenc.service.inference import kserve_json
-from posenc.service.inference.answer import JSON_NUMBER_BYTES, _memory_needed
+from posenc.service.inference.answer import JSON_NUMBER_BYTES, memory_needed
 from posenc.service.inference.kserve_json import json_data, lift_data
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
@@ -162,7 +162,7 @@ def _inputs() -> dict[str, np.ndarray]:
 @pytest.mark.parametrize("kind", ["json in, json out", "binary in, json out", "json in, binary out"])
 def test_a_request_holds_no_more_than_it_reserves(kind: str, model: LoadedModel) -> None:
     """Peak bytes allocated (tracemalloc) while parsing, making outputs and encoding the answer stay within the
-    reservation beyond the body: 2 x the body reserved before reading it, grown to `_memory_needed`."""
+    reservation beyond the body: 2 x the body reserved before reading it, grown to `memory_needed`."""
     request = kserve_request(_inputs(), binary=kind.startswith("binary"), binary_output=kind.endswith("binary out"))
     body = request.body
     parse = "Inference-Header-Content-Length" in request.headers
@@ -177,7 +177,7 @@ def test_a_request_holds_no_more_than_it_reserves(kind: str, model: LoadedModel)
     _, peak = _traced(work)
     parsed = parse_infer_request(body, request.headers.get("Inference-Header-Content-Length") if parse else None)
     inputs = {t.name: t.array for t in parsed.inputs}
-    reserved = max(3 * len(body), _memory_needed(body, model, parsed, inputs))
+    reserved = max(3 * len(body), memory_needed(body, model, parsed, inputs))
     assert peak <= reserved - len(body), (peak, reserved, len(body))
 
 

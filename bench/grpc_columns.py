@@ -1,0 +1,102 @@
+"""The gRPC columns of `python -m bench infer`: the same request over posenc's gRPC service, on the server the HTTP
+columns use (its POSENC_GRPC_PORT turned on), measured side by side with them.
+
+* gRPC raw: the `ModelInferRequest` (inputs in `raw_input_contents`) serialized once, sent with a plain grpcio
+  channel, the output read with np.frombuffer: as the HTTP binary column sends its prepared body;
+* gRPC tritonclient: `tritonclient.grpc.InferenceServerClient.infer` with InferInputs set once (what a Python
+  user writes), `as_numpy` on the result.
+
+Ratios and targets (docs/grpc.md): HTTP binary / gRPC ≥ 1.0 at every case (gRPC at least as fast as HTTP
+binary), and onnxruntime / gRPC ≥ 0.8 at B·S ≥ 4096 (tritonclient over HTTP reaches about half of that there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from bench.harness import Row, med, spread
+from posenc.service.testing import ServerProcess, free_port
+
+SERVICE = "/inference.GRPCInferenceService/"
+GRPC_TARGET = 1.0  # HTTP binary / gRPC, at every case
+LARGE_TARGET, LARGE_ROWS = 0.8, 4096  # onnxruntime / gRPC from this B·S on
+OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+HEADER = " | gRPC raw | gRPC tritonclient | HTTP binary / gRPC (≥ 1.0) | onnxruntime / gRPC (≥ 0.8 at B·S ≥ 4096)"
+
+
+def server_settings() -> dict[str, object]:
+    """The setting that turns gRPC on for the benchmark's server (a free port)."""
+    return {"grpc_port": free_port()}
+
+
+def datatype(array: np.ndarray) -> str:
+    from posenc.models.dtypes import lookup
+
+    return lookup(array.dtype).kserve
+
+
+class GrpcColumns:
+    """One channel and one tritonclient client to the server's gRPC port, for every case."""
+
+    def __init__(self, server: ServerProcess) -> None:
+        import grpc
+        import tritonclient.grpc as grpcclient
+
+        self.address = server.grpc_address
+        self.channel = grpc.insecure_channel(self.address, options=OPTIONS)
+        self.infer = self.channel.unary_unary(SERVICE + "ModelInfer")
+        self.client = grpcclient.InferenceServerClient(self.address)
+
+    def calls(self, model: str, arrays: dict[str, np.ndarray]) -> dict[str, Callable[[], Any]]:
+        """The columns' calls for one case (each returns the output array)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.grpc import service_pb2 as pb
+
+        request = pb.ModelInferRequest(model_name=model)
+        tensors = []
+        for name, array in arrays.items():
+            request.inputs.add(name=name, datatype=datatype(array), shape=array.shape)
+            request.raw_input_contents.append(array.tobytes())
+            tensor = grpcclient.InferInput(name, list(array.shape), datatype(array))
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        data = request.SerializeToString()
+
+        def raw() -> np.ndarray:
+            response = pb.ModelInferResponse.FromString(self.infer(data, timeout=600))
+            output = response.outputs[0]
+            return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(tuple(output.shape))
+
+        def triton() -> np.ndarray:
+            return self.client.infer(model, tensors, client_timeout=600).as_numpy("output")
+
+        return {"grpc": raw, "grpc tritonclient": triton}
+
+    def cells(self, times: dict[str, list[float]]) -> str:
+        """The case's cells of the latency table (after the HTTP columns)."""
+        ms = {name: med(values) for name, values in times.items()}
+        return (f" | {ms['grpc']:.2f} ms | {ms['grpc tritonclient']:.2f} ms | {ms['binary'] / ms['grpc']:.2f}"
+                f" | {ms['ort'] / ms['grpc']:.2f}")
+
+    def rows(self, model: str, batch: int, seq: int, times: dict[str, list[float]]) -> list[Row]:
+        """The case's ratio rows, with their targets."""
+        where = f"{model} B={batch} S={seq}"
+        grpc, triton, binary, ort = times["grpc"], times["grpc tritonclient"], times["binary"], times["ort"]
+        large = batch * seq >= LARGE_ROWS
+        return [
+            Row(f"gRPC raw vs HTTP binary {where}", med(grpc), med(binary), "ms", False, GRPC_TARGET,
+                f"{spread(grpc, binary, False)}; ratio = HTTP binary latency / gRPC latency"),
+            Row(f"gRPC tritonclient vs HTTP binary {where}", med(triton), med(binary), "ms", False, GRPC_TARGET,
+                spread(triton, binary, False)),
+            Row(f"gRPC raw vs in-process onnxruntime {where}", med(grpc), med(ort), "ms", False,
+                LARGE_TARGET if large else None, f"{spread(grpc, ort, False)}; ratio = onnxruntime's share"),
+            Row(f"gRPC tritonclient vs in-process onnxruntime {where}", med(triton), med(ort), "ms", False,
+                LARGE_TARGET if large else None, spread(triton, ort, False)),
+        ]
+
+    def close(self) -> None:
+        self.client.close()
+        self.channel.close()

@@ -1,0 +1,130 @@
+"""The soak's gRPC traffic (scripts/soak.py): clients of the server's gRPC service beside the HTTP load, until SIGTERM.
+
+* grpc-infer: unary ModelInfer, valid (200-like: OK) and invalid (a short raw input, an unknown model: the
+  expected INVALID_ARGUMENT / NOT_FOUND);
+* grpc-stream: streams of 8 requests, one of them for an unknown model (answered in its own `error_message`),
+  every response read;
+* grpc-abandoned: streams cancelled after their first response, or never read at all, then cancelled.
+
+A violation: INTERNAL or UNKNOWN on any call, an unexpected status or response. After the SIGTERM, UNAVAILABLE
+(new calls refused) or CANCELLED (a call gRPC core had received but not yet handed to a handler when the
+graceful stop began: grpc/grpc#41785) ends a client; calls in a handler finish within the graceful timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from typing import Any
+
+import numpy as np
+
+from posenc.service.testing import attention_inputs
+
+SERVICE = "/inference.GRPCInferenceService/"
+KINDS = ("grpc-infer", "grpc-stream", "grpc-abandoned")
+EXPECTED = {"short": "INVALID_ARGUMENT", "unknown": "NOT_FOUND", "valid": "OK"}
+CLIENTS = 4
+# the outcome recorded for a code: the soak counts an outcome without a status number as a lost response
+HTTP_LIKE = {"OK": "200", "INVALID_ARGUMENT": "400 INVALID_ARGUMENT", "NOT_FOUND": "404 NOT_FOUND"}
+
+
+def _request(model: str, seed: int, short: bool = False) -> bytes:
+    """A small request (B ≤ 2, S ≤ 64): built once, before the load, as the soak's HTTP bodies are; the
+    soak's one event loop also runs the HTTP clients, which must not wait on this."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model, id=str(seed))
+    for name, array in attention_inputs(8, 8, 64, 1 + seed % 2, 16 * (1 + seed % 4), start=seed).items():
+        request.inputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64", shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    if short:
+        request.raw_input_contents[0] = request.raw_input_contents[0][:-4]
+    return request.SerializeToString()
+
+
+async def grpc_load(soak: Any) -> None:
+    """Every gRPC client of the soak, until the server is gone (`soak`: scripts/soak.py's Soak)."""
+    import grpc
+
+    bodies = {"valid": [_request("rope_attention", seed) for seed in range(8)],
+              "short": [_request("rope_attention", 1, short=True)], "unknown": [_request("no_such_model", 2)]}
+    stream_requests = [_request("no_such_model" if i == 3 else "rope_attention", i) for i in range(8)]
+    async with grpc.aio.insecure_channel(soak.server.grpc_address) as channel:
+        infer = channel.unary_unary(SERVICE + "ModelInfer")
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+        await asyncio.gather(*(_unary(soak, infer, i, bodies) for i in range(CLIENTS)),
+                             _streams(soak, stream, stream_requests), _abandoned(soak, stream, bodies["valid"]))
+
+
+def _running(soak: Any) -> bool:
+    return soak.server.poll() is None
+
+
+def _outcome(soak: Any, kind: str, code: str, expected: str, start: float, sent: float) -> bool:
+    """Record a call; False once the server refuses calls after the SIGTERM (the client stops)."""
+    if code in ("UNAVAILABLE", "CANCELLED") and soak.sigterm_at is not None:
+        # refused at shutdown: UNAVAILABLE for a new call; CANCELLED for one the server had received but not yet
+        # handed to a handler when its graceful stop began (gRPC core cancels those: grpc/grpc#41785). Calls
+        # in a handler are answered (a stream's too).
+        soak.record(kind, f"{code} at shutdown", start, None)
+        return False
+    violation = None if code == expected else f"{code}, expected {expected}"
+    soak.record(kind, HTTP_LIKE.get(code, code), start, sent, violation)
+    return True
+
+
+async def _unary(soak: Any, infer: Any, index: int, bodies: dict[str, list[bytes]]) -> None:
+    import grpc
+
+    rng = random.Random(soak.args.seed * 31 + index)
+    while _running(soak):
+        case = rng.choices(list(EXPECTED), [1, 1, 6])[0]
+        data = rng.choice(bodies[case])
+        start = sent = time.monotonic()
+        try:
+            await infer(data, timeout=60)
+            code = "OK"
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+        if not _outcome(soak, "grpc-infer", code, EXPECTED[case], start, sent):
+            return
+
+
+async def _streams(soak: Any, stream: Any, requests: list[bytes]) -> None:
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+
+    while _running(soak):
+        start = sent = time.monotonic()
+        try:
+            answers = [pb.ModelStreamInferResponse.FromString(a) async for a in stream(iter(requests), timeout=60)]
+            errors = [bool(a.error_message) for a in answers]
+            code = "OK" if errors == [i == 3 for i in range(8)] else f"{len(answers)} answers, errors at {errors}"
+        except grpc.aio.AioRpcError as exc:
+            code = exc.code().name
+        if not _outcome(soak, "grpc-stream", code, "OK", start, sent):
+            return
+
+
+async def _abandoned(soak: Any, stream: Any, valid: list[bytes]) -> None:
+    import grpc
+
+    seed = soak.args.seed * 13
+    while _running(soak) and soak.sigterm_at is None:
+        seed += 1
+        start = time.monotonic()
+        call = stream(iter(valid * 5), timeout=60)
+        try:
+            if seed % 2:
+                await call.read()  # one answer, then gone
+            else:
+                await asyncio.sleep(0.05)  # never read
+        except grpc.aio.AioRpcError as exc:
+            if soak.sigterm_at is None:
+                soak.record("grpc-abandoned", exc.code().name, start, None, f"{exc.code().name} before cancelling")
+            return
+        call.cancel()
+        soak.record("grpc-abandoned", "200", start, None)
+        await asyncio.sleep(0.2)

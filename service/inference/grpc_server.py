@@ -1,0 +1,106 @@
+"""The gRPC server `posenc serve` runs beside HTTP (POSENC_GRPC_PORT; 0 = none), in the same event loop and on
+the same objects: `inference.GRPCInferenceService` (`posenc.service.inference.grpc_servicer`), `grpc.health.v1.Health`
+and server reflection.
+
+Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED by gRPC itself from
+its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
+RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes.
+Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model loaded, and each
+model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. With several
+workers each binds the port with SO_REUSEPORT, as uvicorn's workers share the HTTP socket; with one, a port in
+use is a start-up failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from tritonclient.grpc import service_pb2 as pb
+
+from posenc.service.inference.grpc_servicer import SERVICE, GrpcState, Servicer
+from posenc.service.inference.repository import RepositoryEntry
+
+log = logging.getLogger("posenc.grpc")
+
+_SERVING: set[grpc.aio.Server] = set()  # this process's started gRPC servers (`drain`)
+_STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
+
+HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+STREAM_METHODS = ("ModelStreamInfer",)
+
+
+def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
+    """The methods posenc serves, each reading its request's bytes itself (a malformed message is then an
+    INVALID_ARGUMENT naming the message, where gRPC's own decoding would answer INTERNAL) and answering bytes
+    (an infer response is assembled around its outputs' buffers). Methods it does not serve are absent: gRPC
+    answers UNIMPLEMENTED."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        # requests and responses are bytes both ways: the handlers decode and encode them themselves
+        if method.name in STREAM_METHODS:
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.stream(method.name))
+        elif hasattr(servicer, method.name):
+            handle = servicer.unary(method.name, getattr(pb, method.input_type.name), getattr(servicer, method.name))
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(handle)
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def health_statuses(problems: list[str] | tuple[str, ...], models: Mapping[str, RepositoryEntry]) -> dict[str, int]:
+    """Service name -> health status: the server and the inference service, and every model by name."""
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    overall = not_serving if problems else serving
+    statuses = {"": overall, SERVICE: overall}
+    statuses.update({name: serving if entry.ready else not_serving for name, entry in models.items()})
+    return statuses
+
+
+def listen_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Server:
+    """Build, bind and start the server (RuntimeError naming the address when the port cannot be bound)."""
+    settings = state.settings
+    # The call limit is the servicer's own: grpc.aio's `maximum_concurrent_rpcs` can undercount, and a stream
+    # refused while its client is still writing ends as INTERNAL on the client (grpc/grpc#36066).
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", settings.max_request_bytes),
+                 ("grpc.max_send_message_length", -1),
+                 ("grpc.so_reuseport", 1 if workers > 1 else 0)])
+    server.add_generic_rpc_handlers((inference_handler(Servicer(state)),))
+    checker = health.aio.HealthServicer()
+    for name, status in health_statuses(list(state.problems), state.engine.models).items():
+        await checker.set(name, status)
+    health_pb2_grpc.add_HealthServicer_to_server(checker, server)
+    reflection.enable_server_reflection((SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
+    address = listen_address(settings.host, settings.grpc_port)
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise RuntimeError(f"gRPC cannot listen on {address} (POSENC_GRPC_PORT; 0 turns gRPC off): {exc}") from None
+    if not bound:
+        raise RuntimeError(f"gRPC cannot listen on {address} (POSENC_GRPC_PORT; 0 turns gRPC off)")
+    await server.start()
+    _SERVING.add(server)
+    log.info("gRPC (KServe v2 / Triton, health, reflection) on %s", address)
+    return server
+
+
+def drain(grace: float) -> None:
+    """Begin the graceful stop of this process's gRPC servers (no new calls; those in flight get `grace` seconds),
+    at the moment the HTTP server begins its own drain after SIGTERM, so both drain together."""
+    for server in list(_SERVING):
+        task = asyncio.ensure_future(server.stop(grace))
+        _STOPPING.add(task)
+        task.add_done_callback(_STOPPING.discard)
+
+
+async def stop(server: grpc.aio.Server, grace: float) -> None:
+    """Stop `server` (after `drain`: wait for the stop it began) and forget it."""
+    await server.stop(grace)
+    _SERVING.discard(server)

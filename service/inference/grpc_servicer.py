@@ -1,0 +1,363 @@
+"""`inference.GRPCInferenceService`: the KServe v2 / Triton gRPC methods, on the engine, batcher, memory budget,
+shared-memory registry, restricted protocol groups and error taxonomy the HTTP routes use.
+
+Each method checks its protocol group (the header of POSENC_RESTRICTED_API travels as call metadata), runs
+the same code as its HTTP route and answers a `ServiceError` with the gRPC status of its HTTP status
+(`grpc_status`) and the same message. Every call is recorded (metrics by method and code, the access log).
+Methods posenc does not serve (model load and unload, CUDA shared memory, trace and log settings) answer
+UNIMPLEMENTED, as the generated base class does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+from tritonclient.grpc import service_pb2 as pb
+
+from posenc.service import __version__
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
+from posenc.service.inference.answer import copied_to_shm, maybe_offload, memory_needed, shm_destinations
+from posenc.service.inference.engine import Engine
+from posenc.service.inference.grpc_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    model_config_message,
+    model_metadata_message,
+    repository_index_message,
+    shared_memory_status_message,
+    statistics_message,
+    stream_response,
+)
+from posenc.service.inference.kserve_request import extensions
+from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
+from posenc.service.inference.repository import VERSION, ensure_ready
+from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.inference.triton_config import repository_index, triton_config
+from posenc.service.request_kit.restricted import SHARED_MEMORY_GROUP, SharedMemoryCaller, restricted_message
+from posenc.service.settings import Settings
+
+log = logging.getLogger("posenc.grpc")
+
+SERVICE = "inference.GRPCInferenceService"
+# The protocol group of each method (Triton's grouping, as `posenc.service.request_kit.restricted.GROUP_ROUTES`).
+METHOD_GROUPS: dict[str, str] = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics", "RepositoryIndex": "model-repository",
+    "SystemSharedMemoryStatus": SHARED_MEMORY_GROUP, "SystemSharedMemoryRegister": SHARED_MEMORY_GROUP,
+    "SystemSharedMemoryUnregister": SHARED_MEMORY_GROUP,
+}
+# The gRPC status of each HTTP status of the error taxonomy (`grpc_status`); anything else is INTERNAL.
+STATUS_CODES: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
+    406: grpc.StatusCode.INVALID_ARGUMENT, 412: grpc.StatusCode.FAILED_PRECONDITION,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.INVALID_ARGUMENT, 431: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    499: grpc.StatusCode.CANCELLED, 503: grpc.StatusCode.UNAVAILABLE, 507: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+INTERNAL_MESSAGE = "internal server error; the service log has the details"  # the HTTP 500's text
+RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
+STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
+
+Recorder = Callable[[str, str, float, int, str], None]  # (method, code name, seconds, response bytes, peer)
+T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+
+def grpc_status(exc: ServiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
+    """The status code of a service error, and its trailing metadata (the retry hint of a 503)."""
+    overloaded = isinstance(exc, Unavailable) and exc.overloaded
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED if overloaded else STATUS_CODES.get(exc.status_code,
+                                                                                  grpc.StatusCode.INTERNAL)
+    retry = exc.headers.get("Retry-After") if isinstance(exc, Unavailable) else None
+    return code, ((RETRY_AFTER_KEY, retry),) if retry else ()
+
+
+@dataclass
+class GrpcState:
+    """What the gRPC methods share with the HTTP routes: the app's objects, and the readiness problems."""
+
+    engine: Engine
+    settings: Settings
+    budget: MemoryBudget
+    shared_memory: SharedMemoryRegistry
+    problems: Sequence[str]
+    record: Recorder
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str | bytes]:
+    return {key.lower(): value for key, value in (context.invocation_metadata() or ())}
+
+
+def _carries(metadata: Mapping[str, str | bytes], restriction: tuple[str, str]) -> bool:
+    value = metadata.get(restriction[0])
+    if value is None:
+        return False
+    raw = value if isinstance(value, bytes) else value.encode()
+    return hmac.compare_digest(raw, restriction[1].encode())
+
+
+def decode(message: type[M], data: bytes) -> M:
+    """A request message from its bytes; 400 (INVALID_ARGUMENT) when they are not one."""
+    try:
+        return message.FromString(data)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise BadRequest(f"malformed {message.DESCRIPTOR.full_name} message ({len(data)} bytes): {exc}") from None
+
+
+class Servicer:
+    """The methods, each `(request, caller) -> response`; `grpc_server` wraps them (`unary`, `stream`) with the
+    decoding, the protocol group check, the error mapping and the record."""
+
+    def __init__(self, state: GrpcState) -> None:
+        self.state = state
+        self.restrictions = state.settings.restrictions()
+        self.active = 0  # calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
+        self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
+
+    def admit(self) -> None:
+        """One more unary call in progress, or RESOURCE_EXHAUSTED with a retry hint when the limit is reached."""
+        limit = self.state.settings.grpc_max_concurrent_rpcs
+        if self.active >= limit:
+            raise Unavailable(f"busy: {self.active} gRPC calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS={limit}); "
+                              "retry later", retry_after=1, overloaded=True)
+        self.active += 1
+
+    async def admit_stream(self) -> None:
+        """One more stream in progress, once there is room: a stream refused while its client still writes
+        would end as INTERNAL on the client, so it waits, unread (its deadline still applies)."""
+        while self.active >= self.state.settings.grpc_max_concurrent_rpcs:
+            if self.freed is None:
+                self.freed = asyncio.Event()
+            await self.freed.wait()
+        self.active += 1
+
+    def leave(self) -> None:
+        self.active -= 1
+        if self.freed is not None:
+            self.freed.set()  # every waiter re-checks; the next call to find it full waits on a fresh event
+            self.freed = None
+
+    # -- what every call goes through
+
+    def caller(self, method: str, metadata: Mapping[str, str | bytes]) -> SharedMemoryCaller:
+        """403 for a restricted method without its header; the shared-memory caller (over gRPC: never a
+        Unix-socket peer, so only the shared-memory key lets it use shared memory)."""
+        group = METHOD_GROUPS.get(method)
+        if group is not None and group in self.restrictions and not _carries(metadata, self.restrictions[group]):
+            raise Forbidden(restricted_message(f"/{SERVICE}/{method}", group, self.restrictions[group][0]))
+        key = self.restrictions.get(SHARED_MEMORY_GROUP)
+        return SharedMemoryCaller(None, key is not None and _carries(metadata, key))
+
+    def unary(self, method: str, request_type: type[M],
+              handle: Callable[[M, SharedMemoryCaller, int], Awaitable[Message | bytes]]
+              ) -> Callable[..., Awaitable[bytes]]:
+        """The handler of a unary method: request bytes in, response bytes out (`handle` gets the request, the
+        caller and the request's size, and answers a message or its serialized bytes)."""
+
+        async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            start, code, size, admitted = time.perf_counter(), "OK", 0, False
+            try:
+                self.admit()
+                admitted = True
+                caller = self.caller(method, _metadata(context))
+                response = await handle(decode(request_type, data), caller, len(data))
+                answer = response if isinstance(response, bytes) else response.SerializeToString()
+                size = len(answer)
+                return answer
+            except BaseException as exc:
+                code, answer = self.status_of(method, context, exc)
+                if answer is not None:
+                    await context.abort(*answer)  # raises AbortError: the call ends with this status
+                raise
+            finally:
+                if admitted:
+                    self.leave()
+                self.state.record(method, code, time.perf_counter() - start, size, context.peer() or "")
+
+        return handler
+
+    def status_of(self, method: str, context: grpc.aio.ServicerContext,
+                  exc: BaseException) -> tuple[str, tuple[grpc.StatusCode, str, Any] | None]:
+        """The code a failed call ends with, and the (status, message, trailing metadata) to abort it with
+        (None: it ended already: cancelled, past its deadline, aborted)."""
+        if isinstance(exc, asyncio.CancelledError) or context.cancelled():  # (a write to a cancelled call fails)
+            remaining = context.time_remaining()
+            return ("DEADLINE_EXCEEDED" if remaining is not None and remaining <= 0 else "CANCELLED"), None
+        if isinstance(exc, grpc.aio.AbortError) or not isinstance(exc, Exception):
+            code = context.code()
+            return (code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"), None
+        if isinstance(exc, ServiceError):
+            status, trailing = grpc_status(exc)
+            return status.name, (status, exc.message, trailing)
+        log.error("unhandled error in gRPC %s", method, exc_info=exc)
+        return "INTERNAL", (grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, ())
+
+    # -- health and metadata
+
+    def stream(self, method: str) -> Callable[..., Awaitable[None]]:
+        """The handler of ModelStreamInfer: request bytes in, `ModelStreamInferResponse`s out, in request order.
+
+        An error answers its own request (`error_message`: the HTTP error's text; a message that is not a
+        `ModelInferRequest` too) and the stream goes on. At most `STREAM_WINDOW` requests of a stream are in
+        progress: later ones stay unread until a response is written, so a client that stops reading its
+        responses stops the server reading its requests."""
+
+        async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+            start, code, count, admitted = time.perf_counter(), "OK", 0, False
+            window = asyncio.Semaphore(STREAM_WINDOW)  # requests read and not yet answered
+            pending: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()  # in request order; None: end
+            reader: asyncio.Future[None] | None = None
+            task: asyncio.Future[bytes] | None = None
+            try:
+                caller = self.caller(method, _metadata(context))
+                await self.admit_stream()
+                admitted = True
+
+                async def read() -> None:
+                    try:
+                        async for data in request_iterator:
+                            await window.acquire()
+                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller)))
+                    finally:
+                        pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
+
+                reader = asyncio.ensure_future(read())
+                while (task := await pending.get()) is not None:
+                    written = await task
+                    await context.write(written)
+                    window.release()
+                    count += len(written)
+                await reader
+            except BaseException as exc:
+                code, answer = self.status_of(method, context, exc)
+                if answer is not None:
+                    await context.abort(*answer)
+                raise
+            finally:
+                left = [reader, task, *(pending.get_nowait() for _ in range(pending.qsize()))]
+                for future in left:
+                    if future is not None and not future.done():
+                        future.cancel()
+                if admitted:
+                    self.leave()
+                self.state.record(method, code, time.perf_counter() - start, count, context.peer() or "")
+
+        return handler
+
+    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
+        request = pb.ModelInferRequest()
+        try:
+            request = decode(pb.ModelInferRequest, data)
+            return stream_response(await self.infer(request, caller, len(data)))
+        except ServiceError as exc:
+            message = exc.message
+        except Exception as exc:  # this request's own failure; the stream goes on
+            log.error("unhandled error in a gRPC stream request", exc_info=exc)
+            message = INTERNAL_MESSAGE
+        return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+            model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
+
+    # -- health and metadata
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        return pb.ServerReadyResponse(ready=not self.state.problems)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        return pb.ModelReadyResponse(ready=self.state.engine.get(request.name, request.version or None).ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        return pb.ServerMetadataResponse(name="posenc", version=__version__,
+                                         extensions=extensions(self.state.settings.shared_memory))
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        return model_metadata_message(model_metadata(self.state.engine.get(request.name, request.version or None)))
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, caller: SharedMemoryCaller, size: int) -> Message:
+        entry = self.state.engine.get(request.name, request.version or None)
+        return model_config_message(triton_config(ensure_ready(entry), self.state.settings))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, caller: SharedMemoryCaller,
+                              size: int) -> Message:
+        engine = self.state.engine
+        if request.name:
+            entries = [engine.get(request.name, request.version or None)]
+        else:  # Triton: no name = every model
+            entries = [engine.models[name] for name in sorted(engine.models)]
+        return statistics_message([engine.statistics(entry) for entry in entries])
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, caller: SharedMemoryCaller,
+                              size: int) -> Message:
+        return repository_index_message(repository_index(self.state.engine.models, request.ready))
+
+    # -- system shared memory (the rules of the HTTP routes: `posenc.service.inference.routes`)
+
+    def _registry(self, caller: SharedMemoryCaller, method: str) -> SharedMemoryRegistry:
+        registry = self.state.shared_memory
+        registry.require_enabled()
+        caller.require(f"/{SERVICE}/{method}")
+        return registry
+
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       caller: SharedMemoryCaller, size: int) -> Message:
+        registry = self._registry(caller, "SystemSharedMemoryStatus")
+        return shared_memory_status_message(registry.status(caller, request.name or None))
+
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         caller: SharedMemoryCaller, size: int) -> Message:
+        registry = self._registry(caller, "SystemSharedMemoryRegister")
+        key, offset, byte_size = parse_register({"key": request.key, "offset": request.offset,
+                                                 "byte_size": request.byte_size})
+        await asyncio.to_thread(registry.register, request.name, key, offset, byte_size, caller)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           caller: SharedMemoryCaller, size: int) -> Message:
+        self._registry(caller, "SystemSharedMemoryUnregister").unregister(caller, request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    # -- inference
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
+        return await self.infer(request, caller, size)
+
+    async def infer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
+        """One infer request of `size` bytes, as `posenc.service.inference.routes._infer` runs it: admitted by the
+        model's queue, its memory reserved before its work, the same parser and checks, the same batcher; the
+        serialized response. (The message is in memory already: gRPC read it, within its size limit.)"""
+        state = self.state
+        model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
+        with state.engine.admission(model):
+            reservation = await state.budget.acquire(3 * size, f"an inference on '{model.name}'")
+            try:
+                shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
+                parsed, body = await maybe_offload(size, decode_infer_request, request, shm)
+                inputs = check_inputs(model, parsed.inputs)
+                if parsed.outputs is not None:
+                    check_outputs(model, [out.name for out in parsed.outputs])
+                await reservation.grow(memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
+                written = shm_destinations(model, parsed, inputs, shm)
+                outputs = await state.engine.infer(model, inputs, written)
+                del body, inputs
+                parsed.inputs = []
+                order = model.config.output_names
+                for out in copied_to_shm(parsed, outputs, written, order):
+                    if out.shm is not None and shm is not None:
+                        shm.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
+                return await maybe_offload(sum(a.nbytes for a in outputs.values()), encode_infer_response,
+                                            model.name, VERSION, parsed, outputs, order)
+            finally:
+                reservation.release()

@@ -1,0 +1,156 @@
+"""The gRPC messages to the service's request types and back, the status of each error, and the protocol groups of
+the gRPC methods (no server: the codec and the servicer's checks alone)."""
+
+from __future__ import annotations
+
+import grpc
+import ml_dtypes
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from posenc.models.dtypes import DTYPES, DType
+from posenc.service.errors import (
+    BadRequest,
+    Forbidden,
+    InsufficientStorage,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    Unavailable,
+)
+from posenc.service.inference.grpc_codec import CONTENTS_FIELD, decode_infer_request, encode_infer_response
+from posenc.service.inference.grpc_server import inference_handler
+from posenc.service.inference.grpc_servicer import METHOD_GROUPS, GrpcState, Servicer, grpc_status
+from posenc.service.request_kit.restricted import GROUP_ROUTES
+from posenc.service.settings import RESTRICTED_API_GROUPS, Settings
+
+
+def _values(dtype: np.dtype) -> np.ndarray:
+    if dtype.kind == "b":
+        return np.array([[True, False, True], [False, False, True]])
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return np.array([[info.min, 0, 1], [2, 3, info.max]], dtype)
+    return np.array([[-1.5, 0.0, 0.25], [3.0, 1e3, -7.75]]).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.kserve)
+def test_every_datatype_raw_and_typed(dtype: DType) -> None:
+    """Every datatype HTTP takes arrives as the same array from raw bytes and (where Triton defines a field) from
+    typed contents; FP16 and BF16 only raw."""
+    array = _values(dtype.numpy)
+    raw = pb.ModelInferRequest(model_name="m")
+    raw.inputs.add(name="x", datatype=dtype.kserve, shape=array.shape)
+    raw.raw_input_contents.append(array.tobytes())
+    parsed, _ = decode_infer_request(raw, None)
+    assert parsed.inputs[0].array.dtype == dtype.numpy
+    np.testing.assert_array_equal(parsed.inputs[0].array, array)
+    typed = pb.ModelInferRequest(model_name="m")
+    tensor = typed.inputs.add(name="x", datatype=dtype.kserve, shape=array.shape)
+    field = CONTENTS_FIELD.get(dtype.kserve)
+    if field is None:
+        assert dtype.kserve in ("FP16", "BF16")
+        tensor.contents.fp32_contents.extend(array.astype(np.float32).reshape(-1).tolist())
+        with pytest.raises(BadRequest, match="has no typed contents; send its bytes in raw_input_contents"):
+            decode_infer_request(typed, None)
+        return
+    getattr(tensor.contents, field).extend(array.reshape(-1).tolist())
+    parsed, _ = decode_infer_request(typed, None)
+    np.testing.assert_array_equal(parsed.inputs[0].array, array)
+    assert parsed.inputs[0].array.dtype == dtype.numpy
+
+
+def test_bfloat16_raw_is_exact() -> None:
+    array = np.array([1.0, -2.5, 3.140625], ml_dtypes.bfloat16)
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="BF16", shape=[3])
+    request.raw_input_contents.append(array.tobytes())
+    parsed, _ = decode_infer_request(request, None)
+    assert parsed.inputs[0].array.tobytes() == array.tobytes()
+
+
+def test_values_out_of_range_use_the_http_message() -> None:
+    request = pb.ModelInferRequest(model_name="m")
+    request.inputs.add(name="x", datatype="INT8", shape=[2]).contents.int_contents.extend([1, 300])
+    with pytest.raises(BadRequest, match=r"^input 'x': 'data' has values outside the INT8 range$"):
+        decode_infer_request(request, None)
+
+
+def test_binary_data_size_is_refused_and_outputs_are_raw() -> None:
+    request = pb.ModelInferRequest(model_name="m", id="r1")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
+    tensor.parameters["binary_data_size"].int64_param = 4
+    request.raw_input_contents.append(b"\0\0\0\0")
+    with pytest.raises(BadRequest, match="binary_data_size belongs to the HTTP binary extension"):
+        decode_infer_request(request, None)
+    del request.inputs[0].parameters["binary_data_size"]
+    request.outputs.add(name="y")
+    parsed, _ = decode_infer_request(request, None)
+    assert parsed.outputs is not None and parsed.outputs[0].binary
+    response = pb.ModelInferResponse.FromString(
+        encode_infer_response("m", "1", parsed, {"y": np.arange(3, dtype=np.float32)}, ["y"]))
+    assert response.id == "r1" and response.outputs[0].datatype == "FP32" and list(response.outputs[0].shape) == [3]
+    assert response.raw_output_contents[0] == np.arange(3, dtype=np.float32).tobytes()
+
+
+def test_response_bytes_are_protobufs_own_encoding() -> None:
+    """The response assembled around the outputs' buffers is the message protobuf would build, with an empty raw
+    entry for an output in shared memory and lengths that take several varint bytes."""
+    from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, ShmRef
+
+    outputs = {"a": np.arange(40_000, dtype=np.float32).reshape(200, 200), "b": np.ones((2, 3), np.int64),
+               "c": np.zeros(0, np.float16)}
+    request = InferRequest("id-7", [], [RequestedOutput("a", True), RequestedOutput("b", True, ShmRef("r", 8, 48)),
+                                        RequestedOutput("c", True)], True)
+    ours = encode_infer_response("m", "1", request, outputs, ["a", "b", "c"])
+    expected = pb.ModelInferResponse(model_name="m", model_version="1", id="id-7")
+    expected.outputs.add(name="a", datatype="FP32", shape=[200, 200])
+    shm = expected.outputs.add(name="b", datatype="INT64", shape=[2, 3])
+    shm.parameters["shared_memory_region"].string_param = "r"
+    shm.parameters["shared_memory_byte_size"].int64_param = 48
+    shm.parameters["shared_memory_offset"].int64_param = 8
+    expected.outputs.add(name="c", datatype="FP16", shape=[0])
+    expected.raw_output_contents.extend([outputs["a"].tobytes(), b"", b""])
+    assert pb.ModelInferResponse.FromString(ours) == expected
+
+
+@pytest.mark.parametrize(("error", "code", "retry"), [
+    (BadRequest("x"), grpc.StatusCode.INVALID_ARGUMENT, None),
+    (Forbidden("x"), grpc.StatusCode.PERMISSION_DENIED, None),
+    (NotFound("x"), grpc.StatusCode.NOT_FOUND, None),
+    (PayloadTooLarge("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, None),
+    (InsufficientStorage("x"), grpc.StatusCode.RESOURCE_EXHAUSTED, None),
+    (Unavailable("x", retry_after=1, overloaded=True), grpc.StatusCode.RESOURCE_EXHAUSTED, "1"),
+    (Unavailable("x", retry_after=5), grpc.StatusCode.UNAVAILABLE, "5"),
+    (Unavailable("x"), grpc.StatusCode.UNAVAILABLE, None),
+    (ServiceError("x"), grpc.StatusCode.INTERNAL, None),
+])
+def test_status_of_each_error(error: ServiceError, code: grpc.StatusCode, retry: str | None) -> None:
+    status, trailing = grpc_status(error)
+    assert status == code and dict(trailing).get("retry-after") == retry
+
+
+def test_every_served_method_has_a_protocol_group() -> None:
+    served = set(METHOD_GROUPS)
+    assert set(METHOD_GROUPS.values()) <= set(RESTRICTED_API_GROUPS) and set(GROUP_ROUTES) == set(RESTRICTED_API_GROUPS)
+    names = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    assert served <= names
+    state = GrpcState(None, Settings(), None, None, [], lambda *args: None)  # type: ignore[arg-type]
+    handler = inference_handler(Servicer(state))
+    call = type("Details", (), {"method": "/inference.GRPCInferenceService/ModelInfer", "invocation_metadata": ()})
+    assert handler.service(call()) is not None
+
+
+def test_restricted_methods_need_their_header_as_metadata() -> None:
+    settings = Settings(restricted_api="inference:x-infer-key=s3cret;shared-memory:x-shm=k")
+    servicer = Servicer(GrpcState(None, settings, None, None, [], lambda *args: None))  # type: ignore[arg-type]
+    with pytest.raises(Forbidden) as refused:
+        servicer.caller("ModelStreamInfer", {"x-infer-key": "wrong"})
+    assert refused.value.message == (
+        "/inference.GRPCInferenceService/ModelStreamInfer is in the restricted protocol group 'inference': send the "
+        "header 'x-infer-key' with the value this server is configured with (POSENC_RESTRICTED_API)")
+    assert "s3cret" not in refused.value.message
+    assert not servicer.caller("ModelInfer", {"x-infer-key": "s3cret"}).has_key
+    assert servicer.caller("ServerLive", {"x-shm": "k"}).has_key
+    assert servicer.caller("ServerLive", {}).peer is None
