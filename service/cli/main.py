@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posenc.service.cli import check as check_cli  # `posenc check`: a file of your tensors against the golden table
 
     check_cli.add_parser(commands)
+    from posenc.service.cli import audit as audit_cli  # `posenc audit`: a GGUF/ONNX/safetensors file's position facts
+
+    audit_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")

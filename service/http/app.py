@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope, Send
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
 from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
+from posenc.service.audit.routes import router as audit_router
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health, presets
 from posenc.service.http.errors import install_error_handlers
@@ -91,6 +92,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router)
     app.include_router(checks)
     app.include_router(check_inference_router)
+    app.include_router(audit_router)
     # Restricted protocol groups refused before anything answers them (none holds a table or /healthz path,
     # which the fast path answers ahead of every layer).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())
