@@ -161,8 +161,9 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
                         ("beta_slow", key("rope.scaling.yarn_beta_slow"))):
         if value is not None:
             found.scaling[name] = value
-    if found.scaling and "rope_type" not in found.scaling:
-        found.scaling = {}  # scaling values without a type: llama.cpp applies none
+    factor_tensors = any(stem in tensors for stem in NEEDED)
+    if found.scaling and "rope_type" not in found.scaling and not factor_tensors:
+        found.scaling = {}  # scaling values without a type or factor tensors: llama.cpp applies none
     sections = meta.get(f"{arch}.rope.dimension_sections")
     if isinstance(sections, list):
         found.sections = tuple(int(v) for v in sections)
