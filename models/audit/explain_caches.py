@@ -5,13 +5,16 @@ of the cache's dtype, plus a cache rounded through a second reduced dtype, plus 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from posenc.models.audit.divergence import Divergence
 from posenc.models.audit.found import Caches, Fact
 from posenc.models.diagnosis.agreement import residual
 from posenc.models.diagnosis.hypothesis import REDUCED_STORAGE, Hypothesis, Tables
-from posenc.models.diagnosis.rope import RopeTable, rope_hypotheses
+from posenc.models.audit.frequencies import theta_of
+from posenc.models.diagnosis.rope import RopeTable, angle_steps, rope_hypotheses
 from posenc.models.rope_params import RopeParameters
 
 DIAGNOSED_ROWS = 4096  # rows of a cache the hypotheses are built for (bounds their work)
@@ -31,6 +34,23 @@ def _rounded_twice(table: RopeTable) -> list[Hypothesis]:
         out.append(Hypothesis("cache_rounded_twice", f"the cache was rounded to {name} and then to "
                               f"{table.dtype} (two roundings, the second on the first's error)", build))
     return out
+
+
+def _scaled_theta(table: RopeTable, observed: Tables) -> list[Hypothesis]:
+    """Another base with the reference's scaling kept (the check's theta estimate assumes unscaled columns): the
+    base of the two highest-frequency columns, which llama3 and yarn leave unscaled."""
+    steps = angle_steps(observed["cos"], observed["sin"], "half", "half", table.params.n_frequencies)
+    theta = theta_of(steps.astype(np.float32), table.params.rotary_dim)
+    if theta is None or theta == table.params.rope_theta or table.rows < 2:
+        return []
+    params = dataclasses.replace(table.params, rope_theta=theta)
+
+    def build() -> Tables:
+        inv_freq, factor = table.frequencies(params)
+        return table.build(inv_freq, factor)
+
+    return [Hypothesis("theta", f"the base (rope_theta) is {theta:g}, the model's is {table.params.rope_theta:g} "
+                       f"(its {table.params.rope_type} scaling kept)", build, {"rope_theta": f"{theta:g}"})]
 
 
 def explain_caches(params: RopeParameters, caches: Caches, divergence: Divergence) -> list[Fact]:
@@ -56,7 +76,7 @@ def explain_caches(params: RopeParameters, caches: Caches, divergence: Divergenc
     observed = {"cos": caches.cos[:shown], "sin": caches.sin[:shown]}
     best: tuple[float, Hypothesis] | None = None
     if caches.cos.shape[1] == params.n_frequencies:
-        for hypothesis in [*rope_hypotheses(table, observed), *_rounded_twice(table)]:
+        for hypothesis in [*rope_hypotheses(table, observed), *_scaled_theta(table, observed), *_rounded_twice(table)]:
             built = hypothesis.build()
             if built is None:
                 continue
