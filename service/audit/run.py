@@ -27,7 +27,7 @@ def detect(prefix: bytes) -> str:
     (an extract or a config.json), else an ONNX protobuf."""
     if prefix[:4] == b"GGUF":
         return "gguf"
-    if len(prefix) >= 9 and prefix[8:9] == b"{" and int.from_bytes(prefix[:8], "little") < 1 << 40:
+    if len(prefix) >= 9 and prefix[8:9] == b"{":
         return "safetensors"
     if prefix.lstrip()[:1] == b"{":
         return "json"
