@@ -51,9 +51,25 @@ if TYPE_CHECKING:
     from posenc.models.rope_params import RopeParameters
 
 __all__ = [
-    "CONFIG_ALIASES", "DEFAULT_ROPE_TYPE", "F32", "LLAMA_3_1_ROPE", "ROPE_TYPES", "RUNTIME_DEPENDENT_TYPES",
-    "GGUF_FREQ_FACTOR_TYPES", "GGUF_SCALING_TYPES", "SCALING_FIELDS", "YARN_BETA_FAST_DEFAULT", "YARN_BETA_SLOW_DEFAULT", "RopeType", "RopeTypeSpec",
-    "TransformersRopeType", "YarnMscale", "api_spelling", "default_inv_freq", "resolve_variant", "rope_type_spec",
+    "CONFIG_ALIASES",
+    "DEFAULT_ROPE_TYPE",
+    "F32",
+    "GGUF_FREQ_FACTOR_TYPES",
+    "GGUF_SCALING_TYPES",
+    "LLAMA_3_1_ROPE",
+    "ROPE_TYPES",
+    "RUNTIME_DEPENDENT_TYPES",
+    "SCALING_FIELDS",
+    "YARN_BETA_FAST_DEFAULT",
+    "YARN_BETA_SLOW_DEFAULT",
+    "RopeType",
+    "RopeTypeSpec",
+    "TransformersRopeType",
+    "YarnMscale",
+    "api_spelling",
+    "default_inv_freq",
+    "resolve_variant",
+    "rope_type_spec",
     "with_query_defaults",
 ]
 

@@ -11,9 +11,9 @@ import numpy as np
 
 from posenc.models.audit.divergence import Divergence
 from posenc.models.audit.found import Caches, Fact
+from posenc.models.audit.frequencies import theta_of
 from posenc.models.diagnosis.agreement import residual
 from posenc.models.diagnosis.hypothesis import REDUCED_STORAGE, Hypothesis, Tables
-from posenc.models.audit.frequencies import theta_of
 from posenc.models.diagnosis.rope import RopeTable, angle_steps, rope_hypotheses
 from posenc.models.rope_params import RopeParameters
 

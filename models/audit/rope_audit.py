@@ -15,7 +15,7 @@ import numpy as np
 from posenc.models.alibi import alibi_slopes
 from posenc.models.audit.divergence import Divergence, compare_caches, compare_frequencies
 from posenc.models.audit.explain_caches import explain_caches
-from posenc.models.audit.found import Fact, Found
+from posenc.models.audit.found import Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, divided, explain, golden, same
 from posenc.models.audit.reference import Reference
 from posenc.models.bounds import DEFAULT_ROPE_THETA
@@ -62,12 +62,12 @@ class Audit:
 
 
 def _fact(facts: list[Fact], name: str, expected: Any, found: Any, mistake: str, why: str,
-          missing_is: str = "missing") -> bool:
+          missing_is: Verdict = "missing") -> bool:
     """Append a fact comparing two values (None found: `missing_is`); True when they agree."""
     if expected is None:
         return True
     if found is None:
-        facts.append(Fact(name, expected, None, missing_is, mistake if missing_is == "missing" else None, why))  # type: ignore[arg-type]
+        facts.append(Fact(name, expected, None, missing_is, mistake if missing_is == "missing" else None, why))
         return False
     agree = (np.isclose(float(found), float(expected), rtol=1e-6, atol=0.0) if isinstance(expected, float)
              else found == expected)
@@ -102,8 +102,8 @@ def implied_frequencies(found: Found, ref_params: RopeParameters | None, context
     if found.inv_freq is not None:
         inv = found.inv_freq
         if inv.ndim == 2:  # [short, long]
-            switch = ref_params is not None and rope_type_spec(ref_params.rope_type).switch_length is not None
-            length = rope_type_spec(ref_params.rope_type).switch_length(ref_params) if switch else None  # type: ignore[misc,union-attr]
+            switch = None if ref_params is None else rope_type_spec(ref_params.rope_type).switch_length
+            length = None if switch is None or ref_params is None else switch(ref_params)
             inv = inv[1] if length is not None and context > length else inv[0]
         return Frequencies(inv.astype(np.float32), found.attention_factor or 1.0)
     params = _found_params(found, ref_params, facts)
@@ -240,9 +240,9 @@ def _other_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
                               "" if ok else f"the learned table has {rows} rows; the model reads {want} positions"))
     if found.alibi_slopes is not None:
         heads = found.alibi_slopes.shape[0]
-        want = alibi_slopes(heads)
-        ok = same(found.alibi_slopes.reshape(-1).astype(np.float64), want, rtol=1e-5)
-        facts.append(Fact("alibi_slopes", want, found.alibi_slopes, "ok" if ok else "wrong",
+        slopes = alibi_slopes(heads)
+        ok = same(found.alibi_slopes.reshape(-1).astype(np.float64), slopes, rtol=1e-5)
+        facts.append(Fact("alibi_slopes", slopes, found.alibi_slopes, "ok" if ok else "wrong",
                           None if ok else "alibi_slopes_wrong",
                           "" if ok else "the stored slopes are not the paper's for this head count"))
 

@@ -42,7 +42,8 @@ def text(doc: dict[str, Any], path: str) -> str:
             first = tables["first_divergent_position"]
             over = ", ".join(f"> {k} from {v}" for k, v in tables["first_position_over"].items() if v is not None)
             lines.append(f"tables: wrong from position {first} on (the dtype's contract); max error "
-                         f"{tables['max_abs_error']:.3g} up to {tables['scanned']}" + (f"; error {over}" if over else "")
+                         f"{tables['max_abs_error']:.3g} up to {tables['scanned']}"
+                         + (f"; error {over}" if over else "")
                          + ("" if tables["missing_from"] is None else
                             f"; no rows from position {tables['missing_from']} on"))
     lines += [f"note: {note}" for note in doc.get("notes", [])]

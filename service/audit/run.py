@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from posenc.models.audit.found import Found
-from posenc.models.audit.reference import Reference, from_config, from_preset, from_repository_config, \
-    match_catalogue
+from posenc.models.audit.reference import Reference, from_config, from_preset, from_repository_config, match_catalogue
 from posenc.models.audit.rope_audit import Audit, audit
 from posenc.models.errors import ParameterError
 from posenc.service.audit import config_reader, extract, gguf_reader, onnx_reader, safetensors_reader

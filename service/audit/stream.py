@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 from posenc.service.errors import BadRequest, PayloadTooLarge, format_bytes
 
 
-class NeedMore(Exception):  # noqa: N818 (a signal, not an error)
+class NeedMore(Exception):
     """The header continues past the bytes received: `needed` bytes from the start are required."""
 
     def __init__(self, needed: int) -> None:

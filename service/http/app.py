@@ -11,8 +11,8 @@ from starlette.types import Receive, Scope, Send
 
 import posenc.service.properties  # noqa: F401  (registers the properties endpoints beside the tables)
 from posenc.service import __version__
-from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.audit.routes import router as audit_router
+from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health, presets
 from posenc.service.http.errors import install_error_handlers

@@ -83,9 +83,11 @@ def test_partial_rotary_dimension_wrong(tmp_path: Path) -> None:
 
 def test_mrope_sections(tmp_path: Path) -> None:
     meta = {**llama_gguf_meta(32768, 1e6, hidden=3584, heads=28, kv=4)}
-    good = audit_file(write_gguf(tmp_path / "good.gguf", "qwen2vl", {**meta, "rope.dimension_sections": [16, 24, 24, 0]}))
+    good = audit_file(write_gguf(tmp_path / "good.gguf", "qwen2vl",
+                                 {**meta, "rope.dimension_sections": [16, 24, 24, 0]}))
     assert good.verdict == "correct" and "qwen2-vl-7b" in good.reference.label
-    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "qwen2vl", {**meta, "rope.dimension_sections": [24, 20, 20, 0]}))
+    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "qwen2vl", {**meta, "rope.dimension_sections": [24, 20, 20, 0]}
+                                ))
     assert mistakes(bad) == {"mrope_sections_wrong"}
 
 

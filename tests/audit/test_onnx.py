@@ -10,9 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from posenc.models.rope import inv_freq_and_attention_factor, rope_cos_sin
 from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_frequencies import default_inv_freq
-from posenc.models.rope import inv_freq_and_attention_factor, rope_cos_sin
 from tests.audit.conftest import audit_file, mistakes
 from tests.audit_files import SMALL_LLAMA3, caches_of, genai_onnx, inv_freq_onnx
 
