@@ -9,7 +9,6 @@ a stored cache adds one unit in the last place of its dtype. Rows are scanned in
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,18 +59,20 @@ def _pad(inv_freq: np.ndarray, n: int) -> np.ndarray:
 
 
 class _Bins:
-    """Per-position maxima, binned, and the first position over each VISIBLE level."""
+    """Per-position maxima in log-spaced bins (fine near position 0, where divergence starts), and the first
+    position over each VISIBLE level."""
 
     def __init__(self, rows: int) -> None:
         self.visible: dict[str, int | None] = {f"{level:g}": None for level in VISIBLE}
-        self.step = max(1, math.ceil(rows / BINS))
-        count = math.ceil(rows / self.step)
-        self.error = np.zeros(count)
-        self.tolerance = np.zeros(count)
+        geometric = np.round(np.geomspace(1, max(rows, 1), BINS)).astype(np.int64)
+        self.starts = np.unique(np.concatenate([[0], geometric[geometric < rows]]))  # [bins]
+        self.error = np.zeros(self.starts.shape[0])
+        self.tolerance = np.zeros(self.starts.shape[0])
         self.rows = rows
 
     def add(self, start: int, row_error: np.ndarray, row_tolerance: np.ndarray) -> None:
-        index = (start + np.arange(row_error.shape[0])) // self.step  # [rows]
+        positions = start + np.arange(row_error.shape[0])  # [rows]
+        index = np.searchsorted(self.starts, positions, side="right") - 1
         np.maximum.at(self.error, index, row_error)
         np.maximum.at(self.tolerance, index, row_tolerance)
         for level in VISIBLE:
@@ -81,8 +82,8 @@ class _Bins:
                 self.visible[key] = start + int(over[0]) if over.size else None
 
     def document(self) -> dict[str, list[Any]]:
-        starts = [i * self.step for i in range(self.error.shape[0])]
-        return {"start": starts, "stop": [min(s + self.step, self.rows) for s in starts],
+        starts = [int(v) for v in self.starts]
+        return {"start": starts, "stop": [*starts[1:], self.rows],
                 "max_abs": [number(float(v)) for v in self.error], "tolerance": [float(v) for v in self.tolerance]}
 
 
@@ -159,4 +160,6 @@ def compare_caches(golden: tuple[np.ndarray, float], cos: np.ndarray, sin: np.nd
         tolerance = (TABLE_ATOL + ANGLE_RTOL * np.abs(angle)) * max(1.0, ga) + ulp(np.full(1, ga), cos.dtype)
         first, worst = _account(bins, start, error, tolerance, first, worst)
     missing = rows_stored if rows_stored < context_length else None
+    if first is None:
+        first = missing  # the first position without a row differs from the golden table (by all of it)
     return Divergence(rows, context_length, first, worst, bins.document(), missing, bins.visible)

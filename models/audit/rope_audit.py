@@ -147,8 +147,12 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
     if found.source == "gguf":
         _gguf_scaling(found, params, context, facts)
     elif found.source == "config.json":
-        _fact(facts, "rope_type", params.rope_type, found.scaling.get("rope_type"), "scaling_missing",
-              f"the config's rope_type differs from the model's {params.rope_type}")
+        found_type = found.scaling.get("rope_type")
+        unscaled = found_type is not None and not rope_type_spec(found_type).scaled
+        _fact(facts, "rope_type", params.rope_type, found_type,
+              "scaling_missing" if unscaled else "scaling_type_wrong",
+              f"the config resolves to unscaled RoPE ({found_type}): the model's {params.rope_type} scaling is "
+              "missing" if unscaled else f"the config's scaling is {found_type}, the model's {params.rope_type}")
         for name in sorted(spec.reads - {"short_factor", "long_factor", "truncate"}):
             if getattr(params, name) is not None and found.scaling.get("rope_type") == params.rope_type:
                 _fact(facts, name, getattr(params, name), found.scaling.get(name), f"scaling_{name}_wrong",

@@ -7,7 +7,8 @@ from typing import Any
 import numpy as np
 
 from posenc.models.audit.rope_audit import Audit
-from posenc.service.tables.png import Curve, Panel, Picture, render
+from posenc.models.diagnosis.rope import angle_steps
+from posenc.service.tables.png import Curve, Panel, Picture, render, titled
 
 MARKS = {"ok": "ok  ", "wrong": "WRONG", "missing": "MISSING", "note": "note", "unchecked": "-"}
 
@@ -41,39 +42,55 @@ def text(doc: dict[str, Any], path: str) -> str:
         else:
             first = tables["first_divergent_position"]
             over = ", ".join(f"> {k} from {v}" for k, v in tables["first_position_over"].items() if v is not None)
-            lines.append(f"tables: wrong from position {first} on (the dtype's contract); max error "
-                         f"{tables['max_abs_error']:.3g} up to {tables['scanned']}"
+            head = f"wrong from position {first} on (the dtype's contract)" if first is not None else \
+                f"equal within the contract up to position {tables['scanned']}"
+            lines.append(f"tables: {head}; max error {tables['max_abs_error']:.3g} up to {tables['scanned']}"
                          + (f"; error {over}" if over else "")
                          + ("" if tables["missing_from"] is None else
-                            f"; no rows from position {tables['missing_from']} on"))
+                            f"; no rows from position {tables['missing_from']} on (context "
+                            f"{tables['context_length']})"))
     lines += [f"note: {note}" for note in doc.get("notes", [])]
     return "\n".join(lines)
 
 
 def picture(result: Audit, path: str) -> bytes:
-    """The error of the implied tables against the golden ones per position (binned maxima) and the contract;
-    with the frequencies, the file's against the golden ones."""
+    """The error of the implied tables against the golden ones per position (binned maxima) against the contract,
+    rows the file lacks up to the context; beside it the file's frequencies against the golden ones."""
     doc = result.document()
-    panels = []
+    panels: list[Panel] = []
     tables = doc.get("tables")
     if tables is not None:
-        x = np.asarray(tables["bins"]["start"], dtype=np.float64)
-        error = np.asarray([float(v) for v in tables["bins"]["max_abs"]])
-        tolerance = np.asarray(tables["bins"]["tolerance"])
-        title = "within the contract" if tables["within_contract"] else \
-            f"wrong from position {tables['first_divergent_position']}"
-        panels.append(Panel(f"max |file − golden| of cos/sin per position: {title}", "position", "error",
-                            (Curve(x, np.maximum(error, 1e-12), "error", "step"),
-                             Curve(x, tolerance, "contract", "line")), logy=True,
-                            marks=() if tables["first_divergent_position"] is None
-                            else (float(tables["first_divergent_position"]),), mark_label="first divergence"))
-    if result.golden is not None and (result.implied is not None or result.found.caches is not None):
+        keep = slice(1, None) if len(tables["bins"]["start"]) > 1 else slice(None)  # position 0: no angle, no error
+        x = np.maximum(np.asarray(tables["bins"]["start"][keep], dtype=np.float64), 1.0)
+        error = np.asarray([float(v) for v in tables["bins"]["max_abs"][keep]])
+        tolerance = np.asarray(tables["bins"]["tolerance"][keep])
+        first, missing = tables["first_divergent_position"], tables["missing_from"]
+        title = "within the contract" if first is None else f"wrong from position {first}"
+        curves = [Curve(x, np.maximum(error, 1e-12), "file against golden", "step"),
+                  Curve(x, tolerance, "the dtype's contract", "line")]
+        if missing is not None:
+            title += f", no rows past {missing - 1}"
+            curves.append(Curve(np.asarray([missing, tables["context_length"]], dtype=np.float64), np.ones(2),
+                                "no row (up to the context length)", "line"))
+        marks = tuple(float(max(v, 1)) for v in {first, missing} if v is not None)
+        panels.append(Panel(f"cos/sin error per position: {title}", "position", "max |file − golden|",
+                            tuple(curves), logy=True, logx=True, marks=marks, mark_label="divergence"))
+    if result.golden is not None:
         gold = result.golden.inv_freq.astype(np.float64)
         curves = [Curve(np.arange(gold.size), gold, "golden", "points")]
+        caches = result.found.caches
+        mine = np.zeros(0)
         if result.implied is not None:
             mine = result.implied.inv_freq.astype(np.float64)
-            curves.append(Curve(np.arange(mine.size), mine, "file", "points"))
-        panels.append(Panel("inverse frequencies", "frequency index", "inv_freq", tuple(curves), logy=True))
+        elif caches is not None and caches.cos.ndim == 2 and caches.cos.shape[0] > 1 \
+                and caches.cos.shape == caches.sin.shape:
+            mine = angle_steps(caches.cos, caches.sin, "half", "half", caches.cos.shape[1])  # the cache's own
+        if mine.size:
+            curves.append(Curve(np.arange(mine.size), np.abs(mine), "file", "points"))
+        of_cache = " (the cache's: its angle step per row)" if result.implied is None else ""
+        panels.append(Panel(f"inverse frequencies{of_cache}", "frequency index", "inv_freq", tuple(curves),
+                            logy=True))
     mistakes = ", ".join(doc["mistakes"]) or "none"
-    return render(Picture(f"posenc audit {path}: {doc['verdict']} (reference: {doc['reference']['label']}; "
-                          f"mistakes: {mistakes})", tuple(panels)))
+    title = titled(f"posenc audit {path}: {doc['verdict']}", {"reference": doc["reference"]["label"],
+                                                               "mistakes": mistakes}, width=100)
+    return render(Picture(title, tuple(panels)))
