@@ -18,7 +18,8 @@ from posenc.models.diagnosis.agreement import number, ulp
 from posenc.models.dtypes import cast
 
 BLOCK_ELEMENTS = 1 << 21  # float64 elements of one block of rows (16 MiB per array)
-MAX_SCAN = 1 << 22  # positions scanned at most (a longer context is scanned up to here, and the report says so)
+MAX_SCAN = 1 << 20  # positions scanned at most (a longer context is scanned up to here, and the report says so)
+MAX_SCAN_ELEMENTS = 1 << 26  # positions × frequencies of one scan (fewer positions for very wide tables)
 BINS = 256
 VISIBLE = (1e-3, 1e-2, 1e-1)  # error levels a report names the first position of (beyond the contract's)
 ANGLE_RTOL = 4e-7
@@ -92,8 +93,8 @@ def compare_frequencies(golden: tuple[np.ndarray, float], implied: tuple[np.ndar
     """Golden and implied tables, each from (float32 inv_freq, attention factor), over positions 0..context−1.
     Frequencies the other side lacks count as unrotated channels. `dtype`: the stored tables' (None: float32
     evaluation, no storage)."""
-    rows = min(context_length, MAX_SCAN)
     n = max(golden[0].shape[0], implied[0].shape[0])
+    rows = max(1, min(context_length, MAX_SCAN, MAX_SCAN_ELEMENTS // max(n, 1)))
     g, f = _pad(golden[0], n), _pad(implied[0], n)
     ga, fa = float(golden[1]), float(implied[1])
     bins = _Bins(rows)
@@ -112,8 +113,10 @@ def compare_frequencies(golden: tuple[np.ndarray, float], implied: tuple[np.ndar
     for start in range(0, rows if n else 0, block):
         positions = np.arange(start, min(start + block, rows), dtype=np.float64)[:, None]  # [b, 1]
         angle_g, angle_f = positions * g, positions * f  # [b, n]
-        error = np.maximum(np.abs(fa * np.cos(angle_f) - ga * np.cos(angle_g)),
-                           np.abs(fa * np.sin(angle_f) - ga * np.sin(angle_g)))
+        with np.errstate(invalid="ignore", over="ignore"):
+            error = np.maximum(np.abs(fa * np.cos(angle_f) - ga * np.cos(angle_g)),
+                               np.abs(fa * np.sin(angle_f) - ga * np.sin(angle_g)))
+        error[~np.isfinite(error)] = np.inf  # a NaN or infinite frequency is as far as can be
         tolerance = (TABLE_ATOL + ANGLE_RTOL * np.abs(angle_g)) * max(1.0, ga)
         if dtype is not None:
             tolerance = tolerance + ulp(np.full(1, ga), dtype)
@@ -136,8 +139,8 @@ def compare_caches(golden: tuple[np.ndarray, float], cos: np.ndarray, sin: np.nd
     """Stored cos/sin caches [rows, n] (their dtype the contract's) against the golden table cast once to that
     dtype, positions 0..min(rows, context)−1; a cache shorter than the context is missing from `rows` on."""
     rows_stored = cos.shape[0]
-    rows = min(context_length, rows_stored, MAX_SCAN)
     n = max(golden[0].shape[0], cos.shape[1])
+    rows = min(context_length, rows_stored, MAX_SCAN, max(1, MAX_SCAN_ELEMENTS // max(n, 1)))
     g = _pad(golden[0], n)
     ga = float(golden[1])
     bins = _Bins(rows)

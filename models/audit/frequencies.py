@@ -61,18 +61,27 @@ def plain(theta: float, rotary_dim: int) -> np.ndarray:
 
 
 def divided(theta: float, rotary_dim: int, divisors: np.ndarray) -> np.ndarray:
-    """llama.cpp's frequency factors: theta^(-2i/d) / factor_i in float32 (rope_freqs, rope_factors_*)."""
-    return (plain(theta, rotary_dim) / divisors.astype(F32)).astype(F32)
+    """llama.cpp's frequency factors: theta^(-2i/d) / factor_i in float32 (rope_freqs, rope_factors_*); NaN
+    frequencies (no match for any) when there are not d/2 divisors."""
+    base = plain(theta, rotary_dim)
+    if divisors.shape != base.shape:
+        return np.full(base.shape, np.nan, dtype=F32)
+    return (base / divisors.astype(F32)).astype(F32)
 
 
 def theta_of(inv_freq: np.ndarray, rotary_dim: int) -> float | None:
     """The base of the two highest frequencies (left unscaled by llama3 and yarn; linear scales both alike):
     inv_freq[0] / inv_freq[1] = theta^(2/d); a round value where one is within float32 rounding."""
-    if inv_freq.shape[0] < 2 or inv_freq[1] <= 0:
+    first = inv_freq.astype(np.float64)[:2]
+    if inv_freq.shape[0] < 2 or not np.all(np.isfinite(first)) or not np.all(first > 0):
         return None
-    theta = float(inv_freq[0] / inv_freq[1]) ** (rotary_dim / 2)
+    try:
+        theta = float(first[0] / first[1]) ** (rotary_dim / 2)
+    except OverflowError:
+        return None
     if not math.isfinite(theta) or theta <= 1:
-        return estimate_theta(inv_freq.astype(np.float64), rotary_dim, 1 << 20)
+        with np.errstate(all="ignore"):
+            return estimate_theta(inv_freq.astype(np.float64), rotary_dim, 1 << 20)
     nice = float(f"{theta:.3g}")
     return nice if abs(nice - theta) <= 2e-3 * theta else theta
 
@@ -123,6 +132,10 @@ def _candidates(ref: RopeParameters, file: np.ndarray, seq_len: int | None
 
 def explain(ref: RopeParameters, file: np.ndarray, seq_len: int | None) -> Explanation | None:
     """The first known mistake whose frequencies equal the file's (None: none does)."""
+    if file.shape != (ref.n_frequencies,):
+        return Explanation("partial_rotary_dim_wrong", f"the file has {file.shape[-1]} frequencies (rotary dim "
+                           f"{2 * file.shape[-1]}); the model has {ref.n_frequencies} (rotary dim {ref.table_dim})",
+                           {"rotary_dim": str(2 * file.shape[-1])})
     for name, why, found, build in _candidates(ref, file, seq_len):
         try:
             candidate = build()

@@ -18,7 +18,8 @@ from posenc.models.audit.explain_caches import explain_caches
 from posenc.models.audit.found import Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, divided, explain, golden, same
 from posenc.models.audit.reference import Reference
-from posenc.models.bounds import DEFAULT_ROPE_THETA
+from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
+from posenc.models.diagnosis.agreement import number
 from posenc.models.errors import ParameterError
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, rope_type_spec
@@ -58,7 +59,18 @@ class Audit:
             "notes": list(self.found.notes),
         }
         out["tables"] = None if self.divergence is None else self.divergence.document()
-        return out
+        return _json_ready(out)
+
+
+def _json_ready(value: Any) -> Any:
+    """JSON has no infinities or NaN: "Infinity" / "NaN" as the service's json format spells them."""
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item) for item in value]
+    return value
 
 
 def _fact(facts: list[Fact], name: str, expected: Any, found: Any, mistake: str, why: str,
@@ -76,8 +88,11 @@ def _fact(facts: list[Fact], name: str, expected: Any, found: Any, mistake: str,
     return bool(agree)
 
 
+DEFAULT_CONTEXT = 4096  # the positions compared when neither the file nor the reference states a context length
+
+
 def _context(found: Found, ref: Reference) -> int:
-    return int(found.context_length or ref.context_length or 4096)
+    return max(1, int(found.context_length or ref.context_length or DEFAULT_CONTEXT))
 
 
 def _found_params(found: Found, ref_params: RopeParameters | None, facts: list[Fact]) -> RopeParameters | None:
@@ -85,6 +100,10 @@ def _found_params(found: Found, ref_params: RopeParameters | None, facts: list[F
     head_dim = found.head_dim or (ref_params.head_dim if ref_params else None)
     rotary = found.rotary_dim or (ref_params.rotary_dim if ref_params and not found.head_dim else head_dim)
     if head_dim is None or rotary is None:
+        return None
+    if max(head_dim, rotary) > MAX_DIM:
+        facts.append(Fact("rope_metadata", f"head and rotary dims <= {MAX_DIM}", max(head_dim, rotary), "wrong",
+                          "metadata_invalid", "the file's head or rotary dimension is beyond any model"))
         return None
     scaling = {k: v for k, v in found.scaling.items() if v is not None}
     try:
@@ -234,7 +253,7 @@ def _size_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
 
 
 def _other_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
-    if found.learned_positions is not None:
+    if found.learned_positions:
         rows = found.learned_positions[0]
         want = ref.learned_positions or ref.context_length
         if want is not None:
@@ -252,13 +271,21 @@ def _other_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
 
 
 def audit(found: Found, ref: Reference) -> Audit:
-    """Every fact of `found` against `ref`, and the tables they imply up to the context length."""
+    """Every fact of `found` against `ref`, and the tables they imply up to the context length. A file's zero,
+    infinite or NaN values compute without floating-point warnings: they show as infinite errors."""
+    with np.errstate(all="ignore"):
+        return _audit(found, ref)
+
+
+def _audit(found: Found, ref: Reference) -> Audit:
     result = Audit(found, ref, list(found.facts))
     facts = result.facts
     _size_facts(found, ref, facts)
     _other_facts(found, ref, facts)
     context = _context(found, ref)
     params = ref.params
+    if params is not None and params.table_dim > MAX_DIM:
+        raise ParameterError("head_dim", f"the reference's rotary dimension {params.table_dim} is beyond {MAX_DIM}")
     if params is not None:
         _rope_facts(found, ref, params, facts)
     elif found.source != "config.json":

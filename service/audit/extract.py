@@ -54,35 +54,73 @@ def dump(found: Found) -> dict[str, Any]:
     return out
 
 
+INTS = ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim")
+FLOATS = ("rope_theta", "theta_swa", "attention_factor")
+TEXT = ("architecture", "learned_name")
+# arrays by the ranks they may have: inv_freq [n] or a short/long pair [2, n]
+RANKS = {"inv_freq": (1, 2), "freq_factors": (1,), "long_factors": (1,), "short_factors": (1,), "alibi_slopes": (1,)}
+
+
+def _scalar(name: str, value: Any) -> Any:
+    if value is None:
+        return None
+    if name in INTS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if name in FLOATS and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if name in TEXT and isinstance(value, str):
+        return value[:200]
+    if name == "interleaved" and isinstance(value, bool):
+        return value
+    kind = "a positive integer" if name in INTS else "a number" if name in FLOATS else "a string" \
+        if name in TEXT else "a boolean"
+    raise BadRequest(f"extract: {name} must be {kind}")
+
+
+def _scaling(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise BadRequest("extract: scaling must be an object")
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        plain = isinstance(item, int | float | str | bool) or item is None
+        numbers = isinstance(item, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in item)
+        if not (plain or numbers):
+            raise BadRequest(f"extract: scaling.{str(key)[:40]} must be a number, a string or a list of numbers")
+        out[str(key)] = tuple(item) if isinstance(item, list) else item
+    return out
+
+
 def load(document: Mapping[str, Any]) -> Found:
+    """The extract's Found, every field checked for its type and every array for its rank."""
     source = document.get("source")
     if source not in SOURCES:
         raise BadRequest(f"extract: source must be one of {', '.join(SOURCES)}")
     found = Found(str(source))
     for name in SCALARS:
-        value = document.get(name)
-        if value is not None and not isinstance(value, int | float | str | bool):
-            raise BadRequest(f"extract: {name} must be a number, a string or a boolean")
-        setattr(found, name, value)
-    scaling = document.get("scaling") or {}
-    if not isinstance(scaling, dict):
-        raise BadRequest("extract: scaling must be an object")
-    found.scaling = {str(k): tuple(v) if isinstance(v, list) else v for k, v in scaling.items()}
+        setattr(found, name, _scalar(name, document.get(name)))
+    found.scaling = _scaling(document.get("scaling") or {})
     for name in ("sections", "learned_positions"):
         value = document.get(name)
         if value is not None:
-            if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-                raise BadRequest(f"extract: {name} must be a list of integers")
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                      for v in value) or len(value) > 8:
+                raise BadRequest(f"extract: {name} must be a list of at most 8 non-negative integers")
             setattr(found, name, tuple(value))
-    for name in ARRAYS:
+    for name, ranks in RANKS.items():
         if document.get(name) is not None:
-            setattr(found, name, _from_array(document[name], name))
+            array = _from_array(document[name], name)
+            if array.ndim not in ranks or array.size == 0 or (array.ndim == 2 and array.shape[0] != 2):
+                raise BadRequest(f"extract: {name} must be a non-empty vector" + (" or a [2, n] pair" if 2 in ranks
+                                                                                 else ""))
+            setattr(found, name, array)
     caches = document.get("caches")
     if caches is not None:
         if not isinstance(caches, dict):
             raise BadRequest("extract: caches must be an object with cos and sin")
-        found.caches = Caches(_from_array(caches.get("cos"), "caches.cos"), _from_array(caches.get("sin"),
-                                                                                        "caches.sin"),
-                              found.interleaved)
-    found.notes = [str(n) for n in document.get("notes") or []][:64]
+        cos, sin = _from_array(caches.get("cos"), "caches.cos"), _from_array(caches.get("sin"), "caches.sin")
+        if cos.ndim != 2 or cos.shape != sin.shape or cos.size == 0:
+            raise BadRequest("extract: caches.cos and caches.sin must be non-empty [rows, n] of one shape")
+        found.caches = Caches(cos, sin, found.interleaved)
+    notes = document.get("notes") or []
+    found.notes = [str(n)[:500] for n in notes[:64]] if isinstance(notes, list) else []
     return found

@@ -110,7 +110,8 @@ def _constant_feeding(graph: _Graph, name: str) -> np.ndarray | None:
             if tensor is not None and tensor.data_type in (1, 10, 11, 16):  # float, float16, double, bfloat16
                 value = graph.array(inp)
                 if value is not None and value.size > 1:
-                    return value.reshape(-1, value.shape[-1]) if value.ndim > 1 else value
+                    rows = value.reshape(-1, value.shape[-1])  # [1, n] a vector, [2, n] a short/long pair
+                    return rows if rows.shape[0] == 2 else rows[0]
             elif tensor is None:
                 frontier.append(inp)
     return None
@@ -126,6 +127,13 @@ def _scale_after(graph: _Graph, name: str) -> float | None:
     return None
 
 
+def _caches(cos: np.ndarray | None, sin: np.ndarray | None, interleaved: bool | None) -> Caches | None:
+    """cos/sin caches [rows, n] (a leading batch of one dropped); None when they are not such a pair."""
+    if cos is None or sin is None or cos.shape != sin.shape or cos.ndim < 2 or cos.size == 0:
+        return None
+    return Caches(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), interleaved)
+
+
 def to_found(model: Any, base: Path | None = None) -> Found:
     graph = _Graph(model, base)
     found = Found("onnx")
@@ -133,6 +141,8 @@ def to_found(model: Any, base: Path | None = None) -> Found:
     gqa = [n for n in graph.nodes if n.op_type == "GroupQueryAttention" and _attribute(n, "do_rotary", 0)]
     for node in rotary:
         contrib = node.domain == "com.microsoft"
+        if len(node.input) < (4 if contrib else 3):
+            continue
         cos_name, sin_name = (node.input[2], node.input[3]) if contrib else (node.input[1], node.input[2])
         found.interleaved = bool(_attribute(node, "interleaved", 0))
         dim = _attribute(node, "rotary_embedding_dim", 0)
@@ -140,19 +150,16 @@ def to_found(model: Any, base: Path | None = None) -> Found:
         found.num_heads = _attribute(node, "num_heads", 0) or found.num_heads
         if _attribute(node, "is_packed_batching", 0):
             found.notes.append(f"{node.name or node.op_type}: is_packed_batching")
-        cos, sin = graph.array(cos_name), graph.array(sin_name)
-        if cos is not None and sin is not None and found.caches is None:
-            found.caches = Caches(cos.reshape(cos.shape[0], -1), sin.reshape(sin.shape[0], -1), found.interleaved)
+        if found.caches is None:
+            found.caches = _caches(graph.array(cos_name), graph.array(sin_name), found.interleaved)
     for node in gqa:
         found.interleaved = bool(_attribute(node, "rotary_interleaved", 0))
         found.num_heads = _attribute(node, "num_heads", 0) or found.num_heads
         found.num_kv_heads = _attribute(node, "kv_num_heads", 0) or found.num_kv_heads
-        cos = graph.array(node.input[7]) if len(node.input) > 8 else None
-        sin = graph.array(node.input[8]) if len(node.input) > 8 else None
-        if cos is not None and sin is not None and found.caches is None:
-            found.caches = Caches(cos, sin, found.interleaved)
+        if len(node.input) > 8 and found.caches is None:
+            found.caches = _caches(graph.array(node.input[7]), graph.array(node.input[8]), found.interleaved)
     for node in graph.nodes:
-        if node.op_type == "Cos" and found.inv_freq is None:
+        if node.op_type == "Cos" and found.inv_freq is None and node.input and node.output:
             found.inv_freq = _constant_feeding(graph, node.input[0])
             found.attention_factor = _scale_after(graph, node.output[0])
     if found.caches is not None:

@@ -10,11 +10,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from posenc.service.audit.report import picture
 from posenc.service.audit.run import parse_config, read_upload, run
-from posenc.service.errors import BadRequest, NotAcceptable, echo
-from posenc.service.http.deps import SettingsDep
+from posenc.service.errors import BadRequest, ClientClosedRequest, NotAcceptable, echo
+from posenc.service.http.deps import MemoryBudgetDep, SettingsDep
 
 router = APIRouter(tags=["audit"])
 FORMATS = ("json", "png")
@@ -27,7 +28,7 @@ BODY = {"requestBody": {"required": True, "content": {"application/octet-stream"
 @router.post("/v1/audit", summary="Audit a GGUF, ONNX, safetensors or config.json file's position handling",
              openapi_extra=BODY, response_class=JSONResponse)
 async def audit_route(
-    request: Request, settings: SettingsDep,
+    request: Request, settings: SettingsDep, budget: MemoryBudgetDep,
     preset: Annotated[str | None, Query(description="Reference: a catalogue preset (GET /v1/presets); default: "
                                                     "the presets matching the file's architecture and sizes.",
                                         max_length=200)] = None,
@@ -44,8 +45,14 @@ async def audit_route(
         else None
     if size == 0:
         raise BadRequest("the body is empty: send the file to audit")
-    found = await read_upload(request.stream().__aiter__(), size, settings)
-    result = await run_in_threadpool(run, found, preset, reference_config)
+    held = 2 * min(size or settings.audit_max_onnx_bytes, max(settings.audit_max_header_bytes,
+                                                              settings.audit_max_onnx_bytes))
+    async with budget.reserve(held, "an audit"):
+        try:
+            found = await read_upload(request.stream().__aiter__(), size, settings)
+        except ClientDisconnect:
+            raise ClientClosedRequest("the client disconnected during the upload") from None
+        result = await run_in_threadpool(run, found, preset, reference_config)
     if format == "png":
         return Response(await run_in_threadpool(picture, result, "upload"), media_type="image/png")
     return JSONResponse(result.document())

@@ -8,6 +8,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from posenc.service.audit.run import read_path
@@ -107,3 +108,81 @@ def test_bytes_that_are_no_model(tmp_path: Path) -> None:
     path = tmp_path / "noise.onnx"
     path.write_bytes(b"\xff\xfe not a protobuf \x00" * 100)
     _refused(path, "not a readable ONNX model")
+
+
+def _mutations(data: bytes, rng: np.random.Generator, count: int) -> list[bytes]:
+    """Truncations, flipped bytes and overwritten length fields of a valid file."""
+    out = []
+    for _ in range(count):
+        body = bytearray(data)
+        kind = rng.integers(3)
+        if kind == 0:
+            body = body[: int(rng.integers(0, len(body)))]
+        elif kind == 1:
+            for _ in range(int(rng.integers(1, 8))):
+                body[int(rng.integers(0, len(body)))] = int(rng.integers(0, 256))
+        else:
+            at = int(rng.integers(0, max(len(body) - 8, 1)))
+            values = (0, 1, 2**31, 2**32, 2**63 - 1, 2**64 - 1)
+            body[at:at + 8] = struct.pack("<Q", values[int(rng.integers(len(values)))])
+        out.append(bytes(body))
+    return out
+
+
+def test_mangled_files_are_refused_or_audited_never_a_500(tmp_path: Path) -> None:
+    from tests.audit_files import SMALL_LLAMA3, caches_of, genai_onnx, inv_freq_onnx
+    from tests.conftest import running_client
+
+    gguf = write_gguf(tmp_path / "good.gguf", "llama", llama_gguf_meta(8192, 500000.0),
+                      {"rope_freqs.weight": llama3_rope_factors(500000.0, 128, 8, 1, 4, 8192)}).read_bytes()
+    header = b'{"model.rotary_emb.inv_freq": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
+    safetensors = struct.pack("<Q", len(header)) + header + bytes(16)
+    cos, sin = caches_of(SMALL_LLAMA3, 64)
+    extract = (b'{"posenc_audit_extract": 1, "source": "onnx", "context_length": 64, "rotary_dim": 64, '
+               b'"scaling": {}, "inv_freq": {"dtype": "float32", "shape": [2], "data": "AACAPwAAAD8="}}')
+    rng = np.random.default_rng(0)
+    bodies = [*_mutations(gguf, rng, 60), *_mutations(safetensors, rng, 30), *_mutations(genai_onnx(cos, sin), rng, 30),
+              *_mutations(inv_freq_onnx(np.ones(32, np.float32)), rng, 20), *_mutations(extract, rng, 40)]
+    statuses = set()
+    with running_client() as client:
+        for body in bodies:
+            response = client.post("/v1/audit", content=body)
+            assert response.status_code < 500, (response.status_code, response.text, body[:64])
+            statuses.add(response.status_code)
+    assert 400 in statuses and 200 in statuses
+
+
+def _extract_cases() -> list[dict[str, object]]:
+    import base64
+
+    from posenc.service.audit.extract import SCALARS
+
+    def array(shape: list[int]) -> dict[str, object]:
+        return {"dtype": "float32", "shape": shape,
+                "data": base64.b64encode(np.ones(int(np.prod(shape)), np.float32).tobytes()).decode()}
+
+    weird: list[object] = [None, -1, 0, 2**70, 1e308, "x", [], [1.5, "a"], {"a": 1}, True]
+    base = {"posenc_audit_extract": 1, "source": "gguf", "context_length": 64, "rotary_dim": 8, "head_dim": 8}
+    cases: list[dict[str, object]] = [{**base, "source": source, name: value} for source in ("gguf", "config.json", 5)
+                                      for name in [*SCALARS, "scaling", "sections", "learned_positions"]
+                                      for value in weird]
+    cases += [{**base, name: array(shape)} for name in ("inv_freq", "freq_factors", "long_factors", "alibi_slopes")
+              for shape in ([], [0], [4], [2, 4], [3, 4], [1, 1, 4])]
+    cases += [{**base, "caches": {"cos": array(shape), "sin": array([4, 4])}} for shape in ([4, 4], [4], [0, 4])]
+    return cases
+
+
+def test_hostile_extracts_are_refused_or_audited_never_a_500() -> None:
+    import json
+
+    from tests.conftest import running_client
+
+    statuses = set()
+    with running_client() as client:
+        for case in _extract_cases()[::3]:
+            for preset in (None, "phi-3.5-mini-instruct"):
+                response = client.post("/v1/audit", params={"preset": preset} if preset else {},
+                                       content=json.dumps(case))
+                assert response.status_code < 500, (case, preset, response.text)
+                statuses.add(response.status_code)
+    assert 400 in statuses and 200 in statuses
