@@ -100,7 +100,7 @@ def caches_of(config: Mapping[str, Any], rows: int, dtype: Any = np.float16) -> 
 def genai_onnx(cos: np.ndarray, sin: np.ndarray, *, heads: int = 8, kv_heads: int = 2, interleaved: int = 0,
                op: str = "GroupQueryAttention") -> bytes:
     """onnxruntime-genai's builder shape: cos_cache / sin_cache initializers feeding GroupQueryAttention with
-    do_rotary=1 (or a com.microsoft RotaryEmbedding)."""
+    do_rotary=1 (or com.microsoft's RotaryEmbedding, or opset 23's: op="RotaryEmbedding23")."""
     from onnx import TensorProto, helper, numpy_helper
 
     inits = [numpy_helper.from_array(cos, "cos_cache"), numpy_helper.from_array(sin, "sin_cache")]
@@ -109,12 +109,15 @@ def genai_onnx(cos: np.ndarray, sin: np.ndarray, *, heads: int = 8, kv_heads: in
                                                         "cos_cache", "sin_cache"], ["out", "present_k", "present_v"],
                                 domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads, do_rotary=1,
                                 rotary_interleaved=interleaved)
-    else:
+    elif op == "RotaryEmbedding":
         node = helper.make_node("RotaryEmbedding", ["q", "position_ids", "cos_cache", "sin_cache"], ["out"],
                                 domain="com.microsoft", interleaved=interleaved, num_heads=heads)
+    else:  # the opset-23 operator: (X, cos_cache, sin_cache, position_ids)
+        node = helper.make_node("RotaryEmbedding", ["q", "cos_cache", "sin_cache", "position_ids"], ["out"],
+                                interleaved=interleaved, num_heads=heads)
     graph = helper.make_graph([node], "genai", [helper.make_tensor_value_info("q", TensorProto.FLOAT16, None)],
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT16, None)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft",
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23), helper.make_opsetid("com.microsoft",
                                                                                                      1)])
     return model.SerializeToString()
 

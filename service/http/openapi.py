@@ -48,7 +48,7 @@ MODEL_CHECK_ERRORS = (*INFER_ERRORS, 422)
 # off, bad key or range; no right to the object; unknown region; over the bound; no descriptor or mapping left
 SHARED_MEMORY_ERRORS = (400, 403, 404, 413, 503, 507)
 INDEX_ERRORS = (400, 403, 422)  # a body that is not JSON; restricted; `ready` not a boolean
-AUDIT_ERRORS = (400, 406, 413, 422)  # an unreadable or hostile file, a format, an upload over its bound, a preset
+AUDIT_ERRORS = (400, 413, 422, 503)  # an unreadable or hostile file or preset; over a bound; a format; no memory
 
 _BINARY = {"type": "string", "format": "binary"}
 _JSON_TABLE = {

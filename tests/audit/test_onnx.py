@@ -31,7 +31,7 @@ def _half(params: object, rows: int, dtype: object = np.float16) -> tuple[np.nda
     return cos.astype(dtype), sin.astype(dtype)
 
 
-@pytest.mark.parametrize("op", ["GroupQueryAttention", "RotaryEmbedding"])
+@pytest.mark.parametrize("op", ["GroupQueryAttention", "RotaryEmbedding", "RotaryEmbedding23"])
 def test_builder_caches_correct_pass(tmp_path: Path, op: str) -> None:
     cos, sin = caches_of(SMALL_LLAMA3, 2048)
     result = audit_file(_write(tmp_path, genai_onnx(cos, sin, op=op)), config=SMALL_LLAMA3)
@@ -59,6 +59,24 @@ def test_builder_cache_bugs_are_named(tmp_path: Path, bug: str) -> None:
     cos, sin, interleaved = _bugs()[bug]
     result = audit_file(_write(tmp_path, genai_onnx(cos, sin, interleaved=interleaved)), config=SMALL_LLAMA3)
     assert result.verdict == "wrong" and bug in mistakes(result), result.document()["facts"]
+
+
+def test_external_data_is_read_for_the_caches_only(tmp_path: Path) -> None:
+    import onnx
+
+    from tests.conftest import running_client
+
+    cos, sin = caches_of(SMALL_LLAMA3, 1024)  # shorter than the context: the values must have been read
+    model = onnx.load_model_from_string(genai_onnx(cos, sin))
+    path = tmp_path / "model.onnx"
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    assert path.stat().st_size < 4096 < (tmp_path / "model.onnx.data").stat().st_size
+    result = audit_file(path, config=SMALL_LLAMA3)
+    assert mistakes(result) == {"cache_shorter_than_context"}
+    with running_client() as client:
+        answer = client.post("/v1/audit", content=path.read_bytes())
+    assert answer.status_code == 400 and "external data" in answer.json()["error"]
 
 
 def test_in_graph_inv_freq(tmp_path: Path) -> None:

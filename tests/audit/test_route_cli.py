@@ -68,7 +68,7 @@ def test_route_names_the_bug_and_draws_it(client: TestClient, bad_gguf: Path) ->
 
 
 def test_route_refusals(client: TestClient, bad_gguf: Path) -> None:
-    assert client.post("/v1/audit?format=npy", content=b"x").status_code == 406
+    assert client.post("/v1/audit?format=npy", content=b"x").status_code == 422
     assert client.post("/v1/audit", content=b"").status_code == 400
     cut = client.post("/v1/audit", content=bad_gguf.read_bytes()[:60])
     assert cut.status_code == 400 and "truncated" in cut.json()["error"]
