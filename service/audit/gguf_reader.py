@@ -22,6 +22,7 @@ MAX_KV = 1 << 16  # metadata entries (real files: a few dozen)
 MAX_TENSORS = 1 << 20
 MAX_DIMS = 8
 MAX_KEY = 1 << 16
+MAX_STRINGS = 1 << 22  # strings of metadata arrays walked in one header (vocabularies and merges: a few 100,000)
 KEPT_ARRAY = 64  # arrays longer than this (the vocabulary) are skipped, not kept
 NEEDED = {"rope_freqs": "freq_factors", "rope_factors_long": "long_factors", "rope_factors_short": "short_factors"}
 MAX_NEEDED_ELEMENTS = 1 << 16
@@ -48,6 +49,24 @@ def _string(c: Cursor, what: str = "string") -> str:
     return c.take(length).decode("utf-8", "replace")
 
 
+def _skip_strings(c: Cursor, count: int) -> None:
+    """Walk past `count` strings (a vocabulary) without keeping them; at most MAX_STRINGS in one header."""
+    c.items += count
+    if c.items > MAX_STRINGS:
+        raise BadRequest(f"{c.what}: more than {MAX_STRINGS} strings in metadata arrays")
+    data, pos = c.data, c.pos
+    for _ in range(count):
+        if pos + 8 > len(data):
+            c.pos = pos
+            c.take(8)  # past the bytes at hand: NeedMore, or past the limit
+        length = int.from_bytes(data[pos:pos + 8], "little")
+        if pos + 8 + length > len(data):
+            c.pos = pos + 8
+            c.take(length)
+        pos += 8 + length
+    c.pos = pos
+
+
 def _value(c: Cursor, kind: int, formats: dict[int, str], gguf: Any) -> Any:
     if kind in formats:
         return c.unpack(formats[kind])
@@ -64,8 +83,10 @@ def _value(c: Cursor, kind: int, formats: dict[int, str], gguf: Any) -> Any:
     if count * size > c.room():
         raise BadRequest(f"{c.what}: a metadata array declares {count} entries, more than the header may hold")
     if item == gguf.GGUFValueType.STRING:
-        values = [_string(c) for _ in range(count)]
-        return values if count <= KEPT_ARRAY else None
+        if count <= KEPT_ARRAY:
+            return [_string(c) for _ in range(count)]
+        _skip_strings(c, count)
+        return None
     raw = c.take(count * size)
     return np.frombuffer(raw, dtype="<" + formats[item]).tolist() if count <= KEPT_ARRAY else None
 

@@ -29,6 +29,7 @@ class Cursor:
 
     def __init__(self, data: bytes, limit: int, what: str) -> None:
         self.data, self.pos, self.limit, self.what = data, 0, limit, what
+        self.items = 0  # entries a parser walked without keeping (bounded by the parser)
 
     def take(self, n: int) -> bytes:
         end = self.pos + n

@@ -38,11 +38,8 @@ def add_parser(commands: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _remote(base: str, found: Any, preset: str | None, config: str | None, fmt: str) -> bytes:
-    from posenc.service.audit import extract
-
+def _remote(base: str, body: bytes, preset: str | None, config: str | None, fmt: str) -> bytes:
     query = {k: v for k, v in {"preset": preset, "config": config, "format": fmt}.items() if v is not None}
-    body = json.dumps(extract.dump(found)).encode()
     request = urllib.request.Request(base.rstrip("/") + "/v1/audit?" + urlencode(query), data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
     try:
@@ -61,6 +58,7 @@ def _remote(base: str, found: Any, preset: str | None, config: str | None, fmt: 
 
 def run(args: argparse.Namespace) -> int:
     from posenc.models.errors import ParameterError
+    from posenc.service.audit import extract
     from posenc.service.audit.report import picture, text
     from posenc.service.audit.run import parse_config, read_path
     from posenc.service.audit.run import run as run_audit
@@ -71,9 +69,12 @@ def run(args: argparse.Namespace) -> int:
         config_text = Path(args.config).read_text() if args.config else None
         found = read_path(Path(args.file), settings)
         if args.remote:
-            doc = json.loads(_remote(args.remote, found, args.preset, config_text, "json"))
+            # a config.json goes as it is (its warnings are the server's to find); any other file as its extract
+            body = Path(args.file).read_bytes() if found.source == "config.json" \
+                else json.dumps(extract.dump(found)).encode()
+            doc = json.loads(_remote(args.remote, body, args.preset, config_text, "json"))
             if args.png:
-                Path(args.png).write_bytes(_remote(args.remote, found, args.preset, config_text, "png"))
+                Path(args.png).write_bytes(_remote(args.remote, body, args.preset, config_text, "png"))
         else:
             result = run_audit(found, args.preset, parse_config(config_text))
             doc = result.document()

@@ -137,3 +137,33 @@ def test_cli_remote_sends_only_the_extract(bad_gguf: Path, monkeypatch: pytest.M
         assert main(["audit", str(bad_gguf), "--remote", "http://posenc.test"]) == 1
     assert "frequency_factors_missing" in capsys.readouterr().out
     assert len(sent) == 1 and json.loads(sent[0])[extract.MARK] == 1 and len(sent[0]) < 4096
+
+
+def test_cli_remote_sends_a_config_json_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    legacy = {**SMALL_LLAMA3, "rope_scaling": {("type" if k == "rope_type" else k): v
+                                               for k, v in SMALL_LLAMA3["rope_scaling"].items()}}  # type: ignore[union-attr]
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(legacy))
+    sent: list[bytes] = []
+    with running_client() as client:
+        def urlopen(request: Any, timeout: float) -> Any:
+            sent.append(request.data)
+            answer = client.post("/" + request.full_url.split("/", 3)[3], content=request.data)
+
+            class Answer:
+                def read(self) -> bytes:
+                    return answer.content
+
+                def __enter__(self) -> Any:
+                    return self
+
+                def __exit__(self, *args: Any) -> None:
+                    return None
+
+            return Answer()
+
+        monkeypatch.setattr("urllib.request.urlopen", urlopen)
+        assert main(["audit", str(path), "--remote", "http://posenc.test"]) == 0
+    assert sent == [path.read_bytes()]
+    assert "rope_scaling.type" in capsys.readouterr().out  # the server found the legacy key's warning
