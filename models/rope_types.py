@@ -51,9 +51,25 @@ if TYPE_CHECKING:
     from posenc.models.rope_params import RopeParameters
 
 __all__ = [
-    "CONFIG_ALIASES", "DEFAULT_ROPE_TYPE", "F32", "LLAMA_3_1_ROPE", "ROPE_TYPES", "RUNTIME_DEPENDENT_TYPES",
-    "SCALING_FIELDS", "YARN_BETA_FAST_DEFAULT", "YARN_BETA_SLOW_DEFAULT", "RopeType", "RopeTypeSpec",
-    "TransformersRopeType", "YarnMscale", "api_spelling", "default_inv_freq", "resolve_variant", "rope_type_spec",
+    "CONFIG_ALIASES",
+    "DEFAULT_ROPE_TYPE",
+    "F32",
+    "GGUF_FREQ_FACTOR_TYPES",
+    "GGUF_SCALING_TYPES",
+    "LLAMA_3_1_ROPE",
+    "ROPE_TYPES",
+    "RUNTIME_DEPENDENT_TYPES",
+    "SCALING_FIELDS",
+    "YARN_BETA_FAST_DEFAULT",
+    "YARN_BETA_SLOW_DEFAULT",
+    "RopeType",
+    "RopeTypeSpec",
+    "TransformersRopeType",
+    "YarnMscale",
+    "api_spelling",
+    "default_inv_freq",
+    "resolve_variant",
+    "rope_type_spec",
     "with_query_defaults",
 ]
 
@@ -258,6 +274,13 @@ ROPE_TYPES: dict[str, RopeTypeSpec] = {
 # config.json spellings that name a registry entry: Qwen2VLConfig / Qwen2_5_VLConfig rename `mrope` to the
 # default when they load (`mrope_section` is M-RoPE's own, models.mrope)
 CONFIG_ALIASES: Mapping[str, str] = MappingProxyType({"mrope": DEFAULT_ROPE_TYPE})
+
+# GGUF files (llama.cpp's converters): `{arch}.rope.scaling.type` values → registry entry; llama3's frequency
+# factors travel as the `rope_freqs` tensor instead (inverse-frequency divisors), longrope's as the
+# `rope_factors_long` / `rope_factors_short` tensors (with or without the type)
+GGUF_SCALING_TYPES: Mapping[str, str] = MappingProxyType({"none": DEFAULT_ROPE_TYPE, "linear": "linear", "yarn": "yarn",
+                                                          "longrope": "longrope"})
+GGUF_FREQ_FACTOR_TYPES: frozenset[str] = frozenset({"llama3"})
 
 # The API's and the type checker's names for the registry's keys: pydantic and OpenAPI see the Literal of
 # the keys (engine variants excluded from the API's choices); mypy sees str, as the keys are data.

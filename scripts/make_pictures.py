@@ -53,7 +53,9 @@ def main() -> int:
         body = (learned_example(), "application/x-npy") if route.query.body is not None else None
         (out / name).write_bytes(answer(route, values, "png", tensor, body, Settings()))
         print(f"docs/img/{name}  <-  {url}&format=png")
-    return 0
+    import make_audit_pictures  # the audit's worked examples (docs/audit.md), from files it writes
+
+    return make_audit_pictures.main()
 
 
 if __name__ == "__main__":

@@ -140,6 +140,14 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         64 * MiB, ge=1, description="Largest request body accepted (uploads, inference); over it: 413."
     )
+    audit_max_header_bytes: int = Field(
+        64 * MiB, ge=1024, description="POST /v1/audit: largest GGUF or safetensors header read (metadata, "
+        "vocabulary); the tensors after it are skipped as the upload streams by, whatever its size.",
+    )
+    audit_max_onnx_bytes: int = Field(
+        64 * MiB, ge=1024, description="POST /v1/audit: largest ONNX or JSON upload (held whole to parse); larger "
+        "models are audited by `posenc audit`, which can send only the extract (`--remote`).",
+    )
     model_repository: Path = Field(
         default_factory=shipped_model_repository,
         description="Folder of `<model>/model.onnx` + `<model>/config.json`; default: the shipped models.",

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     from posenc.service.cli import calibrate as calibrate_cli  # `posenc calibrate`: the CPU form's crossover here
 
     calibrate_cli.add_parser(commands)
+    from posenc.service.cli import audit as audit_cli  # `posenc audit`: a GGUF/ONNX/safetensors file's position facts
+
+    audit_cli.add_parser(commands)
     serve = commands.add_parser("serve", help="run the HTTP service (settings from POSENC_* variables)")
     serve.add_argument("--host", help="bind address (POSENC_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (POSENC_PORT, default 8000)")

@@ -11,6 +11,7 @@ from fastapi import APIRouter, FastAPI
 from starlette.types import Receive, Scope, Send
 
 from posenc.service import __version__
+from posenc.service.audit.routes import router as audit_router
 from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastA
         app.include_router(router)
     app.include_router(checks)
     app.include_router(inference_routes.check_router)
+    app.include_router(audit_router)
     # Restricted protocol groups refused before anything answers them (none holds a table or /healthz path,
     # which the fast path answers ahead of every layer).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())

@@ -48,6 +48,7 @@ MODEL_CHECK_ERRORS = (*INFER_ERRORS, 422)
 # off, bad key or range; no right to the object; unknown region; over the bound; no descriptor or mapping left
 SHARED_MEMORY_ERRORS = (400, 403, 404, 413, 503, 507)
 INDEX_ERRORS = (400, 403, 422)  # a body that is not JSON; restricted; `ready` not a boolean
+AUDIT_ERRORS = (400, 413, 422, 503)  # an unreadable or hostile file or preset; over a bound; a format; no memory
 
 _BINARY = {"type": "string", "format": "binary"}
 _JSON_TABLE = {
@@ -161,6 +162,9 @@ def _describe(spec: dict[str, Any], models: list[str]) -> dict[str, Any]:
                 operation["responses"].update(_errors(MODEL_CHECK_ERRORS))
             elif path.startswith("/v2/systemsharedmemory"):
                 operation["responses"].update(_errors(SHARED_MEMORY_ERRORS))
+            elif path == "/v1/audit":
+                operation["responses"]["200"]["content"]["image/png"] = {"schema": _BINARY}
+                operation["responses"].update(_errors(AUDIT_ERRORS))
             elif path == "/v2/repository/index":
                 operation["responses"].update(_errors(INDEX_ERRORS))
             elif path.endswith("/infer"):

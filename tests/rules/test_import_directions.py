@@ -1,6 +1,6 @@
 """The import directions of the code base, read from the source with `ast` (imports at any level, inside
-functions too): models never imports service; the tables, properties and check rooms never import inference;
-inference never imports tables or properties; the assembly (posenc.service.http) is imported by nothing below it
+functions too): models never imports service; the tables, properties, check and audit rooms never import
+inference; inference never imports tables or properties; the assembly (posenc.service.http) is imported by nothing below it
 (only the CLI and the test kit); only the assembly and the request kit's dependencies know the app; every feature
 room declares its routes in one module, `routes.py`; the numeric core (models/ outside models/export/) imports no
 torch and no onnx; the CLI imports no route module and no CLI module imports itself back; nothing in service/ imports
@@ -77,8 +77,8 @@ def models_never_import_service(modules: list[Module]) -> list[str]:
 
 
 def tables_properties_check_never_import_inference(modules: list[Module]) -> list[str]:
-    return list(_forbidden(modules, ("posenc.service.tables", "posenc.service.properties", "posenc.service.check"),
-                           ("posenc.service.inference",)))
+    return list(_forbidden(modules, ("posenc.service.tables", "posenc.service.properties", "posenc.service.check",
+                                     "posenc.service.audit"), ("posenc.service.inference",)))
 
 
 def inference_never_imports_tables(modules: list[Module]) -> list[str]:
@@ -141,7 +141,7 @@ def route_modules(modules: list[Module]) -> set[str]:
     return {m.name for m in modules if m.imported_names() & routers} | set(APP_MODULES)
 
 
-FEATURE_ROOMS = ("tables", "properties", "check", "presets", "inference")
+FEATURE_ROOMS = ("tables", "properties", "check", "audit", "presets", "inference")
 
 
 def each_feature_room_declares_its_routes_in_routes_py(modules: list[Module]) -> list[str]:

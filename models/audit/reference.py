@@ -1,0 +1,178 @@
+"""The reference an audit compares a file with: a named preset, a config.json, the catalogue's presets whose
+architecture and sizes match the file, or none (the file is then checked for internal consistency only).
+
+Every reference resolves through the resolver an uploaded config.json goes through
+(`posenc.models.rope_config.rope_parameters_from_config`), so `--preset llama-3.1-8b` and that model's
+config.json give the same golden tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from posenc.models.errors import ParameterError
+from posenc.models.presets import Preset, catalogue, find_preset
+from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+
+# config.json model_type → the architecture name GGUF files carry (`general.architecture`) where they differ
+GGUF_ARCHITECTURES: Mapping[str, str] = {
+    "mistral": "llama", "mixtral": "llama", "qwen2_vl": "qwen2vl", "qwen2_5_vl": "qwen2vl", "gemma3_text": "gemma3",
+    "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2", "gpt_neox": "gptneox", "gpt_oss": "gpt-oss",
+    "qwen3_vl": "qwen3vl", "gemma4_text": "gemma4", "hunyuan_v1_dense": "hunyuan-dense",
+}
+# the sizes a catalogue match compares (a file's value against the preset's), strictest first
+MATCHED_SIZES = ("hidden_size", "num_heads", "head_dim")
+
+Kind = Literal["preset", "config", "catalogue", "none"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What the file should say. `params` None: no RoPE reference (internal consistency only)."""
+
+    kind: Kind
+    label: str
+    params: RopeParameters | None = None
+    context_length: int | None = None
+    hidden_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    architecture: str | None = None
+    theta_swa: float | None = None
+    sections: tuple[int, ...] | None = None
+    interleaved: bool = False
+    learned_positions: int | None = None
+    alibi_heads: int | None = None
+    also_matched: tuple[str, ...] = ()
+    problem: str | None = None  # why a named config gives no RoPE reference
+
+    def document(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "label": self.label}
+        if self.params is not None:
+            out["rope"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.params).items()
+                           if v is not None}
+        for name in ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "architecture",
+                     "theta_swa", "learned_positions", "alibi_heads", "problem"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.sections is not None:
+            out["sections"] = list(self.sections)
+        if self.also_matched:
+            out["also_matched"] = list(self.also_matched)
+        return out
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    has_head = any(key in config for key in ("head_dim", "hidden_size", "num_attention_heads"))
+    text = config.get("text_config")
+    return text if not has_head and isinstance(text, Mapping) else config
+
+
+def _swa_theta(cfg: Mapping[str, Any]) -> float | None:
+    """The base of sliding-window layers where it differs from the global one: Gemma-3's rope_local_base_freq,
+    or the `sliding_attention` entry of a per-layer rope_parameters."""
+    if isinstance(cfg.get("rope_local_base_freq"), int | float):
+        return float(cfg["rope_local_base_freq"])
+    rope = cfg.get("rope_parameters")
+    entry = rope.get("sliding_attention") if isinstance(rope, Mapping) else None
+    if isinstance(entry, Mapping) and isinstance(entry.get("rope_theta"), int | float):
+        return float(entry["rope_theta"])
+    return None
+
+
+def from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Mapping[str, Any] | None = None
+                ) -> Reference:
+    """The reference a config.json (or a preset's config and serving facts) describes."""
+    serving = serving or {}
+    cfg = text_section(config)
+    params: RopeParameters | None = None
+    info: dict[str, Any] = {}
+    problem = None
+    try:
+        params, info = rope_parameters_from_config(config, layer_type=serving.get("layer_type"))
+    except ParameterError as exc:
+        problem = str(exc)
+    heads = _int(cfg.get("num_attention_heads")) or _int(cfg.get("n_head"))
+    hidden = _int(cfg.get("hidden_size")) or _int(cfg.get("n_embd"))
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "") or None
+    context = info.get("max_position_embeddings") or _int(cfg.get("max_position_embeddings")) \
+        or _int(cfg.get("n_positions"))
+    learned = _int(cfg.get("n_positions")) if params is None else None
+    return Reference(
+        kind=kind, label=label, params=params, context_length=context, hidden_size=hidden, num_heads=heads,
+        num_kv_heads=_int(cfg.get("num_key_value_heads")),
+        head_dim=params.head_dim if params is not None else None,
+        architecture=GGUF_ARCHITECTURES.get(model_type or "", model_type), theta_swa=_swa_theta(cfg),
+        sections=tuple(info["mrope_section"]) if info.get("mrope_section") else None,
+        interleaved=serving.get("layout") == "interleaved", learned_positions=learned,
+        alibi_heads=heads if serving.get("mode") is not None else None, problem=problem)
+
+
+def from_preset(name: str) -> Reference:
+    """The reference of a catalogue preset (a slug or a public model id); ParameterError when unknown."""
+    preset = find_preset(name)
+    return _preset_reference(preset, "preset")
+
+
+def _preset_reference(preset: Preset, kind: Kind) -> Reference:
+    return from_config(preset.config, kind, f"preset {preset.name} ({preset.model_id})", preset.serving)
+
+
+def match_catalogue(architecture: str | None, sizes: Mapping[str, int | None], context_length: int | None
+                    ) -> Reference:
+    """The catalogue presets whose architecture and sizes match the file's: the best one (same context length
+    first) as the reference, the others named in `also_matched`; none → kind "none"."""
+    matches: list[tuple[int, Reference]] = []
+    for preset in catalogue().values():
+        if "rope" not in preset.tables:
+            continue
+        ref = _preset_reference(preset, "catalogue")
+        if ref.params is None:
+            continue
+        if architecture is not None and ref.architecture is not None and ref.architecture != architecture:
+            continue
+        agreeing = 0
+        conflict = False
+        for name in MATCHED_SIZES:
+            mine, theirs = sizes.get(name), getattr(ref, name)
+            if mine is None or theirs is None:
+                continue
+            if mine != theirs:
+                conflict = True
+            agreeing += 1
+        if conflict or agreeing + (architecture is not None and ref.architecture == architecture) < 2:
+            continue
+        score = 2 * (context_length is not None and ref.context_length == context_length) + agreeing
+        matches.append((score, ref))
+    if not matches:
+        return Reference("none", "no catalogue preset matches the file's architecture and sizes: internal "
+                                 "consistency only")
+    best = max(score for score, _ in matches)
+    chosen = [ref for score, ref in matches if score == best]
+    others = tuple(ref.label for ref in chosen[1:])
+    first = chosen[0]
+    return Reference(**{**vars(first), "also_matched": others})
+
+
+def from_repository_config(config: Mapping[str, Any]) -> Reference:
+    """A posenc model repository's config.json (`rope`: the resolved RopeParameters fields and the layout;
+    `attention`: heads; `max_position`): the reference a shipped graph is audited against."""
+    rope, attention = config["rope"], config.get("attention") or {}
+    if not isinstance(rope, Mapping):
+        raise ParameterError("rope", "must be an object of RoPE parameters")
+    names = {f.name for f in fields(RopeParameters)}
+    values = {k: (tuple(v) if isinstance(v, list) else v) for k, v in rope.items() if k in names and v is not None}
+    values.pop("partial_rotary_factor", None)  # rotary_dim says it
+    params = make_rope_parameters(**values)
+    return Reference(kind="config", label=f"repository config of {config.get('name', 'the model')}", params=params,
+                     context_length=_int(config.get("max_position")), num_heads=_int(attention.get("num_heads")),
+                     num_kv_heads=_int(attention.get("num_kv_heads")), head_dim=_int(attention.get("head_dim")),
+                     interleaved=rope.get("layout") == "interleaved")

@@ -1,0 +1,329 @@
+"""Judge a file's position facts against a reference, fact by fact, and the tables they imply.
+
+`audit(found, reference)` → `Audit`: the facts (expected, found, verdict, the named mistake), the
+frequencies the file implies, and their consequence (`posenc.models.audit.divergence`). Without a RoPE
+reference the file's own metadata is the reference for its caches and constants (internal consistency).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from posenc.models.alibi import alibi_slopes
+from posenc.models.audit.divergence import Divergence, compare_caches, compare_frequencies
+from posenc.models.audit.explain_caches import explain_caches
+from posenc.models.audit.found import Fact, Found, Verdict
+from posenc.models.audit.frequencies import Frequencies, divided, explain, golden, same
+from posenc.models.audit.reference import Reference
+from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
+from posenc.models.diagnosis.agreement import number
+from posenc.models.errors import ParameterError
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
+from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, rope_type_spec
+
+
+@dataclass
+class Audit:
+    """The verdict on one file. verdict: "correct" (every fact as the reference says and the tables within the
+    contract), "wrong" (a fact is wrong or missing, or the tables diverge), "consistent" (no reference: the
+    file agrees with itself), "unchecked" (nothing to compare)."""
+
+    found: Found
+    reference: Reference
+    facts: list[Fact] = field(default_factory=list)
+    divergence: Divergence | None = None
+    implied: Frequencies | None = None
+    golden: Frequencies | None = None
+
+    @property
+    def failing(self) -> list[Fact]:
+        return [f for f in self.facts if f.failing]
+
+    @property
+    def verdict(self) -> str:
+        if self.failing or (self.divergence is not None and not self.divergence.within_contract):
+            return "wrong"
+        if self.reference.params is None and self.reference.alibi_heads is None \
+                and self.reference.learned_positions is None:
+            return "consistent" if self.facts or self.divergence is not None else "unchecked"
+        return "correct"
+
+    def document(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "verdict": self.verdict, "source": self.found.source, "reference": self.reference.document(),
+            "found": self.found.summary(), "facts": [f.document() for f in self.facts],
+            "mistakes": sorted({f.mistake for f in self.failing if f.mistake}),
+            "notes": list(self.found.notes),
+        }
+        out["tables"] = None if self.divergence is None else self.divergence.document()
+        return _json_ready(out)
+
+
+def _json_ready(value: Any) -> Any:
+    """JSON has no infinities or NaN: "Infinity" / "NaN" as the service's json format spells them."""
+    if isinstance(value, float):
+        return number(value)
+    if isinstance(value, dict):
+        return {key: _json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(item) for item in value]
+    return value
+
+
+def _fact(facts: list[Fact], name: str, expected: Any, found: Any, mistake: str, why: str,
+          missing_is: Verdict = "missing") -> bool:
+    """Append a fact comparing two values (None found: `missing_is`); True when they agree."""
+    if expected is None:
+        return True
+    if found is None:
+        facts.append(Fact(name, expected, None, missing_is, mistake if missing_is == "missing" else None, why))
+        return False
+    agree = (np.isclose(float(found), float(expected), rtol=1e-6, atol=0.0) if isinstance(expected, float)
+             else found == expected)
+    facts.append(Fact(name, expected, found, "ok" if agree else "wrong", None if agree else mistake,
+                      "" if agree else why))
+    return bool(agree)
+
+
+DEFAULT_CONTEXT = 4096  # the positions compared when neither the file nor the reference states a context length
+
+
+def _context(found: Found, ref: Reference) -> int:
+    return max(1, int(found.context_length or ref.context_length or DEFAULT_CONTEXT))
+
+
+def _found_params(found: Found, ref_params: RopeParameters | None, facts: list[Fact]) -> RopeParameters | None:
+    """The RoPE parameters the file's metadata states (GGUF, config.json); None where it states none."""
+    head_dim = found.head_dim or (ref_params.head_dim if ref_params else None)
+    rotary = found.rotary_dim or (ref_params.rotary_dim if ref_params and not found.head_dim else head_dim)
+    if head_dim is None or rotary is None:
+        return None
+    if max(head_dim, rotary) > MAX_DIM:
+        facts.append(Fact("rope_metadata", f"head and rotary dims <= {MAX_DIM}", max(head_dim, rotary), "wrong",
+                          "metadata_invalid", "the file's head or rotary dimension is beyond any model"))
+        return None
+    scaling = {k: v for k, v in found.scaling.items() if v is not None}
+    try:
+        return make_rope_parameters(head_dim=max(head_dim, rotary), rotary_dim=rotary,
+                                    rope_theta=found.rope_theta or DEFAULT_ROPE_THETA, **scaling)
+    except ParameterError as exc:
+        facts.append(Fact("rope_metadata", None, scaling, "wrong", "metadata_invalid", f"the file's RoPE "
+                          f"metadata does not resolve: {exc}"))
+        return None
+
+
+def implied_frequencies(found: Found, ref_params: RopeParameters | None, context: int, facts: list[Fact]
+                        ) -> Frequencies | None:
+    """What a runtime computes from the file: its constant, its divisors, or its metadata."""
+    if found.inv_freq is not None:
+        inv = found.inv_freq
+        if inv.ndim == 2:  # [short, long]
+            switch = None if ref_params is None else rope_type_spec(ref_params.rope_type).switch_length
+            length = None if switch is None or ref_params is None else switch(ref_params)
+            inv = inv[1] if length is not None and context > length else inv[0]
+        return Frequencies(inv.astype(np.float32), found.attention_factor or 1.0)
+    params = _found_params(found, ref_params, facts)
+    if params is None:
+        return None
+    theta, n = params.rope_theta, params.rotary_dim
+    if found.freq_factors is not None and found.freq_factors.shape == (n // 2,):
+        return Frequencies(divided(theta, n, found.freq_factors), found.attention_factor or 1.0)
+    if found.long_factors is not None and found.short_factors is not None:
+        original = found.scaling.get("original_max_position_embeddings") or found.context_length or context
+        factors = found.long_factors if context > original else found.short_factors
+        if factors.shape == (n // 2,):
+            return Frequencies(divided(theta, n, factors), found.attention_factor or golden(params, context)
+                               .attention_factor)
+    return golden(params, context)
+
+
+def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: list[Fact]) -> None:
+    spec = rope_type_spec(params.rope_type)
+    context = _context(found, ref)
+    _fact(facts, "rotary_dim", params.rotary_dim, found.rotary_dim, "partial_rotary_dim_wrong",
+          f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
+    if found.source in ("gguf", "config.json"):
+        _fact(facts, "rope_theta", params.rope_theta, found.rope_theta, "wrong_freq_base",
+              f"the file's base (freq_base / rope_theta) is {found.rope_theta}; the model's is {params.rope_theta:g} "
+              "(a converter that did not read rope_theta writes the default)", missing_is="missing")
+    if ref.theta_swa is not None and found.source == "gguf":
+        _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
+              f"sliding-window layers use base {ref.theta_swa:g}; the file "
+              + ("does not say (freq_base_swa missing: they get freq_base)" if found.theta_swa is None
+                 else f"says {found.theta_swa}"))
+    if ref.sections is not None:
+        got = None if found.sections is None else tuple(found.sections[: len(ref.sections)])
+        _fact(facts, "mrope_sections", ref.sections, got, "mrope_sections_wrong",
+              f"M-RoPE sections {got} differ from the model's {ref.sections} (temporal, height, width)")
+    if found.interleaved is not None:
+        _fact(facts, "layout", "interleaved" if ref.interleaved else "half",
+              "interleaved" if found.interleaved else "half", "interleaved_vs_half",
+              "the rotation pairs channels " + ("(2i, 2i+1) (GPT-J)" if found.interleaved else "(i, i+d/2) "
+                                                "(rotate_half)") + "; the model pairs them the other way")
+    if found.source == "gguf":
+        _gguf_scaling(found, params, context, facts)
+    elif found.source == "config.json":
+        found_type = found.scaling.get("rope_type")
+        unscaled = found_type is not None and not rope_type_spec(found_type).scaled
+        _fact(facts, "rope_type", params.rope_type, found_type,
+              "scaling_missing" if unscaled else "scaling_type_wrong",
+              f"the config resolves to unscaled RoPE ({found_type}): the model's {params.rope_type} scaling is "
+              "missing" if unscaled else f"the config's scaling is {found_type}, the model's {params.rope_type}")
+        for name in sorted(spec.reads - {"short_factor", "long_factor", "truncate"}):
+            if getattr(params, name) is not None and found.scaling.get("rope_type") == params.rope_type:
+                _fact(facts, name, getattr(params, name), found.scaling.get(name), f"scaling_{name}_wrong",
+                      f"{name} differs from the model's")
+
+
+def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: list[Fact]) -> None:
+    spec = rope_type_spec(params.rope_type)
+    n = params.rotary_dim
+    if params.rope_type in GGUF_FREQ_FACTOR_TYPES:
+        want = golden(params, context).inv_freq
+        if found.freq_factors is None:
+            facts.append(Fact("rope_freqs", f"{params.rope_type} frequency factors [{n // 2}]", None, "missing",
+                              "frequency_factors_missing", f"the {params.rope_type} frequency factors (tensor "
+                              "rope_freqs.weight) are missing: the frequencies are unscaled"))
+        else:
+            ok = same(divided(params.rope_theta, n, found.freq_factors), want)
+            facts.append(Fact("rope_freqs", f"{params.rope_type} frequency factors [{n // 2}]", found.freq_factors,
+                              "ok" if ok else "wrong", None if ok else "frequency_factors_wrong",
+                              "" if ok else f"rope_freqs does not divide the base frequencies into the "
+                                            f"{params.rope_type} ones"))
+        return
+    if spec.switch_length is not None:
+        length = spec.switch_length(params)
+        short, long = golden(params, length).inv_freq, golden(params, length + 1).inv_freq
+        have = {"short": found.short_factors, "long": found.long_factors}
+        if any(v is None for v in have.values()) and found.scaling.get("rope_type") != params.rope_type:
+            facts.append(Fact("rope_factors", f"{params.rope_type} short and long factors", None, "missing",
+                              "scaling_missing", f"the {params.rope_type} factor tensors (rope_factors_short/long) "
+                                                 "are missing"))
+            return
+        implied = {k: None if v is None else divided(params.rope_theta, n, v) for k, v in have.items()}
+        swapped = implied["short"] is not None and implied["long"] is not None and same(implied["short"], long) \
+            and same(implied["long"], short) and not same(short, long)
+        for name, want in (("short", short), ("long", long)):
+            got = implied[name]
+            ok = got is not None and same(got, want)
+            facts.append(Fact(f"rope_factors_{name}", f"{params.rope_type} {name} factors", have[name],
+                              "ok" if ok else "wrong" if got is not None else "missing",
+                              None if ok else "longrope_short_long_swapped" if swapped else "scaling_factors_wrong",
+                              "" if ok else "the short and long factor tensors are exchanged" if swapped
+                              else f"the {name} factors differ from the model's"))
+        _fact(facts, "scaling.original_context_length", params.original_max_position_embeddings,
+              found.scaling.get("original_max_position_embeddings"), "scaling_original_length_wrong",
+              "the original context length differs from the model's", missing_is="note")
+        return
+    found_type = found.scaling.get("rope_type")
+    if not spec.scaled:
+        if found_type is not None and rope_type_spec(found_type).scaled:
+            facts.append(Fact("scaling.type", params.rope_type, found_type, "wrong", "scaling_not_in_model",
+                              f"the file scales the frequencies ({found_type}); the model does not"))
+        return
+    if found_type != params.rope_type:
+        facts.append(Fact("scaling.type", params.rope_type, found_type, "missing" if found_type is None else "wrong",
+                          "scaling_missing", f"the {params.rope_type} scaling is "
+                          + ("missing (no rope.scaling.type)" if found_type is None else f"written as {found_type}")))
+        return
+    _fact(facts, "scaling.factor", params.factor, found.scaling.get("factor"), "scaling_factor_wrong",
+          f"the scaling factor is {found.scaling.get('factor')}; the model's is {params.factor}")
+    if "original_max_position_embeddings" in spec.reads:
+        _fact(facts, "scaling.original_context_length", params.original_max_position_embeddings,
+              found.scaling.get("original_max_position_embeddings"), "scaling_original_length_wrong",
+              "the original context length is missing or differs from the model's")
+
+
+def _size_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
+    for name, mistake in (("num_heads", "head_count_wrong"), ("num_kv_heads", "head_count_wrong"),
+                          ("head_dim", "head_dim_wrong"), ("hidden_size", "hidden_size_wrong")):
+        mine = getattr(found, name)
+        if mine is not None and getattr(ref, name) is not None:
+            _fact(facts, name, getattr(ref, name), mine, mistake, f"{name} differs from the model's")
+    if found.context_length is not None and ref.context_length is not None:
+        longer = found.context_length > ref.context_length
+        facts.append(Fact("context_length", ref.context_length, found.context_length,
+                          "wrong" if longer else "ok" if found.context_length == ref.context_length else "note",
+                          "context_beyond_model" if longer else None,
+                          f"the file claims {found.context_length} positions, the model was made for "
+                          f"{ref.context_length}" if longer else ""))
+
+
+def _other_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
+    if found.learned_positions:
+        rows = found.learned_positions[0]
+        want = ref.learned_positions or ref.context_length
+        if want is not None:
+            ok = rows >= want
+            facts.append(Fact(f"learned positions ({found.learned_name})", want, rows, "ok" if ok else "wrong",
+                              None if ok else "learned_table_shorter_than_context",
+                              "" if ok else f"the learned table has {rows} rows; the model reads {want} positions"))
+    if found.alibi_slopes is not None:
+        heads = found.alibi_slopes.shape[0]
+        slopes = alibi_slopes(heads)
+        ok = same(found.alibi_slopes.reshape(-1).astype(np.float64), slopes, rtol=1e-5)
+        facts.append(Fact("alibi_slopes", slopes, found.alibi_slopes, "ok" if ok else "wrong",
+                          None if ok else "alibi_slopes_wrong",
+                          "" if ok else "the stored slopes are not the paper's for this head count"))
+
+
+def audit(found: Found, ref: Reference) -> Audit:
+    """Every fact of `found` against `ref`, and the tables they imply up to the context length. A file's zero,
+    infinite or NaN values compute without floating-point warnings: they show as infinite errors."""
+    with np.errstate(all="ignore"):
+        return _audit(found, ref)
+
+
+def _audit(found: Found, ref: Reference) -> Audit:
+    result = Audit(found, ref, list(found.facts))
+    facts = result.facts
+    _size_facts(found, ref, facts)
+    _other_facts(found, ref, facts)
+    context = _context(found, ref)
+    params = ref.params
+    if params is not None and params.table_dim > MAX_DIM:
+        raise ParameterError("head_dim", f"the reference's rotary dimension {params.table_dim} is beyond {MAX_DIM}")
+    if params is not None:
+        _rope_facts(found, ref, params, facts)
+    elif found.source != "config.json":
+        params = _found_params(found, None, facts)  # internal consistency: the file's metadata as reference
+    if params is None:
+        return result
+    result.golden = golden(params, context)
+    gold = (result.golden.inv_freq, result.golden.attention_factor)
+    if found.caches is not None:
+        result.divergence = compare_caches(gold, found.caches.cos, found.caches.sin, context)
+        facts += explain_caches(params, found.caches, result.divergence)
+        return result
+    implied = implied_frequencies(found, ref.params, context, facts)
+    if implied is None:
+        return result
+    result.implied = implied
+    result.divergence = compare_frequencies(gold, (implied.inv_freq, implied.attention_factor), context)
+    if found.inv_freq is not None:
+        facts += _constant_facts(params, implied, result.golden, result.divergence, context)
+    return result
+
+
+def _constant_facts(params: RopeParameters, implied: Frequencies, gold: Frequencies, divergence: Divergence,
+                    context: int) -> list[Fact]:
+    """The verdict on frequencies the file fixes (an ONNX constant, a checkpoint buffer) and on its factor."""
+    freq_ok = same(implied.inv_freq, gold.inv_freq)
+    out = []
+    if freq_ok or divergence.within_contract:
+        out.append(Fact("inv_freq", gold.inv_freq, implied.inv_freq, "ok"))
+    else:
+        why = explain(params, implied.inv_freq, context)
+        found = "".join(f" [{k} = {v}]" for k, v in why.found.items()) if why else ""
+        out.append(Fact("inv_freq", gold.inv_freq, implied.inv_freq, "wrong",
+                        why.name if why else "frequencies_differ",
+                        (why.explanation if why else "the frequencies match no known mistake") + found))
+    if not np.isclose(implied.attention_factor, gold.attention_factor, rtol=1e-6):
+        out.append(Fact("attention_factor", gold.attention_factor, implied.attention_factor, "wrong",
+                        "attention_factor_missing" if implied.attention_factor == 1.0 else "attention_factor_wrong",
+                        f"cos and sin carry the factor {implied.attention_factor:g}; the model's is "
+                        f"{gold.attention_factor:.6g}"))
+    return out

@@ -1,0 +1,60 @@
+"""config.json alone: what transformers builds from it (`posenc.models.rope_config`), and the warnings it
+raises on the way (unknown rope_type, original length missing, the legacy `type` key)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from posenc.models.audit.found import Fact, Found
+from posenc.models.audit.reference import text_section
+from posenc.models.errors import ParameterError
+from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_types import ROPE_TYPES
+from posenc.service.errors import BadRequest
+
+
+def parse(body: bytes, what: str = "config.json") -> Mapping[str, Any]:
+    try:
+        config = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise BadRequest(f"{what}: not JSON") from None
+    if not isinstance(config, dict):
+        raise BadRequest(f"{what}: must be a JSON object")
+    return config
+
+
+def to_found(config: Mapping[str, Any]) -> Found:
+    cfg = text_section(config)
+    found = Found("config.json", architecture=str(cfg.get("model_type") or "") or None)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if isinstance(rope, Mapping):
+        if "type" in rope and "rope_type" not in rope:
+            found.facts.append(Fact("rope_scaling.type", "rope_type", "type", "note", None,
+                                    "the legacy key `type` names the rope_type; transformers reads it, other "
+                                    "loaders may not: write rope_type"))
+        kind = rope.get("rope_type", rope.get("type"))
+        if isinstance(kind, str) and kind in ROPE_TYPES and ROPE_TYPES[kind].original_from_max \
+                and "original_max_position_embeddings" not in rope \
+                and cfg.get("original_max_position_embeddings") is None:
+            found.facts.append(Fact("original_max_position_embeddings", "given", None, "note", None,
+                                    f"{kind} reads original_max_position_embeddings; it is missing, so transformers "
+                                    "takes max_position_embeddings"))
+    try:
+        params, info = rope_parameters_from_config(config)
+    except ParameterError as exc:
+        found.facts.append(Fact("rope", "a RoPE configuration transformers builds", None, "wrong",
+                                "config_not_buildable", str(exc)))
+        return found
+    found.context_length = info.get("max_position_embeddings")
+    found.hidden_size = cfg.get("hidden_size") if isinstance(cfg.get("hidden_size"), int) else None
+    found.num_heads = cfg.get("num_attention_heads") if isinstance(cfg.get("num_attention_heads"), int) else None
+    found.head_dim, found.rotary_dim, found.rope_theta = params.head_dim, params.rotary_dim, params.rope_theta
+    found.scaling = {"rope_type": params.rope_type}
+    for name in ROPE_TYPES[params.rope_type].reads:
+        if getattr(params, name) is not None:
+            found.scaling[name] = getattr(params, name)
+    if info.get("mrope_section"):
+        found.sections = tuple(info["mrope_section"])
+    return found

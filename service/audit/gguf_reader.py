@@ -1,0 +1,196 @@
+"""GGUF (llama.cpp) headers, read within bounds: the metadata keys of position handling and the small tensors
+`rope_freqs`, `rope_factors_long`, `rope_factors_short`; nothing else of the file is read.
+
+The format's types, sizes and key names are ggml's `gguf` package's (the `audit` extra). Its GGUFReader maps
+the whole file and walks every declared count, so the header is parsed here instead, each count checked
+against the bytes the header may still take before anything is allocated or looped over.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from posenc.models.audit.found import Found
+from posenc.models.rope_types import GGUF_SCALING_TYPES
+from posenc.service.audit.stream import Cursor, Layout
+from posenc.service.errors import BadRequest
+
+MAX_KV = 1 << 16  # metadata entries (real files: a few dozen)
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 8
+MAX_KEY = 1 << 16
+MAX_STRINGS = 1 << 22  # strings of metadata arrays walked in one header (vocabularies and merges: a few 100,000)
+KEPT_ARRAY = 64  # arrays longer than this (the vocabulary) are skipped, not kept
+NEEDED = {"rope_freqs": "freq_factors", "rope_factors_long": "long_factors", "rope_factors_short": "short_factors"}
+MAX_NEEDED_ELEMENTS = 1 << 16
+
+
+def _gguf() -> Any:
+    try:
+        import gguf
+    except ImportError as exc:  # the audit extra
+        raise BadRequest("reading GGUF files needs the gguf package: pip install 'posenc[audit]'") from exc
+    return gguf
+
+
+def _scalar_formats(gguf: Any) -> dict[int, str]:
+    t = gguf.GGUFValueType
+    return {t.UINT8: "B", t.INT8: "b", t.UINT16: "H", t.INT16: "h", t.UINT32: "I", t.INT32: "i", t.FLOAT32: "f",
+            t.BOOL: "?", t.UINT64: "Q", t.INT64: "q", t.FLOAT64: "d"}
+
+
+def _string(c: Cursor, what: str = "string") -> str:
+    length = c.unpack("Q")
+    if length > c.room():
+        raise BadRequest(f"{c.what}: a {what} declares {length} bytes, more than the header may hold")
+    return c.take(length).decode("utf-8", "replace")
+
+
+def _skip_strings(c: Cursor, count: int) -> None:
+    """Walk past `count` strings (a vocabulary) without keeping them; at most MAX_STRINGS in one header."""
+    c.items += count
+    if c.items > MAX_STRINGS:
+        raise BadRequest(f"{c.what}: more than {MAX_STRINGS} strings in metadata arrays")
+    data, pos = c.data, c.pos
+    for _ in range(count):
+        if pos + 8 > len(data):
+            c.pos = pos
+            c.take(8)  # past the bytes at hand: NeedMore, or past the limit
+        length = int.from_bytes(data[pos:pos + 8], "little")
+        if pos + 8 + length > len(data):
+            c.pos = pos + 8
+            c.take(length)
+        pos += 8 + length
+    c.pos = pos
+
+
+def _value(c: Cursor, kind: int, formats: dict[int, str], gguf: Any) -> Any:
+    if kind in formats:
+        return c.unpack(formats[kind])
+    if kind == gguf.GGUFValueType.STRING:
+        return _string(c)
+    if kind != gguf.GGUFValueType.ARRAY:
+        raise BadRequest(f"{c.what}: unknown metadata value type {kind}")
+    item, count = c.unpack("I"), c.unpack("Q")
+    if item == gguf.GGUFValueType.ARRAY:
+        raise BadRequest(f"{c.what}: nested metadata arrays are not GGUF")
+    size = 8 if item == gguf.GGUFValueType.STRING else np.dtype("<" + formats.get(item, "B")).itemsize
+    if item not in formats and item != gguf.GGUFValueType.STRING:
+        raise BadRequest(f"{c.what}: unknown metadata array type {item}")
+    if count * size > c.room():
+        raise BadRequest(f"{c.what}: a metadata array declares {count} entries, more than the header may hold")
+    if item == gguf.GGUFValueType.STRING:
+        if count <= KEPT_ARRAY:
+            return [_string(c) for _ in range(count)]
+        _skip_strings(c, count)
+        return None
+    raw = c.take(count * size)
+    return np.frombuffer(raw, dtype="<" + formats[item]).tolist() if count <= KEPT_ARRAY else None
+
+
+def parse_header(c: Cursor) -> Layout:
+    """The GGUF header: metadata, tensor infos, the byte ranges of the tensors position handling needs."""
+    gguf = _gguf()
+    if c.take(4) != b"GGUF":
+        raise BadRequest(f"{c.what}: not a GGUF file (no GGUF magic)")
+    version = c.unpack("I")
+    if version not in (2, 3):
+        raise BadRequest(f"{c.what}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = c.unpack("Q"), c.unpack("Q")
+    if n_kv > MAX_KV or n_tensors > MAX_TENSORS:
+        raise BadRequest(f"{c.what}: declares {n_kv} metadata entries and {n_tensors} tensors; at most {MAX_KV} "
+                         f"and {MAX_TENSORS} are read")
+    formats = _scalar_formats(gguf)
+    meta: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = _string(c, "metadata key")
+        meta[key] = _value(c, c.unpack("I"), formats, gguf)
+    infos = []
+    for _ in range(n_tensors):
+        name = _string(c, "tensor name")
+        dims = c.unpack("I")
+        if dims > MAX_DIMS:
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} declares {dims} dimensions")
+        shape = [c.unpack("Q") for _ in range(dims)]
+        kind, offset = c.unpack("I"), c.unpack("Q")
+        infos.append((name, shape, kind, offset))
+    alignment = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment < 1 or alignment > 1 << 20:
+        raise BadRequest(f"{c.what}: general.alignment {alignment!r} is not a usable alignment")
+    start = -(-c.pos // alignment) * alignment
+    layout = Layout({"meta": meta, "shapes": {}})
+    for name, shape, kind, offset in infos:
+        try:
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has unknown type {kind}") from None
+        elements = math.prod(shape)
+        nbytes = elements // block * type_size
+        layout.extent = max(layout.extent, start + offset + nbytes)
+        stem = name.removesuffix(".weight")
+        if stem in NEEDED:
+            if kind != gguf.GGMLQuantizationType.F32 or elements > MAX_NEEDED_ELEMENTS:
+                raise BadRequest(f"{c.what}: tensor {name} must be F32 with at most {MAX_NEEDED_ELEMENTS} values")
+            layout.ranges[stem] = (start + offset, nbytes)
+            layout.header["shapes"][stem] = shape
+    return layout
+
+
+def _first(value: Any) -> Any:
+    """A per-layer array's first non-zero entry (head counts may be per layer), a scalar as is."""
+    if isinstance(value, list):
+        return next((v for v in value if v), None)
+    return value
+
+
+def _number(meta: dict[str, Any], key: str) -> Any:
+    value = _first(meta.get(key))
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
+    """A parsed GGUF header and its small tensors → Found."""
+    meta = header["meta"]
+    arch = meta.get("general.architecture")
+    if not isinstance(arch, str):
+        raise BadRequest("GGUF: general.architecture is missing; it names every other key")
+
+    def key(suffix: str) -> Any:
+        return _number(meta, f"{arch}.{suffix}")
+
+    heads, hidden = key("attention.head_count"), key("embedding_length")
+    head_dim = key("attention.key_length") or (hidden // heads if hidden and heads else None)
+    found = Found("gguf", architecture=arch, context_length=key("context_length"), hidden_size=hidden,
+                  num_heads=heads, num_kv_heads=key("attention.head_count_kv"), head_dim=head_dim,
+                  rotary_dim=key("rope.dimension_count") or head_dim, rope_theta=key("rope.freq_base"),
+                  theta_swa=key("rope.freq_base_swa"), attention_factor=key("rope.scaling.attn_factor"))
+    if found.rope_theta is None:
+        found.notes.append(f"{arch}.rope.freq_base is missing: llama.cpp then uses 10000")
+    kind = meta.get(f"{arch}.rope.scaling.type")
+    if isinstance(kind, str):
+        if kind not in GGUF_SCALING_TYPES:
+            found.notes.append(f"rope.scaling.type {kind[:40]!r} is not one llama.cpp knows")
+        else:
+            found.scaling["rope_type"] = GGUF_SCALING_TYPES[kind]
+    factor = key("rope.scaling.factor") or (1 / key("rope.scale_linear") if key("rope.scale_linear") else None)
+    for name, value in (("factor", factor), ("original_max_position_embeddings",
+                                             key("rope.scaling.original_context_length")),
+                        ("beta_fast", key("rope.scaling.yarn_beta_fast")),
+                        ("beta_slow", key("rope.scaling.yarn_beta_slow"))):
+        if value is not None:
+            found.scaling[name] = value
+    factor_tensors = any(stem in tensors for stem in NEEDED)
+    if found.scaling and "rope_type" not in found.scaling and not factor_tensors:
+        found.scaling = {}  # scaling values without a type or factor tensors: llama.cpp applies none
+    sections = meta.get(f"{arch}.rope.dimension_sections")
+    if isinstance(sections, list):
+        found.sections = tuple(int(v) for v in sections)
+    if meta.get(f"{arch}.rope.scaling.finetuned") is not None:
+        found.notes.append(f"rope.scaling.finetuned = {meta[f'{arch}.rope.scaling.finetuned']}")
+    for stem, field_name in NEEDED.items():
+        if stem in tensors:
+            setattr(found, field_name, np.frombuffer(tensors[stem], dtype="<f4").copy())
+    return found

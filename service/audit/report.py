@@ -1,0 +1,96 @@
+"""An audit as readable text (the CLI) and as a picture of the divergence (`format=png`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from posenc.models.audit.rope_audit import Audit
+from posenc.models.diagnosis.rope import angle_steps
+from posenc.service.tables.png import Curve, Panel, Picture, render, titled
+
+MARKS = {"ok": "ok  ", "wrong": "WRONG", "missing": "MISSING", "note": "note", "unchecked": "-"}
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, dict) and "shape" in value:
+        return f"[{'x'.join(str(d) for d in value['shape'])}] {value.get('dtype', '')}".strip()
+    text = str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(doc: dict[str, Any], path: str) -> str:
+    """The report as lines: verdict, reference, each fact, the tables' divergence."""
+    ref = doc["reference"]
+    lines = [f"{path}: {doc['source']} — position handling: {doc['verdict'].upper()}",
+             f"reference: {ref['label']}" + (f" (also matched: {', '.join(ref['also_matched'])})"
+                                               if ref.get("also_matched") else "")]
+    for fact in doc["facts"]:
+        line = f"  {MARKS[fact['verdict']]:<7} {fact['name']:<32} expected {_value(fact['expected'])}, " \
+               f"found {_value(fact['found'])}"
+        if fact["mistake"]:
+            line += f"\n          -> {fact['mistake']}: {fact['explanation']}"
+        elif fact["explanation"]:
+            line += f"\n          ({fact['explanation']})"
+        lines.append(line)
+    tables = doc.get("tables")
+    if tables is not None:
+        if tables["within_contract"]:
+            lines.append(f"tables: equal to the golden ones within the contract up to position {tables['scanned']} "
+                         f"(max error {tables['max_abs_error']:.3g})")
+        else:
+            first = tables["first_divergent_position"]
+            over = ", ".join(f"> {k} from {v}" for k, v in tables["first_position_over"].items() if v is not None)
+            head = f"wrong from position {first} on (the dtype's contract)" if first is not None else \
+                f"equal within the contract up to position {tables['scanned']}"
+            lines.append(f"tables: {head}; max error {tables['max_abs_error']:.3g} up to {tables['scanned']}"
+                         + (f"; error {over}" if over else "")
+                         + ("" if tables["missing_from"] is None else
+                            f"; no rows from position {tables['missing_from']} on (context "
+                            f"{tables['context_length']})"))
+    lines += [f"note: {note}" for note in doc.get("notes", [])]
+    return "\n".join(lines)
+
+
+def picture(result: Audit, path: str) -> bytes:
+    """The error of the implied tables against the golden ones per position (binned maxima) against the contract,
+    rows the file lacks up to the context; beside it the file's frequencies against the golden ones."""
+    doc = result.document()
+    panels: list[Panel] = []
+    tables = doc.get("tables")
+    if tables is not None:
+        keep = slice(1, None) if len(tables["bins"]["start"]) > 1 else slice(None)  # position 0: no angle, no error
+        x = np.maximum(np.asarray(tables["bins"]["start"][keep], dtype=np.float64), 1.0)
+        error = np.asarray([float(v) for v in tables["bins"]["max_abs"][keep]])
+        tolerance = np.asarray(tables["bins"]["tolerance"][keep])
+        first, missing = tables["first_divergent_position"], tables["missing_from"]
+        title = "within the contract" if first is None else f"wrong from position {first}"
+        curves = [Curve(x, np.maximum(error, 1e-12), "file against golden", "step"),
+                  Curve(x, tolerance, "the dtype's contract", "line")]
+        if missing is not None:
+            title += f", no rows past {missing - 1}"
+            curves.append(Curve(np.asarray([missing, tables["context_length"]], dtype=np.float64), np.ones(2),
+                                "no row (up to the context length)", "line"))
+        marks = tuple(float(max(v, 1)) for v in {first, missing} if v is not None)
+        panels.append(Panel(f"cos/sin error per position: {title}", "position", "max |file − golden|",
+                            tuple(curves), logy=True, logx=True, marks=marks, mark_label="divergence"))
+    if result.golden is not None:
+        gold = result.golden.inv_freq.astype(np.float64)
+        curves = [Curve(np.arange(gold.size), gold, "golden", "points")]
+        caches = result.found.caches
+        mine = np.zeros(0)
+        if result.implied is not None:
+            mine = result.implied.inv_freq.astype(np.float64)
+        elif caches is not None and caches.cos.ndim == 2 and caches.cos.shape[0] > 1 \
+                and caches.cos.shape == caches.sin.shape:
+            mine = angle_steps(caches.cos, caches.sin, "half", "half", caches.cos.shape[1])  # the cache's own
+        if mine.size:
+            curves.append(Curve(np.arange(mine.size), np.abs(mine), "file", "points"))
+        of_cache = " (the cache's: its angle step per row)" if result.implied is None else ""
+        panels.append(Panel(f"inverse frequencies{of_cache}", "frequency index", "inv_freq", tuple(curves),
+                            logy=True))
+    mistakes = ", ".join(doc["mistakes"]) or "none"
+    title = titled(f"posenc audit {path}: {doc['verdict']}", {"reference": doc["reference"]["label"],
+                                                               "mistakes": mistakes}, width=100)
+    return render(Picture(title, tuple(panels)))

@@ -1,0 +1,88 @@
+"""safetensors checkpoints, read within bounds: the JSON header, then only the position tensors it names
+(`*.rotary_emb.inv_freq` buffers, ALiBi slopes); learned position tables (`wpe`, `embed_positions`) are judged
+by their shape, read from the header alone."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from posenc.models.audit.found import Found
+from posenc.service.audit.stream import Cursor, Layout
+from posenc.service.errors import BadRequest
+
+DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype("<f8")}
+LEARNED = ("wpe.weight", "embed_positions.weight", "position_embeddings.weight")
+MAX_SMALL = 1 << 16  # values of a tensor read for its values
+
+
+def _wanted(name: str) -> str | None:
+    if name.endswith("rotary_emb.inv_freq"):
+        return "inv_freq"
+    if "alibi" in name and "slope" in name:
+        return "alibi_slopes"
+    return None
+
+
+def parse_header(c: Cursor) -> Layout:
+    length = c.unpack("Q")
+    if length > c.room():
+        raise BadRequest(f"{c.what}: the safetensors header declares {length} bytes, more than the header may hold")
+    try:
+        header = json.loads(c.take(length))
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest(f"{c.what}: the safetensors header is not JSON") from None
+    if not isinstance(header, dict):
+        raise BadRequest(f"{c.what}: the safetensors header is not a JSON object")
+    base = 8 + length
+    layout = Layout({"tensors": {}, "count": {}})
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has no dtype, shape and data_offsets") from None
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or min(shape, default=0) < 0:
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has invalid offsets or shape")
+        layout.extent = max(layout.extent, base + end)
+        kind = _wanted(name)
+        if name.endswith(LEARNED):
+            layout.header["tensors"].setdefault("learned", (name, shape, dtype))
+        if kind is None:
+            continue
+        layout.header["count"][kind] = layout.header["count"].get(kind, 0) + 1
+        if kind in layout.ranges:
+            continue  # one buffer of each kind is read (every layer stores the same)
+        if dtype not in DTYPES or int(np.prod(shape)) > MAX_SMALL:
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} must be a float tensor of at most {MAX_SMALL} values")
+        if end - begin != int(np.prod(shape)) * DTYPES[dtype].itemsize:
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r}: its data_offsets span {end - begin} bytes, its "
+                             "shape and dtype need another size")
+        layout.ranges[kind] = (base + begin, end - begin)
+        layout.header["tensors"][kind] = (name, shape, dtype)
+    return layout
+
+
+def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
+    found = Found("safetensors")
+    described = header["tensors"]
+    for kind, raw in tensors.items():
+        name, shape, dtype = described[kind]
+        values = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape).astype(np.float32)
+        setattr(found, kind, values.reshape(-1) if kind == "alibi_slopes" else values)
+        if kind == "inv_freq":
+            found.rotary_dim = 2 * values.shape[-1]
+            found.notes.append(f"{name} (and {header['count'][kind] - 1} more buffers like it)")
+    if "learned" in described:
+        name, shape, _ = described["learned"]
+        found.learned_positions, found.learned_name = tuple(shape), name
+        if len(shape) == 2:
+            found.hidden_size = shape[1]
+    if not tensors and "learned" not in described:
+        found.notes.append("no position tensor (rotary_emb.inv_freq, wpe, embed_positions, ALiBi slopes) is "
+                           "stored: the checkpoint's position handling is all in its config.json")
+    return found
