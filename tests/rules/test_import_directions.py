@@ -1,10 +1,10 @@
 """The import directions of the code base, read from the source with `ast` (imports at any level, inside
 functions too): models never imports service; the tables, properties, check and audit rooms never import
-inference; inference never imports tables or properties; the assembly (posenc.service.http) is imported by nothing below it
-(only the CLI and the test kit); only the assembly and the request kit's dependencies know the app; every feature
-room declares its routes in one module, `routes.py`; the numeric core (models/ outside models/export/) imports no
-torch and no onnx; the CLI imports no route module and no CLI module imports itself back; nothing in service/ imports
-the test kit posenc.service.testing.
+inference; inference never imports tables or properties; the assembly (posenc.service.http) is imported by
+nothing below it (only the CLI and the test kit); only the assembly and the request kit's dependencies know the
+app; every feature room declares its routes in one module, `routes.py`; the numeric core (models/ outside
+models/export/) imports no torch and no onnx; the CLI imports no route module and no CLI module imports itself
+back; nothing in service/ imports the test kit posenc.service.testing.
 
 Each rule is also run on a planted violation, so none of them can pass by finding nothing to look at."""
 
