@@ -5,7 +5,7 @@
 # code path of a CPU without them. A tolerance or a pinned value that holds on one CPU family only fails here
 # on the other path. The list is computed at run time: numpy refuses to disable a feature of its baseline,
 # and the names differ between numpy versions. Arguments go to pytest (`scripts/baseline-simd-test.sh -x`).
-# Needs .venv-core (scripts/test.sh makes it).
+# Needs .venv-core (scripts/test.sh makes it), or the interpreter named by PYTHON_CORE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON_CORE:-.venv-core/bin/python}
@@ -45,6 +45,7 @@ TESTS=(
   tests/api/test_check_ulp.py
   tests/api/test_check_ranking.py
   tests/api/test_check_combinations.py
+  tests/api/test_check_search.py
   tests/api/test_properties.py
   tests/api/test_properties_axes.py
   tests/api/test_properties_relative.py

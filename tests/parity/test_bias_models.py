@@ -70,12 +70,15 @@ def test_alibi_bias_max_generalises_like_mpt(n: int, alibi_bias_max: float) -> N
 
 def assert_equal_where_slopes_agree(ours: np.ndarray, ref: np.ndarray, our_slopes: np.ndarray,
                                     ref_slopes: np.ndarray) -> None:
-    """Heads whose float32 slopes agree must be bit-equal; torch's float32 pow is off by one ulp for a
-    few (n, k), so those heads may differ by one slope ulp times the position, and must be rare."""
+    """Heads whose float32 slopes agree must be bit-equal; torch's float32 pow is off by up to one ulp for a
+    few (n, k) (which ones depends on the CPU: its vectorised pow on AVX2/AVX-512, the C library's
+    elsewhere), and MPT's `1 / pow` turns one ulp of the power into up to two of the slope (the relative
+    error stays, an ulp's relative size halves across a binade): those heads may differ by two slope ulps
+    times the position, and must be rare."""
     agree = our_slopes == ref_slopes
     np.testing.assert_array_equal(ours[agree], ref[agree])
     ulps = np.abs(our_slopes.view(np.int32) - ref_slopes.view(np.int32))
-    assert ulps.max() <= 1 and (~agree).sum() <= max(1, len(agree) // 16)
+    assert ulps.max() <= 2 and (~agree).sum() <= max(1, len(agree) // 16)
     np.testing.assert_allclose(ours[~agree], ref[~agree], rtol=2**-22)
 
 
