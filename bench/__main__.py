@@ -11,6 +11,7 @@ Sub-benchmarks (each module's docstring says what it measures and against what):
   infer     one binary infer over HTTP vs the transport alone, shared memory, in-process onnxruntime and torch
             eager, on CPU or CUDA (bench/infer.py)
   servers   the same app on uvicorn (httptools, h11), 2 workers and granian (bench/servers.py)
+  forms     (not in `all`) the attention graphs onnxruntime can run against torch eager, each alone (bench/forms.py)
 Every pair is measured in interleaved rounds, so machine noise hits both sides alike; ratios are oriented so
 that higher is better for posenc, rows without a target are informational. The ratio table comes last.
 With 2 or more CPUs the servers and their anchors run on one half of them and the load generator on the other
@@ -33,13 +34,14 @@ from bench.harness import CLIENTS, Bench, Load, Row, format_table, machine_heade
 from bench.isolation import NOISE_LIMIT, plan_cores
 
 BENCHMARKS = ("tables", "batching", "infer", "servers")
+INVESTIGATIONS = ("forms",)  # run when named, not by `all`
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").split("\n\n")[0],
                                      epilog="Each sub-benchmark reads the options that concern it.")
-    parser.add_argument("benchmarks", nargs="+", choices=[*BENCHMARKS, "all"], metavar="BENCHMARK",
-                        help=f"one or more of {', '.join(BENCHMARKS)}, or all")
+    parser.add_argument("benchmarks", nargs="+", choices=[*BENCHMARKS, *INVESTIGATIONS, "all"], metavar="BENCHMARK",
+                        help=f"one or more of {', '.join(BENCHMARKS)}, or all; or {', '.join(INVESTIGATIONS)}")
     parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target; exit 3, "
                         "too noisy to judge, if a control of a row with a target differs by more than 3 %%")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
@@ -57,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="infer: where every column runs: the server (POSENC_PROVIDERS), onnxruntime and torch")
     parser.add_argument("--case", action="append", metavar="MODEL:B:S",
-                        help="infer: a latency case (repeatable); default: a small set per device")
+                        help="infer, forms: a case (repeatable); default: a small set per device")
     parser.add_argument("--repeat", type=int, help="infer: timed calls per column (median reported; default 9, "
                         "quick 3)")
     parser.add_argument("--threads", type=int, default=0,

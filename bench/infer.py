@@ -310,7 +310,7 @@ def run(bench: Bench) -> Report:
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
-                shape = dict(model=model, batch=batch, seq=seq)
+                shape: dict[str, Any] = {"model": model, "batch": batch, "seq": seq}
                 anchors["ort"].load("ort", **shape, device=device)
                 anchors["ort twin"].load("ort", **shape, device=device)
                 if "torch" in anchors:

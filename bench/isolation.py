@@ -134,7 +134,7 @@ def alone(fn: Callable[[], list[float]]) -> Callable[[], float]:
 
 def _anchor_main(conn: Any, threads: int) -> None:
     """The child: builds one callable at a time on request, times bursts of it, answers over `conn`."""
-    call: Callable[[], Any] | None = None
+    calls: dict[str, Callable[[], Any]] = {}
     while True:
         message = conn.recv()
         verb = message[0]
@@ -143,15 +143,13 @@ def _anchor_main(conn: Any, threads: int) -> None:
                 conn.send(("ok", None))
                 return
             if verb == "load":
-                _, builder, kwargs = message
-                call = _BUILDERS[builder](threads=threads, **kwargs)
+                _, key, builder, kwargs = message
+                calls[key] = _BUILDERS[builder](threads=threads, **kwargs)
                 conn.send(("ok", None))
             elif verb == "burst":
-                assert call is not None, "load before burst"
-                conn.send(("ok", burst_ms(call, message[1])))
+                conn.send(("ok", burst_ms(calls[message[2]], message[1])))
             elif verb == "output":
-                assert call is not None, "load before output"
-                conn.send(("ok", _as_numpy(call())))
+                conn.send(("ok", _as_numpy(calls[message[1]]())))
         except Exception as exc:  # the parent reports it with the side's name
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -195,8 +193,9 @@ _BUILDERS: dict[str, Callable[..., Callable[[], Any]]] = {"ort": _ort_builder, "
 
 
 class AnchorProcess:
-    """One runtime in its own process on `cpus` with `threads` threads: `load` a callable there, time `burst`s
-    of it (the child answers only between bursts, so nothing of it runs while other sides are measured)."""
+    """One runtime in its own process on `cpus` with `threads` threads: `load` callables there (by key), time
+    `burst`s of one (the child answers only between bursts, so nothing of it runs while other sides are
+    measured)."""
 
     def __init__(self, name: str, cpus: frozenset[int], threads: int) -> None:
         context = multiprocessing.get_context("spawn")
@@ -214,15 +213,15 @@ class AnchorProcess:
             raise RuntimeError(f"{self.name}: {answer}")
         return answer
 
-    def load(self, builder: str, **kwargs: Any) -> None:
-        self._ask("load", builder, kwargs)
+    def load(self, builder: str, key: str = "main", **kwargs: Any) -> None:
+        self._ask("load", key, builder, kwargs)
 
-    def burst(self, calls: int) -> list[float]:
-        result: list[float] = self._ask("burst", calls)
+    def burst(self, calls: int, key: str = "main") -> list[float]:
+        result: list[float] = self._ask("burst", calls, key)
         return result
 
-    def output(self) -> Any:
-        return self._ask("output")
+    def output(self, key: str = "main") -> Any:
+        return self._ask("output", key)
 
     def close(self) -> None:
         if self.process.is_alive():
