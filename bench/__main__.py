@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from bench.harness import CLIENTS, Bench, Load, Row, format_table, machine_header
-from bench.isolation import NOISE_LIMIT, plan_cores
+from bench.isolation import NOISE_LIMIT, cpu_summary, plan_cores
 
 BENCHMARKS = ("tables", "batching", "infer", "servers")
 INVESTIGATIONS = ("forms",)  # run when named, not by `all`
@@ -103,13 +103,14 @@ def main(argv: list[str] | None = None) -> int:
                 report = importlib.import_module(f"bench.{name}").run(bench)
                 print("\n".join(report.notes), flush=True)
                 for table in report.tables:
-                    print(f"\n{table}\n", flush=True)
+                    print(f"\n{cpu_summary(cores, args.threads)}\n{table}\n", flush=True)
                 rows += report.rows
     except KeyboardInterrupt:
         print("interrupted: every server was stopped", file=sys.stderr)
         return 130
     if rows:
-        print("\n# rows 'X vs Y': X in the posenc column, Y in the anchor column\n" + format_table(rows))
+        print(f"\n{cpu_summary(cores, args.threads)}\n# rows 'X vs Y': X in the posenc column, Y in the anchor column\n"
+              + format_table(rows))
     print(f"\n# {time.monotonic() - started:.0f} s in all", flush=True)
     failing = [r for r in rows if r.status in ("BELOW", "ERROR")]
     noisy = [r for r in rows if r.status == "NOISY"]

@@ -106,6 +106,13 @@ def cpu_lines(cores: Cores, threads: int) -> list[str]:
             f"torch threads {threads}"]
 
 
+def cpu_summary(cores: Cores, threads: int) -> str:
+    """One `# ...` line for above a table: the CPU, its ISA, the pinning and both runtimes' threads."""
+    where = f"servers/anchors CPU {_cpus(cores.serve)}, load CPU {_cpus(cores.load)}" if cores.pinned else "not pinned"
+    return (f"# on {cpu_model()} ({', '.join(cpu_isa()) or 'no AVX2/AVX-512/AMX'}); {where}; onnxruntime {threads} "
+            f"intra-op thread(s), torch {threads} thread(s)")
+
+
 def noisy(control: float | None) -> bool:
     """Whether a control ratio (two identical sides) is outside 1 ± NOISE_LIMIT."""
     return control is not None and abs(control - 1.0) > NOISE_LIMIT
@@ -122,11 +129,13 @@ def burst_ms(fn: Callable[[], object], calls: int) -> list[float]:
     return times
 
 
-def alone(fn: Callable[[], list[float]]) -> Callable[[], float]:
-    """A side of `interleaved`: wait for the machine's other runtimes to go idle, run `fn` (a burst), its median."""
+def alone(fn: Callable[[], list[float]],
+          reduce: Callable[[list[float]], float] = statistics.median) -> Callable[[], float]:
+    """A side of `interleaved`: wait for the machine's other runtimes to go idle, run `fn` (a burst), its median
+    (or `reduce` of it)."""
     def side() -> float:
         time.sleep(SETTLE_S)
-        return statistics.median(fn())
+        return reduce(fn())
     return side
 
 

@@ -6,7 +6,7 @@ value [B, Hkv, S, D] after the rotary nodes, no mask or cache) and keeps everyth
 * `unfused`: MatMul(Q · scale, Kᵀ) + causal mask, Softmax, MatMul(·, V): MLAS's batched GEMMs. With Hkv < Hq the
   query heads are grouped as [B, Hkv, Hq/Hkv, S, D] and the key/value heads broadcast over the group (no copy).
   The mask is built in the graph from S ([S, S], 0 on and below the diagonal, -inf above).
-* `blocked<N>`: the same in N query blocks, block i attending keys 0 .. its last row only, so the fully masked
+* `blocked<N>` (N >= 2): the same in N query blocks, block i attending keys 0 .. its last row only, so the fully masked
   upper-right blocks are never computed (about (N + 1) / 2N of the scores), outputs concatenated.
 * `mha`: com.microsoft MultiHeadAttention with `unidirectional=1` (query [B, S, Hq·D], key and value [B, Hq, S, D];
   key/value heads repeated to Hq when Hkv < Hq).
@@ -29,7 +29,7 @@ from onnx import TensorProto, helper
 from posenc.models.cpu_form import CONTRIB_DOMAIN, cpu_form
 
 PREFIX = "form_"
-FORMS = ("unfused", "blocked2", "blocked4", "blocked8", "mha", "gqa")
+FORMS = ("unfused", "blocked4", "blocked8", "blocked16", "blocked32", "mha", "gqa")  # blocked<N>: any N >= 2
 
 
 def _attention(model: onnx.ModelProto) -> tuple[int, onnx.NodeProto, float | None] | None:
@@ -175,8 +175,10 @@ def build_form(model: onnx.ModelProto, form: str, num_heads: int, num_kv_heads: 
     builders: dict[str, Callable[[], None]] = {
         "unfused": partial(_unfused, g, query, key, value, output, heads, scale, 1),
         "mha": partial(_mha, g, query, key, value, output, heads, scale),
-        **{f"blocked{n}": partial(_unfused, g, query, key, value, output, heads, scale, n) for n in (2, 4, 8)},
     }
+    blocks = form.removeprefix("blocked")
+    if form.startswith("blocked") and blocks.isdigit() and int(blocks) >= 2:
+        builders[form] = partial(_unfused, g, query, key, value, output, heads, scale, int(blocks))
     if form not in builders:
         raise ValueError(f"unknown form {form!r}; one of {', '.join(FORMS)}")
     builders[form]()
