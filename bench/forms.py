@@ -72,7 +72,8 @@ def measure(anchors: dict[str, AnchorProcess], key: str, rounds: int) -> dict[st
     for name, anchor in anchors.items():
         first = anchor.burst(1, key)[0]
         calls[name] = max(1, min(MOST_CALLS, int(BURST_MS / max(first, 1e-3))))
-    results = interleaved(rounds, *(alone(partial(anchor.burst, calls[name], key), min) for name, anchor in anchors.items()))
+    results = interleaved(rounds, *(alone(partial(anchor.burst, calls[name], key), min)
+                                    for name, anchor in anchors.items()))
     return dict(zip(anchors, results, strict=True))
 
 
