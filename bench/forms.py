@@ -124,6 +124,10 @@ def run(bench: Bench) -> Report:
                 option_procs[name].load("ort", key=key, path=files[model][fastest], options=config, level=level,
                                         **shape)
                 option_sides[name] = option_procs[name]
+            for name in OPTIONS:
+                out = option_procs[name].output(key)
+                diffs[f"{fastest}, {name}"] = float(np.abs(out - reference).max())
+                parity[name] = bool(np.allclose(out, reference, atol=ATOL, rtol=RTOL))
             option_times = measure(option_sides, key, rounds)
             option_ms = {name: med(values) / med(option_times[fastest]) for name, values in option_times.items()}
             control = ms["model.onnx (control)"] / ms["model.onnx"]
@@ -132,7 +136,7 @@ def run(bench: Bench) -> Report:
                      *(f"{ms[name]:.2f}" + ("" if parity[name] else " (parity!)") if name in ms else "-"
                        for name in graphs),
                      fastest, f"{torch_ms / ms[fastest]:.2f}" if torch_ms else "-",
-                     *(f"{option_ms[name]:.2f}x" for name in OPTIONS)]
+                     *(f"{option_ms[name]:.2f}x" + ("" if parity[name] else " (parity!)") for name in OPTIONS)]
             table.append("| " + " | ".join(cells) + " |")
             log(table[-1])
             where = f"{model} B={batch} S={seq}"

@@ -57,8 +57,11 @@ def test_the_cpus_split_into_a_serving_set_and_a_load_set() -> None:
 
 
 def test_an_anchor_in_its_own_process_runs_the_same_graph() -> None:
-    cpus = frozenset(sorted(os.sched_getaffinity(0))[:1])
+    before = os.sched_getaffinity(0)
+    cpus = frozenset(sorted(before)[-1:])
     with AnchorProcess("onnxruntime", cpus, 1) as anchor:
+        assert os.sched_getaffinity(anchor.process.pid) == cpus  # started on its CPUs, this process unmoved
+        assert os.sched_getaffinity(0) == before
         anchor.load("ort", model="rope_attention", batch=1, seq=16)
         times = anchor.burst(3)
         got = anchor.output()
