@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import bench.__main__ as entry
 from bench.harness import Report, Row, inputs
 from bench.inprocess import graph_path, ort_session_at
 from bench.isolation import AnchorProcess, cpu_isa, cpu_lines, plan_cores
+from bench.peers import kserve_python
 
 
 @pytest.mark.parametrize(("control", "ratio", "status"), [
@@ -70,3 +72,10 @@ def test_an_anchor_in_its_own_process_runs_the_same_graph() -> None:
     assert len(times) == 3 and all(t > 0 for t in times)
     expected = ort_session_at(graph_path("rope_attention", "cpu", 16), 1).run(["output"], inputs(1, 16))[0]
     np.testing.assert_array_equal(got, expected)
+
+
+def test_the_kserve_column_is_left_out_with_its_reason_where_kserve_is_not_installed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BENCH_KSERVE_PYTHON", str(tmp_path / "missing" / "python"))
+    python, why = kserve_python(create=True)  # a named interpreter is never made
+    assert python is None and "no kserve at" in why
