@@ -11,14 +11,19 @@ Sub-benchmarks (each module's docstring says what it measures and against what):
   infer     one binary infer over HTTP vs the transport alone, shared memory, in-process onnxruntime and torch
             eager, on CPU or CUDA (bench/infer.py)
   servers   the same app on uvicorn (httptools, h11), 2 workers and granian (bench/servers.py)
+  forms     (not in `all`) the attention graphs onnxruntime can run against torch eager, each alone (bench/forms.py)
 Every pair is measured in interleaved rounds, so machine noise hits both sides alike; ratios are oriented so
 that higher is better for posenc, rows without a target are informational. The ratio table comes last.
+With 2 or more CPUs the servers and their anchors run on one half of them and the load generator on the other
+(--no-pin: everything shares every CPU); each in-process anchor runs alone in its own process; a control (two
+identical sides) that differs by more than 3 % marks the run too noisy to judge (bench/isolation.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import signal
 import sys
 import tempfile
@@ -26,16 +31,22 @@ import time
 from pathlib import Path
 
 from bench.harness import CLIENTS, Bench, Load, Row, format_table, machine_header
+from bench.isolation import NOISE_LIMIT, cpu_summary, plan_cores
 
 BENCHMARKS = ("tables", "batching", "infer", "servers")
+INVESTIGATIONS = ("forms",)  # run when named, not by `all`
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").split("\n\n")[0],
                                      epilog="Each sub-benchmark reads the options that concern it.")
-    parser.add_argument("benchmarks", nargs="+", choices=[*BENCHMARKS, "all"], metavar="BENCHMARK",
-                        help=f"one or more of {', '.join(BENCHMARKS)}, or all")
-    parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target")
+    parser.add_argument("benchmarks", nargs="+", choices=[*BENCHMARKS, *INVESTIGATIONS, "all"], metavar="BENCHMARK",
+                        help=f"one or more of {', '.join(BENCHMARKS)}, or all; or {', '.join(INVESTIGATIONS)}")
+    parser.add_argument("--check", action="store_true", help="exit 1 if any ratio is below its target; exit 3, "
+                        "too noisy to judge, if a control of a row with a target differs by more than 3 %%")
+    parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                        help="servers and anchors on one half of the CPUs, the load generator on the other "
+                        "(default: with 2 or more CPUs)")
     parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds (unless given: --seconds 1, "
                         "--rounds 2, --repeat 3): ratios in about a minute per sub-benchmark, noisier")
     parser.add_argument("--seconds", type=int, help="seconds per load round and side (default 2; quick 1)")
@@ -48,12 +59,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="infer: where every column runs: the server (POSENC_PROVIDERS), onnxruntime and torch")
     parser.add_argument("--case", action="append", metavar="MODEL:B:S",
-                        help="infer: a latency case (repeatable); default: a small set per device")
+                        help="infer, forms: a case (repeatable); default: a small set per device")
     parser.add_argument("--repeat", type=int, help="infer: timed calls per column (median reported; default 9, "
                         "quick 3)")
     parser.add_argument("--threads", type=int, default=0,
-                        help="infer: the server's intra-op threads and torch's threads (default 0: each one's own "
-                        "default; the onnxruntime anchor always runs with onnxruntime's defaults)")
+                        help="infer: the intra-op threads of the servers and the onnxruntime anchor, and torch's "
+                        "threads (default 0: one per CPU of the servers' set)")
+    parser.add_argument("--kserve", action=argparse.BooleanOptionalAction, default=None,
+                        help="infer: KServe's Python ModelServer as a column (its own virtual environment, made on "
+                        "first use; default: on, with --quick only where that environment exists)")
     args = parser.parse_args(argv)
     # quick: every sub-benchmark reads these three, so each runs fewer, shorter rounds
     args.seconds = args.seconds if args.seconds is not None else (1 if args.quick else 2)
@@ -77,23 +91,35 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     rows: list[Row] = []
+    cores = plan_cores(args.pin)
+    args.threads = args.threads or cores.threads
+    if cores.pinned:
+        os.sched_setaffinity(0, cores.load)  # this process is the HTTP client; servers and anchors start elsewhere
     try:
         with tempfile.TemporaryDirectory(prefix="posenc-bench-") as tmp:
-            bench = Bench(Path(tmp), Load(Path(tmp), prefer_wrk=not args.no_wrk), args)
-            print("\n".join([*machine_header(), f"# load: {bench.load.describe()}"]), flush=True)
+            bench = Bench(Path(tmp), Load(Path(tmp), prefer_wrk=not args.no_wrk), args, cores)
+            print("\n".join([*machine_header(cores, args.threads), f"# load: {bench.load.describe()}"]), flush=True)
             for name in args.benchmarks:
                 report = importlib.import_module(f"bench.{name}").run(bench)
                 print("\n".join(report.notes), flush=True)
                 for table in report.tables:
-                    print(f"\n{table}\n", flush=True)
+                    print(f"\n{cpu_summary(cores, args.threads)}\n{table}\n", flush=True)
                 rows += report.rows
     except KeyboardInterrupt:
         print("interrupted: every server was stopped", file=sys.stderr)
         return 130
     if rows:
-        print("\n# rows 'X vs Y': X in the posenc column, Y in the anchor column\n" + format_table(rows))
+        print(f"\n{cpu_summary(cores, args.threads)}\n# rows 'X vs Y': X in the posenc column, Y in the anchor column\n"
+              + format_table(rows))
     print(f"\n# {time.monotonic() - started:.0f} s in all", flush=True)
     failing = [r for r in rows if r.status in ("BELOW", "ERROR")]
+    noisy = [r for r in rows if r.status == "NOISY"]
+    if noisy:
+        print(f"# too noisy to judge: {len(noisy)} row(s) whose control (two identical sides) differs by more than "
+              f"{NOISE_LIMIT:.0%}: " + "; ".join(r.what for r in noisy), flush=True)
+    if args.check and noisy:
+        print("# --check: too noisy to judge (no PASS or BELOW is claimed for those rows)", flush=True)
+        return 3
     return 1 if args.check and failing else 0
 
 

@@ -8,12 +8,15 @@ Two servers, default settings but POSENC_BATCHING=true / false, `--clients` (16)
 each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off, target >= 0.97),
 median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). A third
 server with the same settings as the first, measured in the same rounds, is the control: its ratio to the
-first (informational) is what two equal servers differ by in that run. Then
-onnxruntime's milliseconds per row in-process for B = 1, 2, 4, 8, 16 at S = 64 and 256 (every B in every
-round; ratio: the per-row speed-up over B=1).
+first is what two equal servers differ by in that run: beyond 3 % the on/off row says NOISY (too noisy to
+judge). With pinning (bench/isolation.py) the servers share one core set and the clients run on the other.
+Then onnxruntime's milliseconds per row for B = 1, 2, 4, 8, 16 at S = 64 and 256 in its own process on the
+servers' CPUs (every B in every round; ratio: the per-row speed-up over B=1).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from bench.harness import (
     MODEL,
@@ -27,9 +30,9 @@ from bench.harness import (
     med,
     model_stats,
     spread,
-    timed_ms,
 )
-from bench.inprocess import ort_session
+from bench.inprocess import graph_path
+from bench.isolation import AnchorProcess, alone
 from posenc.service.testing import ServerProcess
 
 SEQS = (16, 64, 256)
@@ -68,7 +71,8 @@ def on_off(bench: Bench, report: Report) -> None:
             p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b]), med([r.p50_ms for r in c])
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, batching on vs off", med(va), med(vb),
                                    "req/s", True, TARGET, f"{spread(va, vb)}; p50 {p50[0]:.2f}/{p50[1]:.2f} ms; "
-                                   f"{per_run[on.name]:.2f} rows/run batched", sum(r.errors for r in a + b)))
+                                   f"{per_run[on.name]:.2f} rows/run batched", sum(r.errors for r in a + b),
+                                   control=med(vc) / med(va)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, control: batching on vs on (two equal "
                                    "servers)", med(vc), med(va), "req/s", True, None,
@@ -82,26 +86,31 @@ def on_off(bench: Bench, report: Report) -> None:
 
 
 def per_row(bench: Bench, report: Report) -> None:
-    """onnxruntime ms per row for each batch size (every B in every round), with onnxruntime's default options."""
+    """onnxruntime ms per row for each batch size (every B in every round), with onnxruntime's default options
+    (but the servers' threads), alone in its own process on the servers' CPUs."""
     args = bench.args
-    session = ort_session(MODEL)
-    for seq in PER_ROW_SEQS:
-        cases = [inputs(batch, seq) for batch in PER_ROW_BATCHES]
-        for arrays in cases:
-            session.run(["output"], arrays)  # warm-up
-        per_call = interleaved(args.rounds or 5, *(lambda x=arrays: timed_ms(lambda: session.run(["output"], x),
-                                                                             args.seconds / 8) for arrays in cases))
-        rows = [[ms / batch for ms in calls] for batch, calls in zip(PER_ROW_BATCHES, per_call, strict=True)]
-        for batch, values in zip(PER_ROW_BATCHES, rows, strict=True):
-            report.rows.append(Row(f"onnxruntime per row B={batch} S={seq} (anchor: B=1)", med(values), med(rows[0]),
-                                   "ms/row", False, None, "ratio = per-row speed-up over B=1"))
-        log(f"onnxruntime per-row cost S={seq} done")
+    with AnchorProcess("onnxruntime per row", bench.cores.serve, args.threads) as anchor:
+        for seq in PER_ROW_SEQS:
+            for batch in PER_ROW_BATCHES:
+                anchor.load("ort", key=str(batch), model=MODEL, batch=batch, seq=seq, path=graph_path(MODEL))
+            per_call = interleaved(args.rounds or 5, *(alone(partial(anchor.burst, 3, str(batch)))
+                                                       for batch in PER_ROW_BATCHES))
+            per_row_rows(report, seq, per_call)
+
+
+def per_row_rows(report: Report, seq: int, per_call: list[list[float]]) -> None:
+    """The rows of one sequence length: each B's ms per row against B=1's."""
+    rows = [[ms / batch for ms in calls] for batch, calls in zip(PER_ROW_BATCHES, per_call, strict=True)]
+    for batch, values in zip(PER_ROW_BATCHES, rows, strict=True):
+        report.rows.append(Row(f"onnxruntime per row B={batch} S={seq} (anchor: B=1)", med(values), med(rows[0]),
+                               "ms/row", False, None, "ratio = per-row speed-up over B=1"))
+    log(f"onnxruntime per-row cost S={seq} done")
 
 
 def run(bench: Bench) -> Report:
     report = Report(notes=["# batching: posenc serve with POSENC_BATCHING=true vs false (otherwise POSENC_* unset), "
-                           f"{bench.args.clients} connections; onnxruntime per row in-process (default session "
-                           "options)"])
+                           f"{bench.args.clients} connections; the control: a third server like the first; "
+                           "onnxruntime per row alone in its own process (default session options but the threads)"])
     on_off(bench, report)
     if not getattr(bench.args, "quick", False):  # --quick: the on/off ratios only
         per_row(bench, report)

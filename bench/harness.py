@@ -8,7 +8,9 @@
   full and count non-2xx answers and socket errors.
 * `interleaved`: rounds of every side, the order reversed every other round, so that drift and noise hit
   all sides alike; a side's value is the median of its rounds.
-* `Row` / `format_table`: one line per ratio (posenc value, anchor value, ratio, target, PASS/BELOW).
+* `Row` / `format_table`: one line per ratio (posenc value, anchor value, ratio, target, PASS/BELOW, or NOISY
+  where the run's control, two identical sides measured the same way, differs by more than 3 %).
+Cores, anchors in their own processes and the control: bench/isolation.py.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from bench.isolation import Cores, cpu_lines, noisy, on_cores
 from posenc.service.testing import (
     HttpRequest,
     LoadGenerator,
@@ -192,18 +195,20 @@ class Load:
 class Servers:
     """The servers of one sub-benchmark, logs in `work_dir`; a context manager that stops them all."""
 
-    def __init__(self, work_dir: Path) -> None:
+    def __init__(self, work_dir: Path, cores: Cores) -> None:
         self.work_dir = work_dir
+        self.cores = cores
         self.started: list[ServerProcess] = []
 
     def start(self, name: str, settings: dict[str, object] | None = None, *, command: Sequence[str] | None = None,
               env: dict[str, str] | None = None) -> ServerProcess:
         """`posenc serve` (or `command`, whose parts may hold {host} and {port}) with `settings` as POSENC_*
-        and none of this shell's; started at once, not waited for (see `ready`)."""
+        and none of this shell's, on the serve CPUs; started at once, not waited for (see `ready`)."""
         log_path = self.work_dir / f"{re.sub(r'[^a-z0-9]+', '-', name.lower())}.log"
         server = ServerProcess(settings, command=command, env=env, base_env=without_posenc(), cwd=ROOT,
                                ready=None, log_path=log_path, name=name)
-        self.started.append(server.start())
+        with on_cores(self.cores.serve):
+            self.started.append(server.start())
         return server
 
     def ready(self, path: str = "/readyz", timeout: float = 90) -> None:
@@ -232,29 +237,27 @@ class Bench:
     work_dir: Path
     load: Load
     args: argparse.Namespace
+    cores: Cores
 
     def servers(self) -> Servers:
-        return Servers(self.work_dir)
+        return Servers(self.work_dir, self.cores)
 
 
-def machine_header() -> list[str]:
+def machine_header(cores: Cores, threads: int) -> list[str]:
     """CPU model, cores, load average and the Python / library versions, as `# ...` lines."""
     import fastapi
     import onnxruntime
     import uvicorn
 
-    model = "unknown CPU"
-    if Path("/proc/cpuinfo").exists():
-        model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), model)
-    cores = len(os.sched_getaffinity(0))
+    usable = len(cores.serve | cores.load)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     try:
         import torch
         torch_version = f", torch {torch.__version__}"
     except ImportError:
         torch_version = ""
-    return [f"# machine: {model}, {os.cpu_count()} CPUs ({cores} usable by this process), load average {load}",
+    return [f"# machine: {os.cpu_count()} CPUs ({usable} usable by this process), load average {load}",
+            *cpu_lines(cores, threads),
             f"# Python {sys.version.split()[0]}, uvicorn {uvicorn.__version__}, fastapi {fastapi.__version__}, "
             f"onnxruntime {onnxruntime.__version__}, numpy {np.__version__}{torch_version}"]
 
@@ -263,7 +266,8 @@ def machine_header() -> list[str]:
 class Row:
     """One ratio. `ratio` is oriented so that higher is better for posenc (posenc/anchor for rates,
     anchor/posenc for times) unless `at_most` (then the target is a ceiling: a ratio of costs);
-    `target` None means informational (no PASS/BELOW)."""
+    `target` None means informational (no PASS/BELOW). `control`: the ratio of two identical sides measured
+    the same way in the same run (1.0 on a quiet machine); outside 1 ± 3 % a row with a target says NOISY."""
 
     what: str
     value: float
@@ -274,6 +278,7 @@ class Row:
     note: str = ""
     errors: int = 0
     at_most: bool = False
+    control: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -287,6 +292,8 @@ class Row:
             return "ERROR"
         if self.target is None:
             return "info"
+        if noisy(self.control):
+            return "NOISY"
         passed = self.ratio <= self.target if self.at_most else self.ratio >= self.target
         return "PASS" if passed else "BELOW"
 
@@ -306,9 +313,10 @@ def _num(x: float) -> str:
 
 def format_table(rows: list[Row]) -> str:
     """A fixed-width table; a failing row says BELOW (or ERROR when any request failed)."""
-    head = ["what", "posenc", "anchor", "ratio", "target", "status", "note"]
+    head = ["what", "posenc", "anchor", "ratio", "target", "control", "status", "note"]
     body = [[r.what, f"{_num(r.value)} {r.unit}", f"{_num(r.anchor)} {r.unit}", f"{r.ratio:.3f}",
-             "-" if r.target is None else f"{'<=' if r.at_most else '>='} {r.target:.2f}", r.status, r.note]
+             "-" if r.target is None else f"{'<=' if r.at_most else '>='} {r.target:.2f}",
+             "-" if r.control is None else f"{r.control:.3f}", r.status, r.note]
             for r in rows]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in [head, *body]]

@@ -40,14 +40,18 @@ import mmap
 import os
 import sys
 from collections.abc import Callable
+from contextlib import ExitStack
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from bench import grpc_columns
 from bench.echo_asgi import ECHO_PATH
-from bench.harness import Bench, Report, Row, call_ms, inputs, interleaved, log, med, spread
-from bench.inprocess import io_binding_call, ort_call, ort_session, require_cuda, torch_call, torch_version
+from bench.harness import Bench, Report, Row, inputs, interleaved, log, med, spread
+from bench.inprocess import require_cuda, torch_version
+from bench.isolation import AnchorProcess, alone, burst_ms
+from bench.peers import kserve_python, start_kserve
 from posenc.service.testing import (
     SHARED_MEMORY_HEADERS,
     RequestedOutput,
@@ -78,6 +82,8 @@ OVERHEAD_TARGET = 1.3  # (HTTP binary - onnxruntime) / echo, at most: small and 
 SHM_TARGET, SMALL_SHM_TARGET = 0.9, 0.6  # onnxruntime / HTTP shm zero-copy: large, small requests
 BINARY_TARGET = 0.5  # onnxruntime / HTTP binary for mid-size requests
 TORCH_TARGET = 1.0  # torch eager / onnxruntime, at every shape: the ONNX path is to be the fast one
+KSERVE_TARGET = 1.0  # KServe ModelServer / posenc, HTTP binary: posenc ahead at every shape
+BURST_MS, QUICK_BURST_MS, MOST_CALLS = 600.0, 250.0, 5  # a side's burst per round: its calls fit this, 1 to 5
 
 
 def targets(batch: int, seq: int) -> dict[str, float]:
@@ -216,38 +222,51 @@ class ZeroCopyCase:
             os.close(fd)
 
 
-def side_by_side(calls: dict[str, Callable[[], object]], repeat: int) -> dict[str, list[float]]:
-    """Milliseconds of every call in each of `repeat` rounds (after one warm-up call each)."""
-    for call in calls.values():
-        call()
-    rounds = interleaved(repeat, *(call_ms(call) for call in calls.values()))
-    return dict(zip(calls, rounds, strict=True))
+def measured(sides: dict[str, Callable[[int], list[float]]], rounds: int, budget_ms: float,
+             most: int) -> dict[str, list[float]]:
+    """Per side, the median milliseconds of its burst in each of `rounds` interleaved rounds. A side runs alone:
+    a pause before it (bench/isolation.py), then a burst of consecutive calls (after one untimed call), as many
+    as fit `budget_ms` by its first call, 1 to `most`."""
+    calls = {}
+    for name, burst in sides.items():
+        first = burst(1)[0]
+        calls[name] = max(1, min(most, int(budget_ms / max(first, 1e-3))))
+    rounds_ms = interleaved(rounds, *(alone(partial(burst, calls[name])) for name, burst in sides.items()))
+    return dict(zip(sides, rounds_ms, strict=True))
 
 
 def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], threads: int) -> list[Row]:
-    """The ratio-table rows of one case: informational, plus the targets that hold at its B·S (`targets`)."""
+    """The ratio-table rows of one case: informational, plus the targets that hold at its B·S (`targets`); the
+    control of each is the two identical onnxruntime anchors' ratio in the same rounds."""
     where = f"{model} B={batch} S={seq}"
     binary, ort, echo, shm, copied = times["binary"], times["ort"], times["echo"], times["shm"], times["shm copied"]
     held = targets(batch, seq)
+    control = med(times["ort twin"]) / med(ort)
     rows = [Row(f"HTTP binary infer vs in-process onnxruntime {where}", med(binary), med(ort), "ms", False,
-                held.get("binary"), f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency")]
+                held.get("binary"), f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency",
+                control=control)]
     if "torch" in times:
         rows.append(Row(f"onnxruntime vs torch eager {where}", med(ort), med(times["torch"]), "ms", False, TORCH_TARGET,
-                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, "
-                        f"{threads or 'default'} threads"))
+                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, each alone, "
+                        f"{threads} threads", control=control))
+    if "kserve" in times:
+        rows.append(Row(f"HTTP binary infer: posenc vs KServe ModelServer {where}", med(binary), med(times["kserve"]),
+                        "ms", False, KSERVE_TARGET, f"{spread(binary, times['kserve'], False)}; the same graph, "
+                        "onnxruntime and session options, the same client", control=control))
     rows.append(Row(f"HTTP shm copied (/dev/shm, TCP) vs in-process onnxruntime {where}", med(copied), med(ort), "ms",
                     False, None, f"{spread(copied, ort, False)}; objects that may shrink are read and written with "
                     "pread/pwrite"))
     rows.append(Row(f"HTTP shm zero-copy (sealed memfd, Unix socket) vs in-process onnxruntime {where}", med(shm),
-                    med(ort), "ms", False, held.get("shm"), spread(shm, ort, False)))
+                    med(ort), "ms", False, held.get("shm"), spread(shm, ort, False), control=control))
     rows.append(Row(f"(HTTP binary - onnxruntime) / echo {where}", med(binary) - med(ort), med(echo), "ms", True,
-                    held.get("overhead"), "overhead: what posenc adds to the run, in echoes", at_most=True))
+                    held.get("overhead"), "overhead: what posenc adds to the run, in echoes", at_most=True,
+                    control=control))
     return rows
 
 
 def run(bench: Bench) -> Report:
     args = bench.args
-    device, threads = args.device, args.threads
+    device, threads, cores = args.device, args.threads, bench.cores
     if device == "cuda":
         require_cuda()
     quick = getattr(args, "quick", False)
@@ -256,17 +275,22 @@ def run(bench: Bench) -> Report:
     all_inputs = {case: inputs(case[1], case[2], case[0]) for case in cases}
     largest = max(sum(a.nbytes for a in arrays.values()) for arrays in all_inputs.values())
     binding_column, has_torch = device == "cuda", torch_version() is not None
-    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on posenc's server, device {device}, "
-             f"server intra-op threads {threads or 'default'}, onnxruntime anchor with default session options, "
-             f"{repeat} rounds per column; torch {torch_version() or 'not installed: no torch column'}"]
+    kserve, why_not = (None, "--no-kserve") if args.kserve is False or device == "cuda" else \
+        kserve_python(create=args.kserve is True or not quick)
+    notes = [f"# infer: posenc + echo (bench/echo_asgi.py) on posenc's server, device {device}, {threads} intra-op "
+             "threads in every server and anchor; in-process anchors (onnxruntime with default session options but "
+             "the threads, torch eager) each in its own process; the echo in a server of its own; "
+             f"{repeat} rounds, every side alone in bursts; control: a second identical onnxruntime anchor; "
+             f"torch {torch_version() or 'not installed: no torch column'}; "
+             f"KServe ModelServer: {'on' if kserve else 'not measured: ' + why_not}"]
     if device == "cuda":
         import torch
         notes.append(f"# GPU {torch.cuda.get_device_name(0)}")
     table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm zero-copy | HTTP shm copied | onnxruntime"
-             + (" | onnxruntime I/O binding" if binding_column else "")
-             + " | torch eager | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) | onnxruntime / shm (≥ 0.6 at "
-             "B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
-             "|---" * (16 + binding_column) + "|"]
+             " | onnxruntime (control) | " + ("onnxruntime I/O binding | " if binding_column else "")
+             + "torch eager | KServe ModelServer | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) "
+             "| onnxruntime / shm (≥ 0.6 at B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
+             "|---" * (18 + binding_column) + "|"]
     report = Report(notes=notes)
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
@@ -274,18 +298,29 @@ def run(bench: Bench) -> Report:
         "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
     command = [sys.executable, "-m", "bench.echo_asgi", "--host", "{host}", "--port", "{port}"]
     socket_path = str(bench.work_dir / "posenc.sock")
-    with bench.servers() as servers:
+    anchor_names = ["ort", "ort twin", *(["torch"] if has_torch else []), *(["binding"] if binding_column else [])]
+    with bench.servers() as servers, ExitStack() as stack:
         server = servers.start("posenc + echo", {**settings, **grpc_columns.server_settings()}, command=command)
         # the zero-copy column: `posenc serve` itself, whose Unix socket tells it who the client is
         servers.start("posenc serve (unix socket)", {**settings, "uds": socket_path})
+        echo_server = servers.start("echo", settings, command=command)  # the transport's anchor, a process alone
+        peer = start_kserve(servers, kserve, sorted({c[0] for c in cases}), threads) if kserve else None
+        anchors = {name: stack.enter_context(AnchorProcess(name, cores.serve, threads)) for name in anchor_names}
         servers.ready("/v2/health/ready", timeout=120)
-        raw = Raw(server)
+        raw, echo_raw = Raw(server), Raw(echo_server)
+        peer_raw = Raw(peer) if peer else None
         grpc = grpc_columns.GrpcColumns(server)
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
-                session = ort_session(model, device, seq)
-                expected = session.run(["output"], arrays)[0]
+                shape: dict[str, Any] = {"model": model, "batch": batch, "seq": seq}
+                anchors["ort"].load("ort", **shape, device=device)
+                anchors["ort twin"].load("ort", **shape, device=device)
+                if "torch" in anchors:
+                    anchors["torch"].load("torch", **shape, device=device)
+                if "binding" in anchors:
+                    anchors["binding"].load("ort", **shape, device=device, binding=True)
+                expected = anchors["ort"].output()
                 binary, request_bytes, response_bytes = binary_call(raw, model, arrays)
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)
                 echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
@@ -293,19 +328,19 @@ def run(bench: Bench) -> Report:
                 zero_copy = ZeroCopyCase(socket_path, arrays, str(index))
                 try:
                     calls: dict[str, Callable[[], Any]] = {
-                        "echo": lambda body=echo_body, headers=echo_headers: raw.post(ECHO_PATH, body, headers),
-                        "binary": binary, "shm": zero_copy.call(model), "shm copied": shared.call(raw, model),
-                        "ort": ort_call(session, arrays)}
-                    calls.update(grpc.calls(model, arrays))
-                    if binding_column:
-                        calls["binding"] = io_binding_call(session, arrays)
-                    eager = torch_call(model, arrays, device, threads)
-                    if eager is not None:
-                        calls["torch"] = eager
+                        "echo": partial(echo_raw.post, ECHO_PATH, echo_body, echo_headers),
+                        "binary": binary, "shm": zero_copy.call(model), "shm copied": shared.call(raw, model)}
+                    if peer_raw is not None:
+                        calls["kserve"] = binary_call(peer_raw, model, arrays)[0]
+                        np.testing.assert_allclose(calls["kserve"](), expected, atol=1e-4, rtol=1e-4)
                     np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
+                    calls.update(grpc.calls(model, arrays))
                     for name in ("shm copied", "grpc", "grpc tritonclient"):
                         np.testing.assert_allclose(calls[name](), expected, atol=1e-4, rtol=1e-4)
-                    times = side_by_side(calls, repeat)
+                    sides: dict[str, Callable[[int], list[float]]] = {
+                        name: partial(burst_ms, call) for name, call in calls.items()}
+                    sides.update({name: anchor.burst for name, anchor in anchors.items()})
+                    times = measured(sides, repeat, QUICK_BURST_MS if quick else BURST_MS, MOST_CALLS)
                 finally:
                     shared.close()
                     zero_copy.close()
@@ -315,16 +350,19 @@ def run(bench: Bench) -> Report:
                 overhead_note, shm_note = ("" if name in held else " (n/a)" for name in ("overhead", "shm"))
                 table.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
                              f"| {ms['echo']:.2f} ms | {ms['binary']:.2f} ms | {ms['shm']:.2f} ms "
-                             f"| {ms['shm copied']:.2f} ms | {ms['ort']:.2f} ms"
+                             f"| {ms['shm copied']:.2f} ms | {ms['ort']:.2f} ms | {ms['ort twin']:.2f} ms"
                              + (f" | {ms['binding']:.2f} ms" if binding_column else "")
                              + (f" | {ms['torch']:.2f} ms" if has_torch else " | n/a")
+                             + (f" | {ms['kserve']:.2f} ms" if "kserve" in ms else " | n/a")
                              + f" | {overhead:.2f}{overhead_note} | {shm_ratio:.2f}{shm_note}"
                              + grpc.cells(times) + " |")
                 log(table[-1])
                 report.rows += case_rows(model, batch, seq, times, threads)
                 report.rows += grpc.rows(model, batch, seq, times)
         finally:
-            raw.close()
+            for client in (raw, echo_raw, peer_raw):
+                if client is not None:
+                    client.close()
             grpc.close()
     report.tables.append("\n".join(table))
     return report

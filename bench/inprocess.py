@@ -36,6 +36,29 @@ def model_file(model: str, device: str, seq: int) -> str:
     return cpu_form[0] if device == "cpu" and cpu_form is not None and seq >= cpu_form[2] else "model.onnx"
 
 
+LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+          "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+
+
+def ort_session_at(path: str, threads: int = 0, config: dict[str, str] | None = None,
+                   level: str | None = None) -> ort.InferenceSession:
+    """A CPU session on the graph at `path` with onnxruntime's default options but `threads` intra-op threads
+    (0: its own default), the session config entries `config` and the optimization `level` (LEVELS)."""
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
+    if level:
+        options.graph_optimization_level = LEVELS[level]
+    return ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def graph_path(model: str, device: str = "cpu", seq: int = 0) -> str:
+    """The file of the graph the server runs for `model` at a sequence of `seq` on `device`."""
+    return str(ROOT / "onnx" / model / model_file(model, device, seq))
+
+
 def ort_session(model: str, device: str = "cpu", seq: int = 0) -> ort.InferenceSession:
     """The anchor: a session with onnxruntime's default options (its own thread pool size, spinning on), as a
     user running the model in-process gets it, on the graph the server runs for a sequence of `seq`

@@ -3,7 +3,8 @@
 posenc (`python -m posenc.service.cli serve`, default settings: access log and metrics on) and the anchor (a bare
 FastAPI app on the same uvicorn, loop and HTTP implementation, access log off, serving from `async def` the
 bytes and headers captured from posenc: bench/anchor.py), each on a free loopback port, measured in
-interleaved rounds:
+interleaved rounds, with a second anchor measured in the same rounds as the control (two identical servers;
+beyond 3 % apart a row says NOISY, bench/isolation.py):
   small    req/s of the cached `/v1/alibi/slopes?num_heads=32` (16 connections), target >= 1.0
   healthz  req/s of `/healthz` vs the anchor returning the same JSON (16 connections), target >= 0.85
   large    GB/s of the cached 64 MiB `/v1/rope?max_position=65536&head_dim=128` safetensors table, whole
@@ -26,6 +27,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from bench.harness import (
     med,
     spread,
 )
+from bench.isolation import on_cores
 from posenc.service.budget import configure_malloc
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
@@ -85,27 +88,32 @@ def run(bench: Bench) -> Report:
         servers.ready("/readyz")
         spec_path, cache_note = capture_tables(posenc, bench.work_dir)
         report.notes.append(f"# tables: {cache_note}")
-        anchor = servers.start("anchor", command=[
-            sys.executable, "-m", "uvicorn", "bench.anchor:create_app", "--factory", "--host", "{host}", "--port",
-            "{port}", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level", "warning"],
-            env={"BENCH_ANCHOR_SPEC": str(spec_path)})
+        command = [sys.executable, "-m", "uvicorn", "bench.anchor:create_app", "--factory", "--host", "{host}",
+                   "--port", "{port}", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level",
+                   "warning"]
+        anchor = servers.start("anchor", command=command, env={"BENCH_ANCHOR_SPEC": str(spec_path)})
+        # the control: the same anchor again, measured in the same rounds (two identical servers must agree)
+        twin = servers.start("anchor, the same again", command=command, env={"BENCH_ANCHOR_SPEC": str(spec_path)})
         anchor.wait_ready("/healthz")
+        twin.wait_ready("/healthz")
         cases = [(f"cached small table {SMALL}", SMALL, CLIENTS, False, 1.0),
                  ("/healthz", "/healthz", CLIENTS, False, 0.85),
                  ("cached 64 MiB table /v1/rope (65536x128, safetensors)", LARGE, args.large_connections, True, 0.90)]
         for what, path, conns, gbps, goal in cases:
             target = Target(path)  # the same URL to both
-            load.round(posenc.port, target, 1, conns), load.round(anchor.port, target, 1, conns)  # warm-up
-            a, b = interleaved(rounds, lambda t=target, c=conns: load.round(posenc.port, t, args.seconds, c),
-                               lambda t=target, c=conns: load.round(anchor.port, t, args.seconds, c))
+            for server in (posenc, anchor, twin):
+                load.round(server.port, target, 1, conns)  # warm-up
+            a, b, c = interleaved(rounds, *(partial(load.round, server.port, target, args.seconds, conns)
+                                            for server in (posenc, anchor, twin)))
             metric: Callable[[LoadResult], float] = (lambda r: r.gbps) if gbps else (lambda r: r.rps)
-            va, vb = [metric(r) for r in a], [metric(r) for r in b]
+            va, vb, vc = [metric(r) for r in a], [metric(r) for r in b], [metric(r) for r in c]
             report.rows.append(Row(
                 f"{what}, {conns} conn", med(va), med(vb), "GB/s" if gbps else "req/s", True, goal,
                 f"{spread(va, vb)}; p50 {med([r.p50_ms for r in a]):.2f}/{med([r.p50_ms for r in b]):.2f} ms",
-                sum(r.errors for r in a + b)))
+                sum(r.errors for r in a + b), control=med(vc) / med(vb)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
-    compute_rows(bench, report, rounds)
+    with on_cores(bench.cores.serve | bench.cores.load):  # in this process, on every core: no load generator runs
+        compute_rows(bench, report, rounds)
     if not args.quick:
         served_rows(bench, report, rounds)
     return report

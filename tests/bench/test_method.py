@@ -1,0 +1,81 @@
+"""The benchmark's method (bench/isolation.py): a control outside 3 % makes a row NOISY and `--check` say it is
+too noisy to judge; the cores split in two sets; an anchor in its own process answers what it answers in-process."""
+
+from __future__ import annotations
+
+import os
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bench.__main__ as entry
+from bench.harness import Report, Row, inputs
+from bench.inprocess import graph_path, ort_session_at
+from bench.isolation import AnchorProcess, cpu_isa, cpu_lines, plan_cores
+from bench.peers import kserve_python
+
+
+@pytest.mark.parametrize(("control", "ratio", "status"), [
+    (None, 1.2, "PASS"), (1.02, 1.2, "PASS"), (0.98, 0.9, "BELOW"), (1.05, 1.2, "NOISY"), (0.96, 0.9, "NOISY"),
+])
+def test_a_row_is_judged_only_when_its_control_agrees_within_3_percent(control: float | None, ratio: float,
+                                                                        status: str) -> None:
+    row = Row("x", ratio, 1.0, "req/s", True, target=1.0, control=control)
+    assert row.status == status
+    assert Row("x", ratio, 1.0, "req/s", True, control=1.5).status == "info"  # no target, nothing to judge
+
+
+def _run_with(monkeypatch: pytest.MonkeyPatch, rows: list[Row], *argv: str) -> int:
+    fake = types.SimpleNamespace(run=lambda bench: Report(rows=rows))
+    monkeypatch.setattr(entry.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(entry.signal, "signal", lambda *args: None)  # main's SIGTERM handler: not in pytest's process
+    return entry.main(["tables", "--no-pin", *argv])
+
+
+def test_check_fails_as_too_noisy_rather_than_passing_or_failing(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    noisy = Row("small table", 0.5, 1.0, "req/s", True, target=1.0, control=1.10)
+    assert _run_with(monkeypatch, [noisy], "--check") == 3
+    assert "too noisy to judge" in capsys.readouterr().out
+    assert _run_with(monkeypatch, [noisy]) == 0  # without --check: printed, never failing
+    below = Row("small table", 0.5, 1.0, "req/s", True, target=1.0, control=1.01)
+    assert _run_with(monkeypatch, [below], "--check") == 1
+    passing = Row("small table", 1.5, 1.0, "req/s", True, target=1.0, control=1.01)
+    assert _run_with(monkeypatch, [passing], "--check") == 0
+
+
+def test_the_cpus_split_into_a_serving_set_and_a_load_set() -> None:
+    usable = set(os.sched_getaffinity(0))
+    cores = plan_cores(True)
+    if len(usable) >= 2:
+        assert cores.pinned and cores.serve and cores.load and not cores.serve & cores.load
+        assert cores.serve | cores.load == usable and cores.threads == len(cores.serve)
+    unpinned = plan_cores(False)
+    assert not unpinned.pinned and unpinned.serve == unpinned.load == usable
+    assert any("threads 3" in line for line in cpu_lines(unpinned, 3))
+    assert set(cpu_isa()) <= {"AVX2", "AVX-512", "AVX512-VNNI", "AVX512-BF16", "AMX", "AMX-BF16", "AMX-INT8"}
+
+
+def test_an_anchor_in_its_own_process_runs_the_same_graph() -> None:
+    before = os.sched_getaffinity(0)
+    cpus = frozenset(sorted(before)[-1:])
+    with AnchorProcess("onnxruntime", cpus, 1) as anchor:
+        assert os.sched_getaffinity(anchor.process.pid) == cpus  # started on its CPUs, this process unmoved
+        assert os.sched_getaffinity(0) == before
+        anchor.load("ort", model="rope_attention", batch=1, seq=16)
+        times = anchor.burst(3)
+        got = anchor.output()
+        process = anchor.process
+    assert not process.is_alive()
+    assert len(times) == 3 and all(t > 0 for t in times)
+    expected = ort_session_at(graph_path("rope_attention", "cpu", 16), 1).run(["output"], inputs(1, 16))[0]
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_the_kserve_column_is_left_out_with_its_reason_where_kserve_is_not_installed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BENCH_KSERVE_PYTHON", str(tmp_path / "missing" / "python"))
+    python, why = kserve_python(create=True)  # a named interpreter is never made
+    assert python is None and "no kserve at" in why
