@@ -61,7 +61,7 @@ from posenc.service.testing import (
     decode_response,
     http_request,
     kserve_request,
-    memfd_key,
+    register_memfd,
     sealed_memfd,
     shared_memory_inputs,
     shared_memory_key_settings,
@@ -174,7 +174,8 @@ class SharedMemoryCase:
 
 
 class ZeroCopyCase:
-    """Inputs and output in two sealed memfds, registered over the server's Unix socket as `fd:N`: the server
+    """Inputs and output in two sealed memfds, registered over the server's Unix socket as `fd:N` with the
+    descriptors sent along (SCM_RIGHTS): the server
     maps them (they cannot shrink), so the inputs reach onnxruntime as views and the output is written in
     place. The request goes over the socket too (one keep-alive connection)."""
 
@@ -186,8 +187,10 @@ class ZeroCopyCase:
         self.conn = UnixHTTPConnection(socket_path, timeout=300)
         self.names = [f"zin_{tag}", f"zout_{tag}"]
         for name, fd, size in zip(self.names, self.fds, (len(data), out_size), strict=True):
-            self._post(f"/v2/systemsharedmemory/region/{name}/register",
-                       json.dumps({"key": memfd_key(fd), "byte_size": size}).encode())
+            # the descriptor travels with the request (SCM_RIGHTS, a connection of its own)
+            status, _, answer = register_memfd(socket_path, name, fd, size)
+            if status != 200:
+                raise RuntimeError(f"register {name}: HTTP {status}: {answer[:300]!r}")
         self.output = np.frombuffer(mmap.mmap(self.fds[1], out_size, prot=mmap.PROT_READ), np.float32)
         output = RequestedOutput("output", shared_memory=SharedMemory(self.names[1], out_size))
         self.request = kserve_request(shared_memory_inputs(arrays, self.names[0]), outputs=[output])

@@ -25,13 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from posenc.service.inference.calibration import Machine
 
 NOISE_LIMIT = 0.03  # two identical sides may differ by this much before a run is too noisy to judge
 SETTLE_S = 0.15  # the pause before each side: long enough for the previous side's thread pool to stop spinning
-ISA_FLAGS = (("avx2", "AVX2"), ("avx512f", "AVX-512"), ("avx512_vnni", "AVX512-VNNI"), ("avx512_bf16", "AVX512-BF16"),
-             ("amx_tile", "AMX"), ("amx_bf16", "AMX-BF16"), ("amx_int8", "AMX-INT8"))
 
 
 @dataclass(frozen=True)
@@ -81,21 +80,13 @@ def on_cores(cpus: frozenset[int]) -> Iterator[None]:
 
 
 def cpu_model() -> str:
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
-        return "unknown CPU"
-    return next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
-                 if line.startswith("model name")), "unknown CPU")
+    """The CPU's model name (the service's calibration reads the same: `Machine.here`)."""
+    return Machine.here().cpu or "unknown CPU"
 
 
 def cpu_isa() -> list[str]:
     """The vector extensions the CPU reports (AVX2, AVX-512, AMX and their variants), from /proc/cpuinfo."""
-    info = Path("/proc/cpuinfo")
-    if not info.exists():
-        return []
-    flags = next((set(line.split(":", 1)[1].split()) for line in info.read_text().splitlines()
-                  if line.startswith("flags")), set())
-    return [name for flag, name in ISA_FLAGS if flag in flags]
+    return Machine.here().isa_names()
 
 
 def cpu_lines(cores: Cores, threads: int) -> list[str]:

@@ -38,7 +38,11 @@ SEQUENCES = (16, 32, 64, 128, 256, 512, 1024)  # B=1 lengths timed; the CPU form
 ROUNDS = 3  # interleaved runs per graph and length, after one warm-up run each
 # (name, KServe datatype, shape with -1 for dynamic dims, the sequence axis) of one model input
 InputShape = tuple[str, str, Sequence[int], int | None]
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
+# /proc/cpuinfo flag -> name: the vector extensions onnxruntime's and numpy's kernels choose their code by
+ISA_FLAGS: dict[str, str] = {
+    "avx2": "AVX2", "fma": "FMA", "avx512f": "AVX-512", "avx512_vnni": "AVX512-VNNI", "avx512_bf16": "AVX512-BF16",
+    "amx_tile": "AMX", "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8", "asimd": "NEON", "sve": "SVE",
+}
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,11 @@ class Machine:
     """What the timings depend on besides the graphs: the CPU, its vector extensions, the cores we may use."""
 
     cpu: str
-    isa: tuple[str, ...]
+    isa: tuple[str, ...]  # /proc/cpuinfo flags of ISA_FLAGS the CPU has
     cores: int
+
+    def isa_names(self) -> list[str]:
+        return [ISA_FLAGS[flag] for flag in self.isa]
 
     @classmethod
     def here(cls, cpuinfo: Path = Path("/proc/cpuinfo")) -> Machine:
