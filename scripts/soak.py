@@ -1,6 +1,6 @@
 """Bounded soak test: mixed load and faulty clients against a real `posenc serve`, then SIGTERM under load.
 
-    python scripts/soak.py [--seconds 60] [--concurrency 64] [--seed 0] [--max-rss-mib N]
+    python scripts/soak.py [--seconds 60] [--concurrency 64] [--seed 0] [--max-rss-mib N] [--crowd-seconds 45]
 
 Starts `python -m posenc.service.cli serve` on a free loopback port (short header/body/graceful timeouts, so the
 fault clients meet them within the run), drives it with `--concurrency` keep-alive clients (cached and
@@ -486,6 +486,8 @@ def main() -> int:
     parser.add_argument("--body-timeout", type=float, default=3.0, help="POSENC_BODY_TIMEOUT for the run")
     parser.add_argument("--send-timeout", type=float, default=5.0, help="POSENC_SEND_TIMEOUT for the run")
     parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
+    parser.add_argument("--crowd-seconds", type=float, default=45, help="the mixed crowd's duration (0: none)")
+    parser.add_argument("--crowd-clients", type=int, default=64, help="the mixed crowd's keep-alive clients")
     args = parser.parse_args()
     settings = {"workers": 1, "log_level": "warning", "access_log": False, "header_timeout": args.header_timeout,
                 "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout,
@@ -512,13 +514,17 @@ def main() -> int:
         server.stop(signal.SIGKILL, timeout=5)  # already gone after a clean run
     log = server.log()
     violations = report(soak, status, exit_after, max_rss, log)
+    if args.crowd_seconds > 0:
+        from crowd import check_crowd  # scripts/crowd.py, beside this file
+        violations += check_crowd(args.crowd_seconds, args.crowd_clients, args.seed)
     if violations:
         print(f"\nFAILED: {len(violations)} violation(s)")
         for line in violations[:30]:
             print("  " + line)
         print("\nserver log (last 20 lines):\n" + "\n".join(log.splitlines()[-20:]))
         return 1
-    print("\nOK: no 5xx, no lost responses, clean exit within the graceful timeout, RSS within bound")
+    print("\nOK: no 5xx, no lost responses, clean exit within the graceful timeout, RSS within bound"
+          + ("; the crowd within its memory bound" if args.crowd_seconds > 0 else ""))
     return 0
 
 

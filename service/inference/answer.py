@@ -199,7 +199,9 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     inputs = check_inputs(model, parsed.inputs)
     if parsed.outputs is not None:
         check_outputs(model, [out.name for out in parsed.outputs])
-    await reservation.grow(memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
+    # what the request holds, and its run inside onnxruntime (the attention scores): all in the budget
+    needed = memory_needed(body, model, parsed, inputs) + engine.run_memory(model, inputs)
+    await reservation.grow(needed, f"an inference on '{model.name}'")
     written = shm_destinations(model, parsed, inputs, shm)
     outputs = await engine.infer(model, inputs, written)
     # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)

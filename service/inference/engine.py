@@ -239,6 +239,17 @@ class Engine:
         self.check_run(model, inputs)
         return await self.batchers[model.name].run_admitted(inputs, out)
 
+    def run_memory(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> int:
+        """Bytes the run of these inputs holds inside onnxruntime (the attention scores of all its rows; 0 for a
+        model without a cost model), for the request's memory budget reservation."""
+        cost = self.costs.get(model.name)
+        found = next(((inputs[t.name].shape, axis) for t in model.config.inputs
+                      if (axis := t.sequence_axis()) is not None and t.name in inputs), None)
+        if cost is None or found is None:
+            return 0
+        shape, axis = found
+        return cost.run_bytes(int(shape[0]) if axis > 0 else 1, int(shape[axis]))
+
     def check_run(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> None:
         """413 when a single row of these inputs needs more memory in one run than POSENC_MAX_RUN_BYTES allows."""
         cost = self.costs.get(model.name)

@@ -348,7 +348,9 @@ class Servicer:
                 inputs = check_inputs(model, parsed.inputs)
                 if parsed.outputs is not None:
                     check_outputs(model, [out.name for out in parsed.outputs])
-                await reservation.grow(memory_needed(body, model, parsed, inputs), f"an inference on '{model.name}'")
+                # what the request holds and its run inside onnxruntime, as over HTTP (answer.py)
+                needed = memory_needed(body, model, parsed, inputs) + state.engine.run_memory(model, inputs)
+                await reservation.grow(needed, f"an inference on '{model.name}'")
                 written = shm_destinations(model, parsed, inputs, shm)
                 outputs = await state.engine.infer(model, inputs, written)
                 del body, inputs

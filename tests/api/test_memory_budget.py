@@ -226,3 +226,24 @@ def test_nobody_jumps_ahead_of_requests_already_waiting() -> None:
         assert taken is not None and budget.reserved == 10
 
     asyncio.run(scenario())
+
+
+def test_an_inference_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention scores of the run ([B, Hq, S, S] float32, twice) are in the inference's reservation:
+    B=2, S=256 on rope_attention (8 heads) holds 8 MiB inside onnxruntime besides its 3 MiB body."""
+    from posenc.service.testing import attention_inputs, kserve_request
+
+    held: list[int] = []
+    original = Reservation.grow
+
+    async def grow(self: Reservation, nbytes: int, what: str) -> None:
+        held.append(nbytes)
+        await original(self, nbytes, what)
+
+    monkeypatch.setattr(Reservation, "grow", grow)
+    request = kserve_request(attention_inputs(8, 8, 64, 2, 256), binary_output=True)
+    with running_client() as client:
+        answer = client.post("/v2/models/rope_attention/infer", content=request.body, headers=request.headers)
+        assert answer.status_code == 200, answer.text
+    scores = 2 * 4 * 2 * 8 * 256 * 256
+    assert held and held[-1] >= len(request.body) + 2 * 8 * 256 * 64 * 4 + scores

@@ -83,7 +83,7 @@ def _expected() -> np.ndarray:
 
 @as_root_only
 def test_another_uid_neither_sees_nor_replaces_nor_wipes_a_region(socket_path: str) -> None:
-    mine, theirs = _object(0, 0o600, PAYLOAD), _object(NOBODY, 0o666, b"")
+    mine, theirs = _object(0, 0o600, PAYLOAD), _object(NOBODY, 0o666, PAYLOAD)  # an output there shows
     try:
         register = {"key": f"/{mine.name}", "byte_size": SIZE}
         assert _call(socket_path, "/v2/systemsharedmemory/region/results/register", register)[0] == 200
@@ -112,7 +112,7 @@ def test_another_uid_neither_sees_nor_replaces_nor_wipes_a_region(socket_path: s
         assert status == 200, answer
         got = np.frombuffer(mine.read_bytes()[OUTPUT_AT:OUTPUT_AT + 2048], np.float32).reshape(_expected().shape)
         np.testing.assert_allclose(got, _expected(), atol=1e-5, rtol=1e-5)
-        assert theirs.read_bytes() == bytes(SIZE), "root's output went to uid 65534's object"
+        assert theirs.read_bytes()[OUTPUT_AT:] == bytes(SIZE - OUTPUT_AT), "root's output went to uid 65534's object"
     finally:
         _call(socket_path, "/v2/systemsharedmemory/unregister", b"")
         mine.unlink()
