@@ -147,9 +147,10 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
     _fact(facts, "rotary_dim", params.rotary_dim, found.rotary_dim, "partial_rotary_dim_wrong",
           f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
     if found.source in ("gguf", "config.json"):
-        _fact(facts, "rope_theta", params.rope_theta, found.rope_theta, "wrong_freq_base",
-              f"the file's base (freq_base / rope_theta) is {found.rope_theta}; the model's is {params.rope_theta:g} "
-              "(a converter that did not read rope_theta writes the default)", missing_is="missing")
+        theta = DEFAULT_ROPE_THETA if found.rope_theta is None else found.rope_theta  # llama.cpp's default
+        _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
+              f"the file's base (freq_base / rope_theta) is {theta:g}; the model's is {params.rope_theta:g} "
+              "(a converter that did not read rope_theta writes the default)")
     if ref.theta_swa is not None and found.source == "gguf":
         _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
               f"sliding-window layers use base {ref.theta_swa:g}; the file "
