@@ -17,7 +17,7 @@ import numpy as np
 from posenc.models.diagnosis.agreement import number, ulp
 from posenc.models.dtypes import cast
 
-BLOCK_ELEMENTS = 1 << 21  # float64 elements of one block of rows (16 MiB per array)
+BLOCK_ELEMENTS = 1 << 19  # float64 elements of one block of rows (4 MiB per array, about ten at a time)
 MAX_SCAN = 1 << 20  # positions scanned at most (a longer context is scanned up to here, and the report says so)
 MAX_SCAN_ELEMENTS = 1 << 26  # positions × frequencies of one scan (fewer positions for very wide tables)
 BINS = 256
