@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from posenc.models.alibi import alibi_slopes
+from posenc.models.audit.consistency import consistency_facts
 from posenc.models.audit.divergence import Divergence, compare_caches, compare_frequencies
 from posenc.models.audit.explain_caches import explain_caches
 from posenc.models.audit.found import Fact, Found, Verdict
-from posenc.models.audit.frequencies import Frequencies, divided, explain, golden, same
+from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
 from posenc.models.audit.reference import Reference
 from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
 from posenc.models.diagnosis.agreement import number
@@ -146,9 +147,10 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
     _fact(facts, "rotary_dim", params.rotary_dim, found.rotary_dim, "partial_rotary_dim_wrong",
           f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
     if found.source in ("gguf", "config.json"):
-        _fact(facts, "rope_theta", params.rope_theta, found.rope_theta, "wrong_freq_base",
-              f"the file's base (freq_base / rope_theta) is {found.rope_theta}; the model's is {params.rope_theta:g} "
-              "(a converter that did not read rope_theta writes the default)", missing_is="missing")
+        theta = DEFAULT_ROPE_THETA if found.rope_theta is None else found.rope_theta  # llama.cpp's default
+        _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
+              f"the file's base (freq_base / rope_theta) is {theta:g}; the model's is {params.rope_theta:g} "
+              "(a converter that did not read rope_theta writes the default)")
     if ref.theta_swa is not None and found.source == "gguf":
         _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
               f"sliding-window layers use base {ref.theta_swa:g}; the file "
@@ -286,12 +288,14 @@ def _audit(found: Found, ref: Reference) -> Audit:
     params = ref.params
     if params is not None and params.table_dim > MAX_DIM:
         raise ParameterError("head_dim", f"the reference's rotary dimension {params.table_dim} is beyond {MAX_DIM}")
-    if params is not None:
-        _rope_facts(found, ref, params, facts)
-    elif found.source != "config.json":
-        params = _found_params(found, None, facts)  # internal consistency: the file's metadata as reference
-    if params is None:
+    if params is None:  # internal consistency: the file against its own metadata
+        if found.source != "config.json":
+            own = _found_params(found, None, facts)
+            if own is not None:
+                facts.append(Fact("rope_metadata", "RoPE parameters", describe(own), "ok"))
+            facts += consistency_facts(found)
         return result
+    _rope_facts(found, ref, params, facts)
     result.golden = golden(params, context)
     gold = (result.golden.inv_freq, result.golden.attention_factor)
     if found.caches is not None:

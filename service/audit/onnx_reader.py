@@ -85,12 +85,16 @@ class _Graph:
         if tensor is None:
             return None
         onnx = _onnx()
-        if onnx.external_data_helper.uses_external_data(tensor):
-            if self.base is None:
-                raise BadRequest(f"ONNX: initializer {name[:80]!r} is stored in an external data file; audit the "
-                                 "model with `posenc audit` beside its data (or send --remote the extract)")
-            onnx.external_data_helper.load_external_data_for_tensor(tensor, str(self.base))
-        return np.asarray(onnx.numpy_helper.to_array(tensor))
+        if not onnx.external_data_helper.uses_external_data(tensor):
+            return np.asarray(onnx.numpy_helper.to_array(tensor))
+        if self.base is None:
+            raise BadRequest(f"ONNX: initializer {name[:80]!r} is stored in an external data file; audit the "
+                             "model with `posenc audit` beside its data (or send --remote the extract)")
+        try:  # this tensor's bytes only, from the file its location names beside the model
+            return np.asarray(onnx.numpy_helper.to_array(tensor, base_dir=str(self.base)))
+        except Exception as exc:  # onnx's ValidationError, OSError: a location outside, a missing file
+            raise BadRequest(f"ONNX: the external data of {name[:80]!r} cannot be read beside the model "
+                             f"({type(exc).__name__})") from None
 
     def consumers(self, name: str) -> list[Any]:
         return [node for node in self.nodes if name in node.input]

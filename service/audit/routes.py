@@ -31,8 +31,9 @@ async def audit_route(
     preset: Annotated[str | None, Query(description="Reference: a catalogue preset (GET /v1/presets); default: "
                                                     "the presets matching the file's architecture and sizes.",
                                         max_length=200)] = None,
-    config: Annotated[str | None, Query(description="Reference: a config.json, URL-encoded (instead of a preset).",
-                                        max_length=1 << 16)] = None,
+    config: Annotated[str | None, Query(description="Reference: a config.json, URL-encoded (instead of a preset; "
+                                                    "the request head's bound, POSENC_MAX_HEADER_BYTES, holds it).")]
+    = None,
     format: Annotated[Literal["json", "png"], Query(description="json (default): facts, verdicts, tables; png: "
                                                               "the divergence.")] = "json",
 ) -> Response:

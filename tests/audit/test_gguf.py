@@ -106,6 +106,12 @@ def test_no_matching_preset_audits_internal_consistency(tmp_path: Path) -> None:
     meta = llama_gguf_meta(4096, 10000.0, hidden=1000, heads=10, kv=10, rot=100)
     result = audit_file(write_gguf(tmp_path / "own.gguf", "llama", meta))
     assert result.reference.kind == "none" and result.verdict == "consistent"
+    factors = {"rope_freqs.weight": llama3_rope_factors(10000.0, 100, 8.0, 1.0, 4.0, 1024)}
+    scaled = audit_file(write_gguf(tmp_path / "scaled.gguf", "llama", meta, factors))
+    assert scaled.verdict == "consistent", scaled.document()["facts"]  # a scaled file is no mistake on its own
+    short = {"rope_freqs.weight": factors["rope_freqs.weight"][:10]}
+    assert mistakes(audit_file(write_gguf(tmp_path / "short.gguf", "llama", meta, short))) == \
+        {"frequency_factors_wrong"}
 
 
 def test_a_multi_gigabyte_sparse_file_in_well_under_a_second(tmp_path: Path) -> None:

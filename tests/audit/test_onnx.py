@@ -61,6 +61,16 @@ def test_builder_cache_bugs_are_named(tmp_path: Path, bug: str) -> None:
     assert result.verdict == "wrong" and bug in mistakes(result), result.document()["facts"]
 
 
+def test_without_a_reference_the_caches_are_checked_against_themselves(tmp_path: Path) -> None:
+    plain_config = {**SMALL_LLAMA3, "rope_scaling": None, "rope_theta": 10000.0}
+    result = audit_file(_write(tmp_path, genai_onnx(*caches_of(plain_config, 512))))
+    notes = {f.name: f.found for f in result.facts if f.verdict == "note"}
+    assert result.verdict == "consistent" and notes == {"cache base": "plain RoPE, base 10000"}
+    scaled = audit_file(_write(tmp_path, genai_onnx(*caches_of(SMALL_LLAMA3, 512))))
+    assert scaled.verdict == "consistent"
+    assert {f.found for f in scaled.facts if f.verdict == "note"} == {"not plain RoPE of one base"}
+
+
 def test_external_data_is_read_for_the_caches_only(tmp_path: Path) -> None:
     import onnx
 

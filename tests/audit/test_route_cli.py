@@ -167,3 +167,33 @@ def test_cli_remote_sends_a_config_json_as_it_is(tmp_path: Path, monkeypatch: py
         assert main(["audit", str(path), "--remote", "http://posenc.test"]) == 0
     assert sent == [path.read_bytes()]
     assert "rope_scaling.type" in capsys.readouterr().out  # the server found the legacy key's warning
+
+
+def test_the_route_names_what_the_command_names(client: TestClient, tmp_path: Path) -> None:
+    """Each planted bug, audited by POST /v1/audit (the bytes streamed in) and in process: the same report."""
+    import numpy as np
+
+    from posenc.models.presets import find_preset
+    from tests.audit.conftest import audit_file
+
+    rope = find_preset("phi-3.5-mini-instruct").config["rope_scaling"]
+    long, short = np.asarray(rope["long_factor"], np.float32), np.asarray(rope["short_factor"], np.float32)
+    phi = {"context_length": 131072, "embedding_length": 3072, "attention.head_count": 32, "rope.freq_base": 10000.0,
+           "rope.scaling.original_context_length": 4096, "rope.scaling.attn_factor": 1.1902380714238083}
+    qwen_vl = {**llama_gguf_meta(32768, 1e6, hidden=3584, heads=28, kv=4), "rope.dimension_sections": [24, 20, 20, 0]}
+    files = {
+        "codellama": (write_gguf(tmp_path / "a.gguf", "llama", llama_gguf_meta(16384, 10000.0, kv=32)), None),
+        "longrope": (write_gguf(tmp_path / "b.gguf", "phi3", phi, {"rope_factors_long.weight": short,
+                                                                   "rope_factors_short.weight": long}), None),
+        "mrope": (write_gguf(tmp_path / "c.gguf", "qwen2vl", qwen_vl), None),
+        "yarn": (write_gguf(tmp_path / "d.gguf", "qwen2", llama_gguf_meta(32768, 1e6, hidden=3584, heads=28, kv=4)),
+                 "qwen2.5-7b-instruct-yarn"),
+    }
+    named = {}
+    for name, (path, preset) in files.items():
+        doc = client.post("/v1/audit", params={"preset": preset} if preset else {}, content=path.read_bytes()).json()
+        expected = audit_file(path, preset=preset).document()
+        assert doc == expected, name
+        named[name] = doc["mistakes"]
+    assert named == {"codellama": ["wrong_freq_base"], "longrope": ["longrope_short_long_swapped"],
+                     "mrope": ["mrope_sections_wrong"], "yarn": ["scaling_missing"]}
