@@ -14,12 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from posenc.service.cli.remote import RemoteError, post
 from posenc.service.errors import ServiceError
 
 
@@ -40,20 +39,10 @@ def add_parser(commands: Any) -> None:
 
 def _remote(base: str, body: bytes, preset: str | None, config: str | None, fmt: str) -> bytes:
     query = {k: v for k, v in {"preset": preset, "config": config, "format": fmt}.items() if v is not None}
-    request = urllib.request.Request(base.rstrip("/") + "/v1/audit?" + urlencode(query), data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            data: bytes = response.read()
-            return data
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read())["error"]
-        except (ValueError, KeyError, TypeError):
-            message = exc.reason
-        raise SystemExit(f"posenc audit: {message} (HTTP {exc.code})") from None
-    except urllib.error.URLError as exc:
-        raise SystemExit(f"posenc audit: cannot reach {base}: {exc.reason}") from None
+        return post(base.rstrip("/") + "/v1/audit?" + urlencode(query), body, "application/json")
+    except RemoteError as exc:
+        raise SystemExit(f"posenc audit: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from posenc.models.errors import ParameterError
+from posenc.service.cli.remote import RemoteError, post
 from posenc.service.cli.table import TableCliError, parse_request, validate_query
 from posenc.service.errors import ServiceError
 from posenc.service.tables.registry import TableRoute
@@ -71,19 +70,11 @@ def remote(base: str, route: TableRoute, values: dict[str, str], body: bytes, co
            tensor: str | None, config: str | None) -> dict[str, Any]:
     extra = {k: v for k, v in {"tensor": tensor, "config": config}.items() if v is not None}
     url = base.rstrip("/") + "/v1/check/" + route.path.removeprefix("/v1/") + "?" + urlencode({**values, **extra})
-    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": content_type})
     try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            answer: dict[str, Any] = json.loads(response.read())
-            return answer
-    except urllib.error.HTTPError as exc:
-        try:
-            message = json.loads(exc.read())["error"]
-        except (ValueError, KeyError, TypeError):
-            message = exc.reason
-        raise TableCliError(f"posenc check: {message} (HTTP {exc.code})", status=2) from None
-    except urllib.error.URLError as exc:
-        raise TableCliError(f"posenc check: cannot reach {base}: {exc.reason}", status=2) from None
+        answer: dict[str, Any] = json.loads(post(url, body, content_type))
+    except RemoteError as exc:
+        raise TableCliError(f"posenc check: {exc}", status=2) from None
+    return answer
 
 
 def _short(value: float | str) -> str:
