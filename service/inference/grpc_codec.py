@@ -92,15 +92,21 @@ def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
     for index, tensor in enumerate(request.inputs):
         where = f"input '{tensor.name}'"
         params = _parameters(tensor.parameters)
-        if "binary_data_size" in params:
-            raise BadRequest(f"{where}: binary_data_size belongs to the HTTP binary extension; over gRPC the bytes "
-                             "go in raw_input_contents")
+        # KServe's client also sends the HTTP extension's binary_data_size with raw contents: it must agree
+        declared = params.pop("binary_data_size", None)
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
                                  "parameters": params}
         if index in chunks:
             chunk = chunks[index]
-            _raw_size_check(chunk, tensor, takers.index(index), where)
+            position = takers.index(index)
+            _raw_size_check(chunk, tensor, position, where)
+            if declared is not None and (declared is True or declared is False or declared != len(chunk)):
+                raise BadRequest(f"{where}: binary_data_size is {declared!r}, raw_input_contents[{position}] has "
+                                 f"{len(chunk)} bytes")
             params["binary_data_size"] = len(chunk)
+        elif declared is not None:
+            raise BadRequest(f"{where}: binary_data_size is given, but the input has no raw_input_contents entry "
+                             "(over gRPC the bytes go there)")
         elif index in takers:
             if not tensor.HasField("contents"):
                 raise BadRequest(f"{where}: no contents, no raw_input_contents entry and no shared-memory region")

@@ -77,13 +77,27 @@ def test_values_out_of_range_use_the_http_message() -> None:
         decode_infer_request(request, None)
 
 
-def test_binary_data_size_is_refused_and_outputs_are_raw() -> None:
+def test_binary_data_size_must_agree_with_the_raw_bytes_and_outputs_are_raw() -> None:
+    """KServe's client sends binary_data_size beside raw_input_contents: taken when it agrees, a 400 when it
+    lies or names bytes that are not there."""
     request = pb.ModelInferRequest(model_name="m", id="r1")
     tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
     tensor.parameters["binary_data_size"].int64_param = 4
     request.raw_input_contents.append(b"\0\0\0\0")
-    with pytest.raises(BadRequest, match="binary_data_size belongs to the HTTP binary extension"):
+    parsed, _ = decode_infer_request(request, None)
+    assert parsed.inputs[0].array.tolist() == [0.0]
+    tensor.parameters["binary_data_size"].int64_param = 8
+    with pytest.raises(BadRequest, match=r"^input 'x': binary_data_size is 8, raw_input_contents\[0\] has 4 bytes$"):
         decode_infer_request(request, None)
+    tensor.parameters["binary_data_size"].bool_param = True
+    with pytest.raises(BadRequest, match="binary_data_size is True"):
+        decode_infer_request(request, None)
+    typed = pb.ModelInferRequest(model_name="m")
+    entry = typed.inputs.add(name="x", datatype="FP32", shape=[1])
+    entry.contents.fp32_contents.append(1.0)
+    entry.parameters["binary_data_size"].int64_param = 4
+    with pytest.raises(BadRequest, match="binary_data_size is given, but the input has no raw_input_contents entry"):
+        decode_infer_request(typed, None)
     del request.inputs[0].parameters["binary_data_size"]
     request.outputs.add(name="y")
     parsed, _ = decode_infer_request(request, None)
