@@ -23,6 +23,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from posenc.models.dtypes import BY_KSERVE, lookup
 from posenc.service.errors import BadRequest
+from posenc.service.http.bodies import ALIGNMENT
 from posenc.service.inference.kserve import InferRequest, TensorSource, parse_infer_document
 from posenc.service.inference.kserve_response import requested_outputs
 
@@ -121,16 +122,30 @@ def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
 
 
 def decode_infer_request(request: Proto,
-                         shared_memory: TensorSource | None) -> tuple[InferRequest, bytes]:
+                         shared_memory: TensorSource | None) -> tuple[InferRequest, memoryview]:
     """The parsed request (binary inputs are views of the returned buffer, the raw inputs joined)."""
     header, raw = infer_document(request)
-    binary = raw[0] if len(raw) == 1 else b"".join(raw)
+    binary = aligned_join(raw)
     parsed = parse_infer_document(header, binary, shared_memory)
     if parsed.outputs is not None:
         for out in parsed.outputs:
             out.binary = True  # gRPC answers every output in raw_output_contents
     parsed.binary_output = True
     return parsed, binary
+
+
+def aligned_join(chunks: Sequence[bytes]) -> memoryview:
+    """The chunks one after the other in one writable buffer that starts on an ALIGNMENT-byte boundary, as the
+    HTTP side reads a body (`posenc.service.http.bodies`): onnxruntime reads aligned inputs in place."""
+    total = sum(len(chunk) for chunk in chunks)
+    buffer = np.empty(total + ALIGNMENT, np.uint8)  # [total + ALIGNMENT]
+    start = (-buffer.ctypes.data) % ALIGNMENT
+    view = buffer[start:start + total]  # [total], aligned
+    position = 0
+    for chunk in chunks:
+        view[position:position + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        position += len(chunk)
+    return memoryview(view.data)
 
 
 def _set_parameter(target: Proto, value: Any) -> None:
