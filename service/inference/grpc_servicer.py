@@ -241,7 +241,11 @@ class Servicer:
                 reader = asyncio.ensure_future(read())
                 while (task := await pending.get()) is not None:
                     written = await task
-                    await context.write(written)
+                    try:
+                        await context.write(written)
+                    except Exception:  # the call ended under the write (cancelled, or the server stopping)
+                        code = "CANCELLED"
+                        return
                     window.release()
                     count += len(written)
                 await reader
