@@ -25,6 +25,7 @@ from posenc.models.dtypes import BY_KSERVE, lookup
 from posenc.service.errors import BadRequest
 from posenc.service.inference.kserve_request import InferRequest, TensorSource, parse_infer_document
 from posenc.service.inference.kserve_response import requested_outputs
+from posenc.service.request_kit.bodies import ALIGNMENT
 
 pb = service_pb2
 Proto = Any  # a generated message (the generated modules have no type information)
@@ -92,15 +93,21 @@ def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
     for index, tensor in enumerate(request.inputs):
         where = f"input '{tensor.name}'"
         params = _parameters(tensor.parameters)
-        if "binary_data_size" in params:
-            raise BadRequest(f"{where}: binary_data_size belongs to the HTTP binary extension; over gRPC the bytes "
-                             "go in raw_input_contents")
+        # KServe's client also sends the HTTP extension's binary_data_size with raw contents: it must agree
+        declared = params.pop("binary_data_size", None)
         entry: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": list(tensor.shape),
                                  "parameters": params}
         if index in chunks:
             chunk = chunks[index]
-            _raw_size_check(chunk, tensor, takers.index(index), where)
+            position = takers.index(index)
+            _raw_size_check(chunk, tensor, position, where)
+            if declared is not None and (declared is True or declared is False or declared != len(chunk)):
+                raise BadRequest(f"{where}: binary_data_size is {declared!r}, raw_input_contents[{position}] has "
+                                 f"{len(chunk)} bytes")
             params["binary_data_size"] = len(chunk)
+        elif declared is not None:
+            raise BadRequest(f"{where}: binary_data_size is given, but the input has no raw_input_contents entry "
+                             "(over gRPC the bytes go there)")
         elif index in takers:
             if not tensor.HasField("contents"):
                 raise BadRequest(f"{where}: no contents, no raw_input_contents entry and no shared-memory region")
@@ -115,16 +122,30 @@ def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
 
 
 def decode_infer_request(request: Proto,
-                         shared_memory: TensorSource | None) -> tuple[InferRequest, bytes]:
+                         shared_memory: TensorSource | None) -> tuple[InferRequest, memoryview]:
     """The parsed request (binary inputs are views of the returned buffer, the raw inputs joined)."""
     header, raw = infer_document(request)
-    binary = raw[0] if len(raw) == 1 else b"".join(raw)
+    binary = aligned_join(raw)
     parsed = parse_infer_document(header, binary, shared_memory)
     if parsed.outputs is not None:
         for out in parsed.outputs:
             out.binary = True  # gRPC answers every output in raw_output_contents
     parsed.binary_output = True
     return parsed, binary
+
+
+def aligned_join(chunks: Sequence[bytes]) -> memoryview:
+    """The chunks one after the other in one writable buffer that starts on an ALIGNMENT-byte boundary, as the
+    HTTP side reads a body (`posenc.service.request_kit.bodies`): onnxruntime reads aligned inputs in place."""
+    total = sum(len(chunk) for chunk in chunks)
+    buffer = np.empty(total + ALIGNMENT, np.uint8)  # [total + ALIGNMENT]
+    start = (-buffer.ctypes.data) % ALIGNMENT
+    view = buffer[start:start + total]  # [total], aligned
+    position = 0
+    for chunk in chunks:
+        view[position:position + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        position += len(chunk)
+    return memoryview(view.data)
 
 
 def _set_parameter(target: Proto, value: Any) -> None:

@@ -27,7 +27,8 @@ from posenc.service.inference.repository import RepositoryEntry
 
 log = logging.getLogger("posenc.grpc")
 
-_SERVING: set[grpc.aio.Server] = set()  # this process's started gRPC servers (`drain`)
+# this process's started gRPC servers and their health services (`drain`)
+_SERVING: dict[grpc.aio.Server, health.aio.HealthServicer] = {}
 _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
@@ -86,7 +87,7 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
     if not bound:
         raise RuntimeError(f"gRPC cannot listen on {address} (POSENC_GRPC_PORT; 0 turns gRPC off)")
     await server.start()
-    _SERVING.add(server)
+    _SERVING[server] = checker
     log.info("gRPC (KServe v2 / Triton, health, reflection) on %s", address)
     return server
 
@@ -94,13 +95,18 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
 def drain(grace: float) -> None:
     """Begin the graceful stop of this process's gRPC servers (no new calls; those in flight get `grace` seconds),
     at the moment the HTTP server begins its own drain after SIGTERM, so both drain together."""
-    for server in list(_SERVING):
-        task = asyncio.ensure_future(server.stop(grace))
+    for server, checker in list(_SERVING.items()):
+        task = asyncio.ensure_future(_stop(server, checker, grace))
         _STOPPING.add(task)
         task.add_done_callback(_STOPPING.discard)
+
+
+async def _stop(server: grpc.aio.Server, checker: health.aio.HealthServicer, grace: float) -> None:
+    await checker.enter_graceful_shutdown()  # every service NOT_SERVING: probes see the drain
+    await server.stop(grace)
 
 
 async def stop(server: grpc.aio.Server, grace: float) -> None:
     """Stop `server` (after `drain`: wait for the stop it began) and forget it."""
     await server.stop(grace)
-    _SERVING.discard(server)
+    _SERVING.pop(server, None)

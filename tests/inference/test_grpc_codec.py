@@ -77,13 +77,27 @@ def test_values_out_of_range_use_the_http_message() -> None:
         decode_infer_request(request, None)
 
 
-def test_binary_data_size_is_refused_and_outputs_are_raw() -> None:
+def test_binary_data_size_must_agree_with_the_raw_bytes_and_outputs_are_raw() -> None:
+    """KServe's client sends binary_data_size beside raw_input_contents: taken when it agrees, a 400 when it
+    lies or names bytes that are not there."""
     request = pb.ModelInferRequest(model_name="m", id="r1")
     tensor = request.inputs.add(name="x", datatype="FP32", shape=[1])
     tensor.parameters["binary_data_size"].int64_param = 4
     request.raw_input_contents.append(b"\0\0\0\0")
-    with pytest.raises(BadRequest, match="binary_data_size belongs to the HTTP binary extension"):
+    parsed, _ = decode_infer_request(request, None)
+    assert parsed.inputs[0].array.tolist() == [0.0]
+    tensor.parameters["binary_data_size"].int64_param = 8
+    with pytest.raises(BadRequest, match=r"^input 'x': binary_data_size is 8, raw_input_contents\[0\] has 4 bytes$"):
         decode_infer_request(request, None)
+    tensor.parameters["binary_data_size"].bool_param = True
+    with pytest.raises(BadRequest, match="binary_data_size is True"):
+        decode_infer_request(request, None)
+    typed = pb.ModelInferRequest(model_name="m")
+    entry = typed.inputs.add(name="x", datatype="FP32", shape=[1])
+    entry.contents.fp32_contents.append(1.0)
+    entry.parameters["binary_data_size"].int64_param = 4
+    with pytest.raises(BadRequest, match="binary_data_size is given, but the input has no raw_input_contents entry"):
+        decode_infer_request(typed, None)
     del request.inputs[0].parameters["binary_data_size"]
     request.outputs.add(name="y")
     parsed, _ = decode_infer_request(request, None)
@@ -154,3 +168,20 @@ def test_restricted_methods_need_their_header_as_metadata() -> None:
     assert not servicer.caller("ModelInfer", {"x-infer-key": "s3cret"}).has_key
     assert servicer.caller("ServerLive", {"x-shm": "k"}).has_key
     assert servicer.caller("ServerLive", {}).peer is None
+
+
+def test_raw_inputs_land_in_one_aligned_buffer() -> None:
+    """Raw inputs are joined once into a buffer that starts on a 64-byte boundary (as HTTP bodies are read), and
+    each input is a view of it, not a copy."""
+    arrays = [np.arange(6, dtype=np.float32), np.arange(3, dtype=np.int64)]  # 24 bytes: the INT64 stays aligned
+    request = pb.ModelInferRequest(model_name="m")
+    for index, array in enumerate(arrays):
+        request.inputs.add(name=f"x{index}", datatype="FP32" if array.dtype == np.float32 else "INT64",
+                           shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    parsed, body = decode_infer_request(request, None)
+    base = np.frombuffer(body, np.uint8)
+    assert base.ctypes.data % 64 == 0 and len(body) == 24 + 24
+    for tensor, array in zip(parsed.inputs, arrays, strict=True):
+        np.testing.assert_array_equal(tensor.array, array)
+        assert np.shares_memory(tensor.array, base)

@@ -223,6 +223,14 @@ def test_health_and_reflection(server: ServerProcess) -> None:
                                                  timeout=10))
         names = {s.name for s in answers[0].list_services_response.service}
         assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= names
+        # what `grpcurl describe` asks: the file declaring the service, with the files it imports
+        request = reflection_pb2.ServerReflectionRequest(file_containing_symbol="inference.ModelInferRequest")
+        (answer,) = stub.ServerReflectionInfo(iter([request]), timeout=10)
+        from google.protobuf import descriptor_pb2
+
+        files = {descriptor_pb2.FileDescriptorProto.FromString(raw).name
+                 for raw in answer.file_descriptor_response.file_descriptor_proto}
+        assert {"grpc_service.proto", "model_config.proto"} <= files
 
 
 def test_metrics_count_grpc_calls_by_method_and_code(server: ServerProcess,
