@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from posenc.models.mrope import mrope_axis, mrope_cos_sin
-from posenc.models.properties.common import adjacent_distance, first_collision_position
+from posenc.models.properties.measures import adjacent_distance, first_collision_position
 from posenc.models.properties.rope import relativity_residual, rope_rows, rotate
 from posenc.models.rope_params import RopeParameters
 from posenc.models.vision_rope import VisionRopeModel, vision_cos_sin, vision_positions

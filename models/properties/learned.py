@@ -5,7 +5,7 @@ offsets, and the same measures for the sinusoidal table of the same shape, for c
 import numpy as np
 
 from posenc.models.errors import ParameterError
-from posenc.models.properties.common import MAX_PROPERTY_ROWS
+from posenc.models.properties.measures import MAX_PROPERTY_ROWS
 from posenc.models.sinusoidal import sinusoidal_table
 
 MAX_LEARNED_ROWS = 8192  # the similarity matrix is [P, P]

@@ -11,7 +11,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from posenc.models.dtypes import cast
-from posenc.models.properties.common import adjacent_distance, attention, first_collision_position, permutation_residual
+from posenc.models.properties.measures import (
+    adjacent_distance,
+    attention,
+    first_collision_position,
+    permutation_residual,
+)
 from posenc.models.rope import RopeParameters, rope_cos_sin
 from posenc.models.rope_types import default_inv_freq
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posenc.models.properties.common import adjacent_distance, first_collision_position
+from posenc.models.properties.measures import adjacent_distance, first_collision_position
 from posenc.models.sinusoidal import SinusoidalVariant, log_spaced_frequencies, paper_frequencies, sinusoidal_table
 
 

@@ -3,7 +3,7 @@ relativity R_{d+k} = M_k·R_d, R_d·R_0 against d) on the rows R_{i−j} of `rel
 
 import numpy as np
 
-from posenc.models.properties.common import adjacent_distance, first_collision_position
+from posenc.models.properties.measures import adjacent_distance, first_collision_position
 from posenc.models.properties.sinusoidal import SinCosPairs, shift_residual
 from posenc.models.rope_types import default_inv_freq
 from posenc.models.xlnet import XLNET_THETA, XLNetAttnType, xlnet_distances, xlnet_relative_sinusoid

@@ -15,7 +15,7 @@ import numpy as np
 
 from posenc.models.dtypes import np_dtype
 from posenc.models.properties.axes import MROPE_AXES, VISION_AXES, mrope_properties, vision_properties
-from posenc.models.properties.common import check_rows, check_work
+from posenc.models.properties.measures import check_rows, check_work
 from posenc.models.vision_rope import vision_rows
 from posenc.service.codec.encode import Bundle
 from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields

@@ -16,7 +16,7 @@ from pydantic import Field, create_model
 
 from posenc.models.dtypes import np_dtype
 from posenc.models.properties.bias import alibi_bias_by_offset, alibi_mode_slopes, t5_bucket_curve
-from posenc.models.properties.common import MAX_PAIRS, MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.measures import MAX_PAIRS, MAX_PROPERTY_ELEMENTS, check_rows, check_work
 from posenc.models.properties.rope import context_length, rope_properties
 from posenc.models.properties.sinusoidal import sinusoidal_properties
 from posenc.models.relative import key_minus_query

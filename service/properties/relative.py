@@ -14,7 +14,7 @@ import numpy as np
 
 from posenc.models.deberta import deberta_buckets, deberta_log_bucket_position
 from posenc.models.dtypes import np_dtype
-from posenc.models.properties.common import MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.measures import MAX_PROPERTY_ELEMENTS, check_rows, check_work
 from posenc.models.properties.relative import TOEPLITZ_BLOCK, index_curve_properties, toeplitz_violation
 from posenc.models.properties.xlnet import xlnet_properties
 from posenc.models.relative import clipped_relative_indices, key_minus_query

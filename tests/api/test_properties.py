@@ -10,8 +10,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from posenc.models.alibi import alibi_slopes
-from posenc.models.properties.common import first_collision_position
 from posenc.models.properties.learned import learned_properties
+from posenc.models.properties.measures import first_collision_position
 from posenc.models.properties.rope import decay_bound, rope_properties
 from posenc.models.properties.sinusoidal import sinusoidal_properties
 from posenc.models.rope import make_rope_parameters
