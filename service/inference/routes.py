@@ -189,18 +189,23 @@ async def check_model(request: Request,
     diagnosis ranks missing causal mask, 1/D scale, GQA grouping, RoPE on v and positions not passed."""
     model = ensure_ready(engine.get(name))
     limit = settings.max_request_bytes
+    what = f"a check on '{model.name}'"
     with engine.admission(model):
-        async with budget.reserve(3 * declared_length(request.headers.get("content-length"), limit),
-                                  f"a check on '{model.name}'"):
+        # the body, its decoded tensors and the output, then the run inside onnxruntime (the attention scores)
+        reservation = await budget.acquire(3 * declared_length(request.headers.get("content-length"), limit), what)
+        try:
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
             parsed = await answer.parse_watched(request, len(body), parse_infer_request, body,
                                                 request.headers.get(HEADER_LENGTH))
             tensors, expected = split_expected(parsed.inputs)
             inputs = check_inputs(model, tensors)
             bound_attention_work(AttentionSpec.from_config(model.config.raw), inputs, settings.max_table_bytes)
+            await reservation.grow(3 * len(body) + engine.run_memory(model, inputs), what)
             outputs = await engine.infer(model, inputs)
             output = outputs[model.config.output_names[0]]
             report = await run_in_threadpool(check_attention, model.name, model.config.raw, inputs, output, expected)
+        finally:
+            reservation.release()
     return JSONResponse(report.document())
 
 

@@ -247,3 +247,25 @@ def test_an_inference_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> N
         assert answer.status_code == 200, answer.text
     scores = 2 * 4 * 2 * 8 * 256 * 256
     assert held and held[-1] >= len(request.body) + 2 * 8 * 256 * 64 * 4 + scores
+
+
+def test_a_model_check_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`POST /v2/models/{name}/check` runs the model as an inference does: its attention scores are in its
+    reservation beside the body (3 x the body: the body, its tensors and the output)."""
+    from posenc.service.testing import attention_inputs, kserve_request
+
+    held: list[int] = []
+    original = Reservation.grow
+
+    async def grow(self: Reservation, nbytes: int, what: str) -> None:
+        held.append(nbytes)
+        await original(self, nbytes, what)
+
+    monkeypatch.setattr(Reservation, "grow", grow)
+    inputs = attention_inputs(8, 8, 64, 2, 256)
+    request = kserve_request({**inputs, "expected_output": inputs["query"]}, binary_output=True)
+    with running_client() as client:
+        answer = client.post("/v2/models/rope_attention/check", content=request.body, headers=request.headers)
+        assert answer.status_code == 200, answer.text
+    scores = 2 * 4 * 2 * 8 * 256 * 256
+    assert held and held[-1] >= 3 * len(request.body) + scores
