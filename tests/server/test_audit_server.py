@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -23,8 +22,9 @@ def test_a_large_gguf_upload_streams_through(server: str, tmp_path: Path) -> Non
                       {"rope_freqs.weight": llama3_rope_factors(500000.0, 128, 8.0, 1.0, 4.0, 8192)},
                       sparse_bytes=1 << 30)  # 1 GiB, over POSENC_MAX_REQUEST_BYTES and the audit's ONNX bound
     url = urlsplit(server)
+    # a server that waited for the rest of the declared body would never answer: the socket's timeout ends the
+    # test then (a TimeoutError), whatever the machine's load
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
-    start = time.perf_counter()
     connection.putrequest("POST", "/v1/audit")
     connection.putheader("Content-Length", str(path.stat().st_size))
     connection.endheaders()
@@ -38,7 +38,7 @@ def test_a_large_gguf_upload_streams_through(server: str, tmp_path: Path) -> Non
     doc = json.loads(response.read())
     connection.close()
     assert response.status == 200 and doc["verdict"] == "correct", doc
-    assert time.perf_counter() - start < 10
+    assert sent == 8 << 20 < path.stat().st_size  # answered from what was sent: 8 MiB of the GiB declared
     again = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     again.request("GET", "/healthz")
     assert again.getresponse().status == 200
