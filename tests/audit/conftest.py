@@ -19,5 +19,14 @@ def audit_file(path: Path, preset: str | None = None, config: dict[str, Any] | N
     return run(read_path(path, Settings()), preset, config)
 
 
+def bytes_read() -> int:
+    """Bytes this process has read so far through read(2) and its kin (`rchar` of /proc/self/io): how much of a file
+    a reader took, whatever the machine's load (a wall-clock bound is not)."""
+    io = Path("/proc/self/io")
+    if not io.exists():
+        pytest.skip("needs Linux's /proc/self/io")
+    return next(int(line.split()[1]) for line in io.read_text().splitlines() if line.startswith("rchar:"))
+
+
 def mistakes(result: Audit) -> set[str]:
     return {fact.mistake for fact in result.failing if fact.mistake}
