@@ -228,11 +228,8 @@ def test_nobody_jumps_ahead_of_requests_already_waiting() -> None:
     asyncio.run(scenario())
 
 
-def test_an_inference_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The attention scores of the run ([B, Hq, S, S] float32, twice) are in the inference's reservation:
-    B=2, S=256 on rope_attention (8 heads) holds 8 MiB inside onnxruntime besides its 3 MiB body."""
-    from posenc.service.testing import attention_inputs, kserve_request
-
+def _grown_to(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every total a reservation grows to from now on, in order (the real `Reservation.grow` still runs)."""
     held: list[int] = []
     original = Reservation.grow
 
@@ -241,12 +238,24 @@ def test_an_inference_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> N
         await original(self, nbytes, what)
 
     monkeypatch.setattr(Reservation, "grow", grow)
+    return held
+
+
+# 2 x [B, Hq, S, S] float32 scores of rope_attention (8 heads) at B=2, S=256
+RUN_SCORES = 2 * 4 * 2 * 8 * 256 * 256
+
+
+def test_an_inference_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The attention scores of the run ([B, Hq, S, S] float32, twice) are in the inference's reservation:
+    B=2, S=256 on rope_attention (8 heads) holds 8 MiB inside onnxruntime besides its 3 MiB body."""
+    from posenc.service.testing import attention_inputs, kserve_request
+
+    held = _grown_to(monkeypatch)
     request = kserve_request(attention_inputs(8, 8, 64, 2, 256), binary_output=True)
     with running_client() as client:
         answer = client.post("/v2/models/rope_attention/infer", content=request.body, headers=request.headers)
         assert answer.status_code == 200, answer.text
-    scores = 2 * 4 * 2 * 8 * 256 * 256
-    assert held and held[-1] >= len(request.body) + 2 * 8 * 256 * 64 * 4 + scores
+    assert held and held[-1] >= len(request.body) + 2 * 8 * 256 * 64 * 4 + RUN_SCORES
 
 
 def test_a_model_check_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,18 +263,10 @@ def test_a_model_check_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> 
     reservation beside the body (3 x the body: the body, its tensors and the output)."""
     from posenc.service.testing import attention_inputs, kserve_request
 
-    held: list[int] = []
-    original = Reservation.grow
-
-    async def grow(self: Reservation, nbytes: int, what: str) -> None:
-        held.append(nbytes)
-        await original(self, nbytes, what)
-
-    monkeypatch.setattr(Reservation, "grow", grow)
+    held = _grown_to(monkeypatch)
     inputs = attention_inputs(8, 8, 64, 2, 256)
     request = kserve_request({**inputs, "expected_output": inputs["query"]}, binary_output=True)
     with running_client() as client:
         answer = client.post("/v2/models/rope_attention/check", content=request.body, headers=request.headers)
         assert answer.status_code == 200, answer.text
-    scores = 2 * 4 * 2 * 8 * 256 * 256
-    assert held and held[-1] >= 3 * len(request.body) + scores
+    assert held and held[-1] >= 3 * len(request.body) + RUN_SCORES
