@@ -184,6 +184,25 @@ def _answer_work(parsed: InferRequest, outputs: dict[str, Any], copies: Sequence
     return sum(outputs[out.name].nbytes for out in [*encoded, *copies])
 
 
+async def run_parsed(engine: Engine, model: LoadedModel, parsed: InferRequest, body: bytes | bytearray | memoryview,
+                     shm: RegionsFor | None, reservation: Reservation) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Run a parsed infer request (HTTP or gRPC, `body` the bytes it was parsed from): its inputs and requested
+    outputs checked against the model, the reservation grown to what the request holds at its peak plus its run
+    inside onnxruntime (the attention scores), shared-memory outputs written in place where they can be. The
+    outputs, and the views of the regions the run wrote (`copied_to_shm` names the outputs still to copy).
+    The request's inputs are dropped: views of the body or of shared memory (a region unregistered meanwhile
+    unmaps once unused)."""
+    inputs = check_inputs(model, parsed.inputs)
+    if parsed.outputs is not None:
+        check_outputs(model, [out.name for out in parsed.outputs])
+    needed = memory_needed(body, model, parsed, inputs) + engine.run_memory(model, inputs)
+    await reservation.grow(needed, f"an inference on '{model.name}'")
+    written = shm_destinations(model, parsed, inputs, shm)
+    outputs = await engine.infer(model, inputs, written)
+    parsed.inputs = []
+    return outputs, written
+
+
 async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit: int,
                      registry: SharedMemoryRegistry,
                      reservation: Reservation) -> tuple[list[bytes | bytearray | memoryview], dict[str, str]]:
@@ -196,17 +215,8 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
                                    align_at=json_length, receive_into=receive_into_of(request.scope))
     shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
     parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
-    inputs = check_inputs(model, parsed.inputs)
-    if parsed.outputs is not None:
-        check_outputs(model, [out.name for out in parsed.outputs])
-    # what the request holds, and its run inside onnxruntime (the attention scores): all in the budget
-    needed = memory_needed(body, model, parsed, inputs) + engine.run_memory(model, inputs)
-    await reservation.grow(needed, f"an inference on '{model.name}'")
-    written = shm_destinations(model, parsed, inputs, shm)
-    outputs = await engine.infer(model, inputs, written)
-    # views of the body and of shared memory, not needed any more (an unregistered region unmaps when unused)
-    del body, inputs
-    parsed.inputs = []
+    outputs, written = await run_parsed(engine, model, parsed, body, shm, reservation)
+    del body  # the inputs were views of it, not needed any more
     order = model.config.output_names
     copies = copied_to_shm(parsed, outputs, written, order)
     return await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,

@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
-from posenc.service.inference.answer import copied_to_shm, maybe_offload, memory_needed, shm_destinations
+from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_parsed
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.grpc_codec import (
     decode_infer_request,
@@ -38,7 +38,7 @@ from posenc.service.inference.grpc_codec import (
     stream_response,
 )
 from posenc.service.inference.kserve_request import extensions
-from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
+from posenc.service.inference.model_inputs import model_metadata
 from posenc.service.inference.repository import VERSION, ensure_ready
 from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
 from posenc.service.inference.triton_config import repository_index, triton_config
@@ -340,7 +340,7 @@ class Servicer:
         return await self.infer(request, caller, size)
 
     async def infer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
-        """One infer request of `size` bytes, as `posenc.service.inference.routes._infer` runs it: admitted by the
+        """One infer request of `size` bytes, as `posenc.service.inference.answer.infer` runs it: admitted by the
         model's queue, its memory reserved before its work, the same parser and checks, the same batcher; the
         serialized response. (The message is in memory already: gRPC read it, within its size limit.)"""
         state = self.state
@@ -351,16 +351,8 @@ class Servicer:
                 shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
                 raw = sum(len(chunk) for chunk in request.raw_input_contents)
                 parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm)
-                inputs = check_inputs(model, parsed.inputs)
-                if parsed.outputs is not None:
-                    check_outputs(model, [out.name for out in parsed.outputs])
-                # what the request holds and its run inside onnxruntime, as over HTTP (answer.py)
-                needed = memory_needed(body, model, parsed, inputs) + state.engine.run_memory(model, inputs)
-                await reservation.grow(needed, f"an inference on '{model.name}'")
-                written = shm_destinations(model, parsed, inputs, shm)
-                outputs = await state.engine.infer(model, inputs, written)
-                del body, inputs
-                parsed.inputs = []
+                outputs, written = await run_parsed(state.engine, model, parsed, body, shm, reservation)
+                del body
                 order = model.config.output_names
                 for out in copied_to_shm(parsed, outputs, written, order):
                     if out.shm is not None and shm is not None:
