@@ -205,6 +205,9 @@ class Servers:
         """`posenc serve` (or `command`, whose parts may hold {host} and {port}) with `settings` as POSENC_*
         and none of this shell's, on the serve CPUs; started at once, not waited for (see `ready`)."""
         log_path = self.work_dir / f"{re.sub(r'[^a-z0-9]+', '-', name.lower())}.log"
+        # every server runs the graph config.json's rule names, as the anchors and the KServe peer do
+        # (bench/inprocess.py model_file), not one its own start-up calibration chose
+        settings = {"cpu_form_from": "config", **(settings or {})}
         server = ServerProcess(settings, command=command, env=env, base_env=without_posenc(), cwd=ROOT,
                                ready=None, log_path=log_path, name=name)
         with on_cores(self.cores.serve):

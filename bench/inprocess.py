@@ -31,9 +31,12 @@ def require_cuda() -> None:
 
 def model_file(model: str, device: str, seq: int) -> str:
     """The graph the server runs for a sequence of `seq` on `device`: the CPU form (model.cpu.onnx) on the CPU
-    from its `from_sequence` on, else model.onnx (posenc.service.inference.graph_forms)."""
+    from config.json's `from_sequence` on (null: never), else model.onnx (posenc.service.inference.graph_forms;
+    the benchmark's servers pin that rule, POSENC_CPU_FORM_FROM=config)."""
     cpu_form = cpu_model_file(model_config(model))
-    return cpu_form[0] if device == "cpu" and cpu_form is not None and seq >= cpu_form[2] else "model.onnx"
+    if device != "cpu" or cpu_form is None or cpu_form[2] is None:
+        return "model.onnx"
+    return cpu_form[0] if seq >= cpu_form[2] else "model.onnx"
 
 
 LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

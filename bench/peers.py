@@ -57,5 +57,5 @@ def start_kserve(servers: Servers, python: Path, models: list[str], threads: int
     for model in models:
         form = cpu_model_file(model_config(model))
         folder = str(ROOT / "onnx" / model)
-        command += ["--model-dir", folder + (f"@{form[0]}:{form[2]}" if form else "")]
+        command += ["--model-dir", folder + (f"@{form[0]}:{form[2]}" if form and form[2] is not None else "")]
     return servers.start("KServe ModelServer", command=command)

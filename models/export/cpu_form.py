@@ -27,7 +27,6 @@ import onnx
 from onnx import TensorProto, helper
 
 CPU_MODEL_FILE = "model.cpu.onnx"
-CALIBRATION_SEQUENCES = (16, 32, 64, 128, 256, 512, 1024, 2048)  # B=1 runs timed to place `from_sequence`
 CONTRIB_DOMAIN = "com.microsoft"
 # Attention attributes the CPU form carries over, and those it admits at their defaults only (a softcap or an
 # extra output keeps a model in its standard form).
