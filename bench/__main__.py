@@ -30,7 +30,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import CLIENTS, Bench, Load, Row, format_table, machine_header
+from bench.harness import (
+    CLIENTS,
+    REPOSITORY_ENV,
+    Bench,
+    Load,
+    Row,
+    calibrated_repository,
+    format_table,
+    machine_header,
+    rule_summary,
+)
 from bench.isolation import NOISE_LIMIT, cpu_summary, plan_cores
 
 BENCHMARKS = ("tables", "batching", "infer", "servers")
@@ -99,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="posenc-bench-") as tmp:
             bench = Bench(Path(tmp), Load(Path(tmp), prefer_wrk=not args.no_wrk), args, cores)
             print("\n".join([*machine_header(cores, args.threads), f"# load: {bench.load.describe()}"]), flush=True)
+            if args.device == "cpu" and set(args.benchmarks) - {"forms"}:
+                os.environ[REPOSITORY_ENV] = str(calibrated_repository(Path(tmp), cores, args.threads))
+                print(rule_summary(Path(os.environ[REPOSITORY_ENV])), flush=True)
             for name in args.benchmarks:
                 report = importlib.import_module(f"bench.{name}").run(bench)
                 print("\n".join(report.notes), flush=True)
@@ -108,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: every server was stopped", file=sys.stderr)
         return 130
+    finally:
+        os.environ.pop(REPOSITORY_ENV, None)  # the run's copy is gone with its folder
     if rows:
         print(f"\n{cpu_summary(cores, args.threads)}\n# rows 'X vs Y': X in the posenc column, Y in the anchor column\n"
               + format_table(rows))

@@ -116,9 +116,44 @@ def call_ms(fn: Callable[[], object]) -> Callable[[], float]:
     return side
 
 
+REPOSITORY_ENV = "POSENC_BENCH_REPOSITORY"  # the calibrated copy of onnx/ (`calibrated_repository`), for children too
+
+
+def repository() -> Path:
+    """The model repository every server, anchor and peer of this run reads: the shipped models, with the rule
+    calibrated on this run's server CPUs (`calibrated_repository`), else onnx/ itself."""
+    return Path(os.environ.get(REPOSITORY_ENV) or ROOT / "onnx")
+
+
+def calibrated_repository(work_dir: Path, cores: Cores, threads: int) -> Path:
+    """A copy of onnx/ whose config.json files hold the CPU-graph rule `posenc calibrate --write` measures on the
+    servers' CPUs with `threads` intra-op threads (what a server's start-up calibration would choose there). Named in
+    REPOSITORY_ENV for this process and its children (`python -m bench` does, for its run), the servers
+    (POSENC_CPU_FORM_FROM=config), the in-process anchors and the KServe peer run the same graph for each case."""
+    target = work_dir / "onnx"
+    shutil.copytree(ROOT / "onnx", target)
+    env = {**without_posenc(), "POSENC_INTRA_OP_NUM_THREADS": str(threads)}
+    with on_cores(cores.serve):
+        done = subprocess.run([sys.executable, "-m", "posenc.service.cli", "calibrate", "--write", "--repository",
+                               str(target)], env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"posenc calibrate failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    return target
+
+
+def rule_summary(folder: Path) -> str:
+    """One line per model: the CPU graph each sequence length runs on (config.json's `cpu_rule`)."""
+    lines = []
+    for config_path in sorted(folder.glob("*/config.json")):
+        rule = json.loads(config_path.read_text()).get("cpu_rule") or [{"from_sequence": 1, "file": "model.onnx"}]
+        lines.append(f"#   {config_path.parent.name}: " + ", ".join(f"{step['file']} from S={step['from_sequence']}"
+                                                                 for step in rule))
+    return "\n".join(["# CPU graphs, calibrated on the servers' CPUs (posenc calibrate):", *lines])
+
+
 def model_config(model: str = MODEL) -> dict[str, Any]:
-    """onnx/<model>/config.json of a shipped model."""
-    config: dict[str, Any] = json.loads((ROOT / "onnx" / model / "config.json").read_text())
+    """<repository>/<model>/config.json of a shipped model."""
+    config: dict[str, Any] = json.loads((repository() / model / "config.json").read_text())
     return config
 
 
@@ -205,9 +240,9 @@ class Servers:
         """`posenc serve` (or `command`, whose parts may hold {host} and {port}) with `settings` as POSENC_*
         and none of this shell's, on the serve CPUs; started at once, not waited for (see `ready`)."""
         log_path = self.work_dir / f"{re.sub(r'[^a-z0-9]+', '-', name.lower())}.log"
-        # every server runs the graph config.json's rule names, as the anchors and the KServe peer do
-        # (bench/inprocess.py model_file), not one its own start-up calibration chose
-        settings = {"cpu_form_from": "config", **(settings or {})}
+        # every server runs the graph the rule of this run's calibrated repository names, as the anchors and the
+        # KServe peer do (bench/inprocess.py model_file)
+        settings = {"cpu_form_from": "config", "model_repository": str(repository()), **(settings or {})}
         server = ServerProcess(settings, command=command, env=env, base_env=without_posenc(), cwd=ROOT,
                                ready=None, log_path=log_path, name=name)
         with on_cores(self.cores.serve):

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 
-from bench.harness import ROOT, model_config
-from posenc.service.inference.repository import cpu_model_file
+from bench.harness import model_config, repository
+from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of
 
 CUDA = "CUDAExecutionProvider"
 
@@ -30,13 +30,13 @@ def require_cuda() -> None:
 
 
 def model_file(model: str, device: str, seq: int) -> str:
-    """The graph the server runs for a sequence of `seq` on `device`: the CPU form (model.cpu.onnx) on the CPU
-    from config.json's `from_sequence` on (null: never), else model.onnx (posenc.service.inference.graph_forms;
-    the benchmark's servers pin that rule, POSENC_CPU_FORM_FROM=config)."""
-    cpu_form = cpu_model_file(model_config(model))
-    if device != "cpu" or cpu_form is None or cpu_form[2] is None:
-        return "model.onnx"
-    return cpu_form[0] if seq >= cpu_form[2] else "model.onnx"
+    """The graph the server runs for a sequence of `seq` on `device`: on the CPU, the one config.json's rule names
+    for `seq` (the run's calibrated repository: bench/harness.py `calibrated_repository`; the servers pin that
+    rule, POSENC_CPU_FORM_FROM=config), else model.onnx (posenc.service.inference.graph_forms)."""
+    rule = cpu_forms_of(model_config(model))[1]
+    if device != "cpu" or rule is None:
+        return STANDARD_FILE
+    return [file for start, file in rule if seq >= start][-1]
 
 
 LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -59,7 +59,7 @@ def ort_session_at(path: str, threads: int = 0, config: dict[str, str] | None = 
 
 def graph_path(model: str, device: str = "cpu", seq: int = 0) -> str:
     """The file of the graph the server runs for `model` at a sequence of `seq` on `device`."""
-    return str(ROOT / "onnx" / model / model_file(model, device, seq))
+    return str(repository() / model / model_file(model, device, seq))
 
 
 def ort_session(model: str, device: str = "cpu", seq: int = 0) -> ort.InferenceSession:
@@ -69,7 +69,7 @@ def ort_session(model: str, device: str = "cpu", seq: int = 0) -> ort.InferenceS
     (service/inference/repository.py); the anchor never copies them."""
     options = ort.SessionOptions()
     providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
-    path = ROOT / "onnx" / model / model_file(model, device, seq)
+    path = repository() / model / model_file(model, device, seq)
     session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
     if device == "cuda" and session.get_providers()[0] != CUDA:
         raise SystemExit(f"--device cuda: onnxruntime did not put {model} on {CUDA}: {session.get_providers()}")

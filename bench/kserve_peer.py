@@ -2,9 +2,9 @@
 
 Run by the interpreter of KServe's virtual environment (bench/peers.py makes it), not by posenc's: it imports
 kserve, onnxruntime and numpy only. The model answers the KServe v2 protocol (binary tensors included) on
-/v2/models/NAME/infer; it runs the same graph posenc runs for the request's sequence length (`--cpu-form FILE
---from-sequence N`: the CPU form from N on, else model.onnx) with the session options posenc's server uses
-(intra-op threads, one inter-op thread, no spinning).
+/v2/models/NAME/infer; it runs the same graph posenc runs for the request's sequence length (`FOLDER@FILE:N,...`:
+each FILE from sequence length N on, as config.json's `cpu_rule`; model.onnx alone without it) with the session
+options posenc's server uses (intra-op threads, one inter-op thread, no spinning).
 
     .venv-bench-kserve/bin/python bench/kserve_peer.py --port 8080 --model-dir onnx/rope_attention --threads 1
 """
@@ -22,9 +22,9 @@ from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 
 
 class OnnxAttention(Model):
-    def __init__(self, name: str, folder: Path, threads: int, cpu_form: str | None, from_sequence: int) -> None:
+    def __init__(self, name: str, folder: Path, threads: int, rule: list[tuple[int, str]]) -> None:
         super().__init__(name)
-        self.folder, self.threads, self.cpu_form, self.from_sequence = folder, threads, cpu_form, from_sequence
+        self.folder, self.threads, self.rule = folder, threads, rule or [(1, "model.onnx")]
         self.sessions: dict[str, ort.InferenceSession] = {}
 
     def _session(self, file: str) -> ort.InferenceSession:
@@ -36,15 +36,14 @@ class OnnxAttention(Model):
                                     providers=["CPUExecutionProvider"])
 
     def load(self) -> bool:
-        files = ["model.onnx", *([self.cpu_form] if self.cpu_form else [])]
-        self.sessions = {file: self._session(file) for file in files}
+        self.sessions = {file: self._session(file) for _, file in self.rule}
         self.ready = True
         return True
 
     def predict(self, payload: InferRequest, headers: Any = None, response_headers: Any = None) -> InferResponse:
         feeds = {tensor.name: tensor.as_numpy() for tensor in payload.inputs}
         seq = feeds["query"].shape[2]
-        file = self.cpu_form if self.cpu_form and seq >= self.from_sequence else "model.onnx"
+        file = [name for start, name in self.rule if seq >= start][-1]
         output = self.sessions[file].run(["output"], feeds)[0]
         tensor = InferOutput(name="output", shape=list(output.shape), datatype="FP32")
         tensor.set_data_from_numpy(np.ascontiguousarray(output), binary_data=True)
@@ -56,15 +55,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="bench/kserve_peer.py")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model-dir", type=Path, action="append", required=True,
-                        help="a shipped model's folder (repeatable); FILE:N after it names its CPU form")
+                        help="a shipped model's folder (repeatable); @FILE:N,... after it: its rule")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     models = []
     for entry in args.model_dir:
-        folder, _, form = str(entry).partition("@")
-        file, _, from_sequence = form.partition(":")
-        models.append(OnnxAttention(Path(folder).name, Path(folder), args.threads, file or None,
-                                    int(from_sequence or 0)))
+        folder, _, rule = str(entry).partition("@")
+        steps = [step.rpartition(":") for step in rule.split(",") if step]
+        models.append(OnnxAttention(Path(folder).name, Path(folder), args.threads,
+                                    [(int(start), file) for file, _, start in steps]))
     for model in models:
         model.load()
     print(f"kserve {version('kserve')}, onnxruntime {ort.__version__}", flush=True)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import onnxruntime
 
-from bench.harness import ROOT, Servers, log, model_config
-from posenc.service.inference.repository import cpu_model_file
+from bench.harness import ROOT, Servers, log, model_config, repository
+from posenc.models.graph_rule import cpu_forms_of
 from posenc.service.testing import ServerProcess
 
 KSERVE_VENV = ROOT / ".venv-bench-kserve"
@@ -55,7 +55,7 @@ def start_kserve(servers: Servers, python: Path, models: list[str], threads: int
     """KServe's ModelServer on the servers' CPUs, serving `models` as posenc serves them (graph by sequence)."""
     command = [str(python), str(ROOT / "bench" / "kserve_peer.py"), "--port", "{port}", "--threads", str(threads)]
     for model in models:
-        form = cpu_model_file(model_config(model))
-        folder = str(ROOT / "onnx" / model)
-        command += ["--model-dir", folder + (f"@{form[0]}:{form[2]}" if form and form[2] is not None else "")]
+        rule = cpu_forms_of(model_config(model))[1]
+        folder = str(repository() / model)
+        command += ["--model-dir", folder + ("@" + ",".join(f"{file}:{start}" for start, file in rule) if rule else "")]
     return servers.start("KServe ModelServer", command=command)

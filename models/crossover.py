@@ -1,27 +1,28 @@
-"""Where a second way of computing starts to win: from timings at growing sizes, the first size from which the
-second is faster at every larger one. Pure: the timings are measured elsewhere (the CPU form's calibration,
-`posenc.service.inference.calibration`)."""
+"""Which way of computing to take at each size, from each way's timings at growing sizes. Pure: the timings are
+measured elsewhere (the CPU forms' calibration, `posenc.service.inference.calibration`)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from itertools import pairwise
 
 
-def start_of_last_run(faster: Sequence[bool]) -> int | None:
-    """The index from which every entry of `faster` is true; None when the last is false (or none)."""
-    if not faster or not faster[-1]:
-        return None
-    first = len(faster) - 1
-    while first > 0 and faster[first - 1]:
-        first -= 1
-    return first
+def fastest_by_size(sizes: Sequence[int], seconds: Sequence[Sequence[float]]) -> list[tuple[int, int]]:
+    """[(from_size, way), ...]: the way to take from each size on, ascending, the first from size 1.
 
-
-def crossover(sizes: Sequence[int], first_seconds: Sequence[float], second_seconds: Sequence[float]) -> int | None:
-    """The smallest of `sizes` (ascending) from which the second way's time is below the first's at every larger
-    size; None when the second is not faster at the largest. Each time is the best of its runs (other load only
-    ever adds time)."""
-    if not len(sizes) == len(first_seconds) == len(second_seconds):
-        raise ValueError("one time per size and way")
-    first = start_of_last_run([second < one for one, second in zip(first_seconds, second_seconds, strict=True)])
-    return None if first is None else sizes[first]
+    `seconds[way][i]` is the way's best time at `sizes[i]` (ascending; the best of its runs, as other load only
+    ever adds time). A measured size's fastest way runs from the geometric middle between it and the size
+    measured before it (a size between two measured ones goes to the nearer in ratio), the first size's fastest
+    way below it too, the last one's beyond it. Neighbouring sizes with the same fastest way make one entry; a
+    tie goes to the lower way index (the standard graph is way 0)."""
+    if not sizes or not seconds or any(len(way) != len(sizes) for way in seconds):
+        raise ValueError("one time per size and way, and at least one size and one way")
+    if sizes[0] < 1 or any(later <= earlier for earlier, later in pairwise(sizes)):
+        raise ValueError("sizes must ascend from 1 or more")
+    rule: list[tuple[int, int]] = []
+    for index, size in enumerate(sizes):
+        way = min(range(len(seconds)), key=lambda w: (seconds[w][index], w))
+        if not rule or rule[-1][1] != way:
+            rule.append((1 if index == 0 else math.isqrt(sizes[index - 1] * size) + 1, way))
+    return rule

@@ -166,18 +166,19 @@ class Settings(BaseSettings):
     )
     cpu_form_from: str = Field(
         "calibrate", pattern=r"^(calibrate|config|never|[1-9][0-9]{0,8})$",
-        description="From which sequence length a model with a CPU form (model.cpu.onnx) runs it instead of "
-        "model.onnx on the CPU: `calibrate` = measured on this machine at start-up, before ready (cached: "
-        "POSENC_CALIBRATION_CACHE); `config` = the length config.json names (measured where the model was exported); "
-        "`never` = model.onnx only; a number pins that length for every model.",
+        description="Which of a model's CPU graphs (model.onnx and its CPU forms: model.cpu.onnx, "
+        "model.blocked<N>.onnx) runs each sequence length: `calibrate` = the fastest measured on this machine at "
+        "start-up, before ready (cached: POSENC_CALIBRATION_CACHE); `config` = config.json's cpu_rule (measured "
+        "where the model was exported); `never` = model.onnx only; a number N = model.cpu.onnx from N on, "
+        "model.onnx below, for every model.",
     )
     calibration_seconds: float = Field(
         30.0, ge=0, le=3600,
         description="Start-up time the CPU-form calibration may take for all models together; a model it cannot "
-        "finish keeps config.json's length (not cached).",
+        "finish keeps config.json's rule (not cached).",
     )
     calibration_cache: str = Field(
-        "", description="JSON file of calibrated lengths, by CPU, ISA, cores, onnxruntime version, threads and model "
+        "", description="JSON file of calibrated rules, by CPU, ISA, cores, onnxruntime version, threads and model "
         "hashes; empty = $XDG_CACHE_HOME/posenc/calibration.json (~/.cache/...); `off` = measure at every start.",
     )
     inference_threads: int = Field(

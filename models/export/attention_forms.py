@@ -4,7 +4,9 @@ Each form replaces the one causal opset-23 `Attention` node of `model.onnx` (que
 value [B, Hkv, S, D] after the rotary nodes, no mask or cache) and keeps everything before it:
 
 * `unfused`: MatMul(Q · scale, Kᵀ) + causal mask, Softmax, MatMul(·, V): MLAS's batched GEMMs. With Hkv < Hq the
-  query heads are grouped as [B, Hkv, Hq/Hkv, S, D] and the key/value heads broadcast over the group (no copy).
+  query heads of each key/value head are stacked as the rows of one GEMM ([B, Hkv, G·S, D]; no copy of K or V):
+  on a 2-core Xeon this ran llama3_1_attention's blocked forms up to 10 % faster than broadcasting K and V over
+  the group.
   The mask is built in the graph from S ([S, S], 0 on and below the diagonal, -inf above).
 * `blocked<N>` (N >= 2): the same in N query blocks, block i attending keys 0 .. its last row only, so the fully masked
   upper-right blocks are never computed (about (N + 1) / 2N of the scores), outputs concatenated.
@@ -88,56 +90,60 @@ def _causal_mask(g: _Graph, seq: str) -> str:
                           g.const("minus_inf", TensorProto.FLOAT, [], [float("-inf")])])
 
 
-def _grouped(g: _Graph, query: str, key: str, value: str, heads: tuple[int, int, int]) -> tuple[str, str, str]:
-    """Q as [B, Hkv, G, S, D] and K, V as [B, Hkv, 1, S, D] when G = Hq / Hkv > 1 (MatMul broadcasts the group)."""
-    num_heads, num_kv_heads, head_dim = heads
-    if num_heads == num_kv_heads:
-        return query, key, value
-    group = num_heads // num_kv_heads
-    q5 = g.op("Reshape", [query, g.ints("q5", [0, num_kv_heads, group, -1, head_dim])])
-    axis2 = g.ints("axis2", [2])
-    return q5, g.op("Unsqueeze", [key, axis2]), g.op("Unsqueeze", [value, axis2])
-
-
 def _unfused(g: _Graph, query: str, key: str, value: str, output: str, heads: tuple[int, int, int], scale: float,
              blocks: int) -> None:
     num_heads, num_kv_heads, head_dim = heads
-    rank = 4 if num_heads == num_kv_heads else 5
-    q, k, v = _grouped(g, query, key, value, heads)
+    group = num_heads // num_kv_heads
     seq = _seq_len(g, query)
     mask = _causal_mask(g, seq)
-    perm = [*range(rank - 2), rank - 1, rank - 2]
-    kt_full = g.op("Transpose", [k], perm=perm)  # [.., D, S]
-    scale_name = g.const("scale", TensorProto.FLOAT, [], [scale])
-    qs = g.op("Mul", [q, scale_name])
+    kt = g.op("Transpose", [key], perm=[0, 1, 3, 2])  # [B, Hkv, D, S]
+    q = g.op("Mul", [query, g.const("scale", TensorProto.FLOAT, [], [scale])])
+    if group > 1:  # [B, Hkv, G, S, D]: each key/value head's query heads together
+        q = g.op("Reshape", [q, g.ints("q5", [0, num_kv_heads, group, -1, head_dim])])
+    seq_axis = 3 if group > 1 else 2
     if blocks <= 1:
-        out = _block(g, qs, kt_full, v, mask)
+        out = _block(g, q, kt, value, mask, heads)
     else:
         # block length c = ceil(S / N); block i: query rows [i·c, (i+1)·c), keys [0, (i+1)·c)
-        n = g.ints("blocks", [blocks])
-        c = g.op("Div", [g.op("Add", [seq, g.ints("blocks_minus_1", [blocks - 1])]), n])
-        zero, seq_axis = g.ints("zero1", [0]), g.ints("seq_axis", [rank - 2])
-        parts = []
-        key_axis = g.ints("key_axis", [rank - 1])
+        c = g.op("Div", [g.op("Add", [seq, g.ints("blocks_minus_1", [blocks - 1])]), g.ints("blocks", [blocks])])
+        zero, q_axis = g.ints("zero1", [0]), g.ints("q_axis", [seq_axis])
+        key_axis, value_axis = g.ints("key_axis", [3]), g.ints("value_axis", [2])
         mask_rows, mask_cols = g.ints("mask_rows", [0]), g.ints("mask_cols", [1])
+        parts = []
         for i in range(blocks):
             start = g.op("Mul", [c, g.ints("i", [i])])
             end = g.op("Mul", [c, g.ints("i1", [i + 1])])
-            qi = g.op("Slice", [qs, start, end, seq_axis])
-            kti = g.op("Slice", [kt_full, zero, end, key_axis])
-            vi = g.op("Slice", [v, zero, end, seq_axis])
+            qi = g.op("Slice", [q, start, end, q_axis])
+            kti = g.op("Slice", [kt, zero, end, key_axis])
+            vi = g.op("Slice", [value, zero, end, value_axis])
             mi = g.op("Slice", [g.op("Slice", [mask, start, end, mask_rows]), zero, end, mask_cols])
-            parts.append(_block(g, qi, kti, vi, mi))
-        out = g.op("Concat", parts, axis=rank - 2)
-    if rank == 5:
+            parts.append(_block(g, qi, kti, vi, mi, heads))
+        out = g.op("Concat", parts, axis=seq_axis)
+    if group > 1:
         g.op("Reshape", [out, g.ints("heads", [0, num_heads, -1, head_dim])], output)
     else:
         g.op("Identity", [out], output)
 
 
-def _block(g: _Graph, q: str, kt: str, v: str, mask: str) -> str:
-    scores = g.op("Add", [g.op("MatMul", [q, kt]), mask])
-    return g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+def _block(g: _Graph, q: str, kt: str, v: str, mask: str, heads: tuple[int, int, int]) -> str:
+    """softmax(q · kt + mask) · v for q [B, H, c, D] (or, grouped, [B, Hkv, G, c, D]), kt [B, Hkv, D, k],
+    v [B, Hkv, k, D], mask [c, k]. Grouped query heads are multiplied as [B, Hkv, G·c, D]: one GEMM per key/value
+    head with G times the rows (MLAS packs each key block once for all of them), not G broadcast ones."""
+    num_heads, num_kv_heads, _ = heads
+    if num_heads == num_kv_heads:
+        scores = g.op("Add", [g.op("MatMul", [q, kt]), mask])
+        return g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+    shape = g.op("Shape", [q])  # [B, Hkv, G, c, D]; a block may be empty (S < N): no -1, and a 0 is a 0 (allowzero)
+    part = {name: g.op("Slice", [shape, g.ints("from", [at]), g.ints("to", [at + length])])
+            for name, at, length in (("heads", 0, 2), ("group", 2, 1), ("rows", 3, 1), ("dim", 4, 1))}
+    stacked = g.op("Concat", [part["heads"], g.op("Mul", [part["group"], part["rows"]]), part["dim"]], axis=0)
+    rows = g.op("Reshape", [q, stacked], allowzero=1)
+    scores = g.op("MatMul", [rows, kt])  # [B, Hkv, G·c, k]
+    by_head = g.op("Concat", [g.op("Shape", [q], end=-1), g.op("Shape", [kt], start=-1)], axis=0)  # [B, Hkv, G, c, k]
+    by_head_scores = g.op("Reshape", [scores, by_head], allowzero=1)
+    probs = g.op("Softmax", [g.op("Add", [by_head_scores, mask])], axis=-1)  # [B, Hkv, G, c, k]
+    out = g.op("MatMul", [g.op("Reshape", [probs, g.op("Shape", [scores])], allowzero=1), v])  # [B, Hkv, G·c, D]
+    return g.op("Reshape", [out, shape], allowzero=1)
 
 
 def _mha(g: _Graph, query: str, key: str, value: str, output: str, heads: tuple[int, int, int], scale: float) -> None:

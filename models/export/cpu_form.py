@@ -16,11 +16,7 @@ is the causal mask of `Attention(is_causal=1)` for S queries and S keys. The nod
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import onnx
@@ -108,52 +104,3 @@ def cpu_form(model: onnx.ModelProto, num_heads: int, num_kv_heads: int, head_dim
 def op_counts(model: onnx.ModelProto) -> Counter[str]:
     """How many nodes of each op type the graph holds (config.json's `ops`, sorted by name)."""
     return Counter(node.op_type for node in model.graph.node)
-
-
-# (model.onnx bytes, model.cpu.onnx bytes, config.json) -> the sequence length from which the CPU form is faster on
-# this machine, or None: `posenc.service.inference.calibration.measure_crossover`, passed in by `posenc export`
-Measure = Callable[[bytes, bytes, Mapping[str, Any]], int | None]
-
-
-def write_cpu_form(folder: Path, measure: Measure | None = None) -> Path | None:
-    """Derive `<folder>/model.cpu.onnx` from `<folder>/model.onnx` and record it in config.json (`cpu_model`: file,
-    sha256, ops, and `from_sequence` as `measure` finds it here, null when not measured or never faster: the
-    serving machine calibrates its own, see posenc.service.inference.calibration). A model without a CPU form
-    has none (a stale one is removed). Returns the file written, if any."""
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text())
-    attention = config["attention"]
-    heads = (attention["num_heads"], attention["num_kv_heads"], attention["head_dim"])
-    standard = (folder / "model.onnx").read_bytes()
-    form = cpu_form(onnx.load_from_string(standard), *heads)
-    target = folder / CPU_MODEL_FILE
-    config.pop("cpu_model", None)
-    if form is None:
-        target.unlink(missing_ok=True)
-    else:
-        data = form.SerializeToString()
-        target.write_bytes(data)
-        config["cpu_model"] = {"file": CPU_MODEL_FILE, "sha256": hashlib.sha256(data).hexdigest(),
-                               "from_sequence": measure(standard, data, config) if measure else None,
-                               "ops": dict(sorted(op_counts(form).items()))}
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    return target if target.exists() else None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m posenc.models.export.cpu_form REPOSITORY...`: (re)derive every model folder's CPU form (not
-    measured: `posenc calibrate --write` records this machine's lengths)."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("repositories", nargs="+", type=Path)
-    args = parser.parse_args(argv)
-    for repository in args.repositories:
-        for folder in sorted(p for p in repository.iterdir() if (p / "model.onnx").exists()):
-            written = write_cpu_form(folder)
-            print(f"{folder.name}: " + (written.name if written else "no CPU form"))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

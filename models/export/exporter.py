@@ -1,7 +1,7 @@
 """Export `RopeAttention` to ONNX (opset 23) and write a model repository entry.
 
-`onnx/<name>/model.onnx` + `onnx/<name>/config.json`, and the CPU form `model.cpu.onnx` derived from it
-(`posenc.models.export.cpu_form`: the causal attention as onnxruntime's GroupQueryAttention). The graph takes
+`onnx/<name>/model.onnx` + `onnx/<name>/config.json`, and the CPU forms derived from it
+(`posenc.models.export.cpu_forms`: the causal attention as GroupQueryAttention or in query blocks). The graph takes
 query [B, Hq, S, D], key and value [B, Hkv, S, D] float32 and position_ids [B, S] int64 (B and S dynamic)
 and returns output [B, Hq, S, D] float32. It is exported with `torch.onnx.export(dynamo=True, opset_version=23)`:
 `torch.onnx.ops.rotary_embedding` becomes ONNX `RotaryEmbedding` (one node for q, one for k) and
@@ -32,7 +32,8 @@ import torch
 
 from posenc.models.errors import ParameterError
 from posenc.models.export.arguments import ROPE_OPTIONS, add_export_arguments
-from posenc.models.export.cpu_form import Measure, op_counts, write_cpu_form
+from posenc.models.export.cpu_form import op_counts
+from posenc.models.export.cpu_forms import Measure, write_cpu_forms
 from posenc.models.export.rope_attention import Layout, RopeAttention
 from posenc.models.export.shipped_models import SHIPPED_MODELS
 from posenc.models.rope import (
@@ -238,9 +239,9 @@ def export(spec: ExportSpec, repository: Path, measure: Measure | None = None) -
     (folder / "model.onnx").write_bytes(model_bytes)
     config = build_config(spec, model_bytes, model)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    cpu_form = write_cpu_form(folder, measure)
+    forms = write_cpu_forms(folder, measure)
     log.info("exported %s (%d bytes%s) to %s", spec.name, len(model_bytes),
-             f", and its CPU form {cpu_form.name}" if cpu_form else "", folder)
+             f", and its CPU forms {', '.join(path.name for path in forms)}" if forms else "", folder)
     return folder
 
 
@@ -260,7 +261,7 @@ def spec_from_args(args: argparse.Namespace) -> ExportSpec:
 
 
 def run_export(args: argparse.Namespace, measure: Measure | None = None) -> list[Path]:
-    """Export what the arguments ask for, `measure` timing each CPU form here (`write_cpu_form`); returns the
+    """Export what the arguments ask for, `measure` timing each model's graphs here (`write_cpu_forms`); returns the
     written model folders."""
     if args.repository is None:
         raise ParameterError("repository", "--repository is required outside a source checkout")

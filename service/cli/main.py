@@ -36,9 +36,9 @@ def _export(args: argparse.Namespace) -> int:
     from posenc.models.errors import ParameterError
 
     try:
-        from posenc.service.inference.calibration import measure_crossover
+        from posenc.service.inference.calibration import measure_rule
 
-        folders = exporter.run_export(args, measure_crossover)
+        folders = exporter.run_export(args, measure_rule)
     except (ParameterError, exporter.ExportError, OSError, ValueError, KeyError) as exc:
         sys.stderr.write(f"posenc export: {exc}\n")
         return 2

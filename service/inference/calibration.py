@@ -1,16 +1,16 @@
-"""Which of a model's two CPU graphs runs a request, decided on the machine that serves it.
+"""Which of a model's CPU graphs runs a request, decided on the machine that serves it.
 
-A model exported with a CPU form (`model.cpu.onnx`: its causal attention as onnxruntime's GroupQueryAttention)
-has two CPU sessions, and where the CPU form starts to win depends on the CPU: on a 2-core AMD EPYC VM it
-won from S=512 at llama3_1_attention, while on a 2-core Intel Xeon (AVX-512, AMX) it lost at rope_attention
-B=8 S=512. So the service measures on its own machine: at start-up, before it reports ready, each such
-model's two sessions run B=1 at growing sequence lengths (the best of interleaved rounds per length: other
-load only ever adds time), and the first length from which the CPU form stays faster becomes the model's rule
-(`GraphForms.pick`) for the life of the process: one request always runs on the graph its rule names, and
-gets the same bits. The whole calibration is bounded by POSENC_CALIBRATION_SECONDS; a model it cannot finish
-keeps config.json's value. Results are cached in a JSON file keyed by the CPU model, its ISA, the usable
-cores, onnxruntime's version, the intra-op threads and both graphs' sha256, so the same wheel decides anew on
-another CPU and only once on each. POSENC_CPU_FORM_FROM pins the rule instead (`config`, `never`, a length).
+A model exported with CPU forms (`posenc.models.export.cpu_forms`: GroupQueryAttention, query blocks) has several
+CPU sessions, and which is fastest at which length depends on the CPU: on a 2-core AMD EPYC VM GroupQueryAttention
+won from S=512 at llama3_1_attention, while on a 2-core Intel Xeon (AVX-512, AMX) it lost everywhere to the
+blocked forms. So the service measures on its own machine: at start-up, before it reports ready, each such
+model's sessions run B=1 at growing sequence lengths (the best of interleaved rounds per length: other load only
+ever adds time), and each length's fastest graph runs the lengths nearest to it (`fastest_by_size`): the model's
+rule (`GraphForms`) for the life of the process, so one request always runs on the graph its rule names and gets
+the same bits. The whole calibration is bounded by POSENC_CALIBRATION_SECONDS; a model it cannot finish keeps
+config.json's rule. Results are cached in a JSON file keyed by the CPU model, its ISA, the usable cores,
+onnxruntime's version, the intra-op threads and every graph's sha256, so the same wheel decides anew on another
+CPU and only once on each. POSENC_CPU_FORM_FROM pins the rule instead (`config`, `never`, a length).
 """
 
 from __future__ import annotations
@@ -28,13 +28,14 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from posenc.models.crossover import crossover
+from posenc.models.crossover import fastest_by_size
 from posenc.models.dtypes import BY_KSERVE
+from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, valid_rule
 from posenc.service.settings import usable_cores
 
 log = logging.getLogger("posenc.inference.calibration")
 
-SEQUENCES = (16, 32, 64, 128, 256, 512, 1024)  # B=1 lengths timed; the CPU form must win at the longest
+SEQUENCES = (16, 32, 64, 128, 256, 512, 1024)  # B=1 lengths timed
 ROUNDS = 3  # interleaved runs per graph and length, after one warm-up run each
 # (name, KServe datatype, shape with -1 for dynamic dims, the sequence axis) of one model input
 InputShape = tuple[str, str, Sequence[int], int | None]
@@ -71,10 +72,10 @@ class Machine:
         return cls(model, tuple(flag for flag in ISA_FLAGS if flag in flags), usable_cores())
 
 
-def cache_key(machine: Machine, threads: int, standard_sha256: str, form_sha256: str) -> str:
-    """One line naming everything a measured crossover depends on."""
+def cache_key(machine: Machine, threads: int, sha256s: Sequence[str]) -> str:
+    """One line naming everything a measured rule depends on (`sha256s`: every graph's, model.onnx first)."""
     return (f"{machine.cpu} | {' '.join(machine.isa) or 'no listed ISA'} | {machine.cores} cores | "
-            f"onnxruntime {ort.__version__} | {threads} threads | {standard_sha256[:16]} {form_sha256[:16]}")
+            f"onnxruntime {ort.__version__} | {threads} threads | {' '.join(sha[:16] for sha in sha256s)}")
 
 
 def default_cache_path() -> Path:
@@ -98,11 +99,10 @@ class CalibrationCache:
             return {}
         return entries if isinstance(entries, dict) else {}
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str, files: Sequence[str]) -> Rule | None:
+        """The rule cached for `key`, if it is one over `files`."""
         entry = self._entries().get(key)
-        valid = isinstance(entry, dict) and (entry.get("from_sequence") is None or (
-            isinstance(entry.get("from_sequence"), int) and entry["from_sequence"] >= 1))
-        return entry if valid else None
+        return valid_rule(entry.get("rule"), files) if isinstance(entry, dict) else None
 
     def put(self, key: str, entry: Mapping[str, Any]) -> None:
         if self.path is None:
@@ -137,64 +137,78 @@ def calibration_inputs(inputs: Sequence[InputShape], seq: int,
 @dataclass(frozen=True)
 class Timings:
     sequences: tuple[int, ...]
-    standard: tuple[float, ...]  # best seconds per length
-    form: tuple[float, ...]
+    seconds: dict[str, tuple[float, ...]]  # file -> best seconds per length (model.onnx first)
+
+    def rule(self) -> Rule:
+        """Each measured length's fastest graph, from the middle below it (`fastest_by_size`)."""
+        files = list(self.seconds)
+        return [(start, files[way]) for start, way in fastest_by_size(self.sequences, list(self.seconds.values()))]
 
     def document(self) -> dict[str, Any]:
-        return {"sequences": list(self.sequences), "standard_ms": [round(t * 1e3, 4) for t in self.standard],
-                "form_ms": [round(t * 1e3, 4) for t in self.form]}
+        return {"sequences": list(self.sequences),
+                "ms": {file: [round(t * 1e3, 4) for t in times] for file, times in self.seconds.items()}}
 
 
-def time_forms(standard: ort.InferenceSession, form: ort.InferenceSession,
-               inputs: Sequence[InputShape], deadline: float,
-               sequences: Sequence[int] = SEQUENCES, rounds: int = ROUNDS) -> Timings | None:
-    """Both sessions' best time at each length (interleaved rounds); None when `deadline` (time.monotonic)
-    passes before the longest length is measured."""
+def time_graphs(sessions: Mapping[str, ort.InferenceSession], inputs: Sequence[InputShape], deadline: float,
+                sequences: Sequence[int] = SEQUENCES, rounds: int = ROUNDS) -> Timings | None:
+    """Every session's best time at each length (rounds interleaved, the order reversed every other round); None
+    when `deadline` (time.monotonic) passes before the longest length is measured."""
     rng = np.random.default_rng(0)
-    best: list[list[float]] = [[], []]
-    sessions = (standard, form)
+    files = list(sessions)
+    best: dict[str, list[float]] = {file: [] for file in files}
     for seq in sequences:
         arrays = calibration_inputs(inputs, seq, rng)
-        times: list[list[float]] = [[], []]
-        for session in sessions:
+        times: dict[str, list[float]] = {file: [] for file in files}
+        for session in sessions.values():
             session.run(None, arrays)  # warm-up: a shape's first run allocates
         for index in range(rounds):
-            for side in (0, 1) if index % 2 == 0 else (1, 0):
+            for file in files if index % 2 == 0 else reversed(files):
                 started = time.perf_counter()
-                sessions[side].run(None, arrays)
-                times[side].append(time.perf_counter() - started)
+                sessions[file].run(None, arrays)
+                times[file].append(time.perf_counter() - started)
             if time.monotonic() > deadline:
                 return None
-        for side in (0, 1):
-            best[side].append(min(times[side]))
-    return Timings(tuple(sequences), tuple(best[0]), tuple(best[1]))
+        for file in files:
+            best[file].append(min(times[file]))
+    return Timings(tuple(sequences), {file: tuple(values) for file, values in best.items()})
 
 
 @dataclass(frozen=True)
 class Choice:
-    from_sequence: int | None  # None: the CPU form never runs
+    rule: Rule
     how: str  # pinned, never, config, cached, measured, or config because calibration ran out of time
 
 
-def choose_from_sequence(setting: str, configured: int | None, measure: Callable[[], Timings | None], key: str,
-                         cache: CalibrationCache) -> Choice:
-    """The rule for one model: POSENC_CPU_FORM_FROM pins it (`config`: config.json's `configured`; `never`; a
-    length), else `calibrate`: the cache's entry for `key`, or `measure()` (a `Timings`, or None when out of
-    time: config.json's value then, not cached)."""
+def pinned_rule(setting: str, files: Sequence[str]) -> Rule:
+    """POSENC_CPU_FORM_FROM=<length>: model.onnx below it, the GroupQueryAttention form (model.cpu.onnx) from it;
+    model.onnx only when the model has none."""
+    start = int(setting)
+    if GQA_FILE not in files:
+        return [(1, STANDARD_FILE)]
+    return [(1, GQA_FILE)] if start == 1 else [(1, STANDARD_FILE), (start, GQA_FILE)]
+
+
+def choose_rule(setting: str, configured: Rule | None, files: Sequence[str], measure: Callable[[], Timings | None],
+                key: str, cache: CalibrationCache) -> Choice:
+    """The rule for one model over its graph `files` (model.onnx first): POSENC_CPU_FORM_FROM pins it (`config`:
+    config.json's `configured`, model.onnx only when null; `never`; a length), else `calibrate`: the cache's
+    entry for `key`, or `measure()` (a `Timings`, or None when out of time: config.json's rule then, not
+    cached)."""
+    from_config = configured if configured is not None else [(1, STANDARD_FILE)]
     if setting == "config":
-        return Choice(configured, "config.json")
+        return Choice(from_config, "config.json")
     if setting == "never":
-        return Choice(None, "POSENC_CPU_FORM_FROM=never")
+        return Choice([(1, STANDARD_FILE)], "POSENC_CPU_FORM_FROM=never")
     if setting != "calibrate":
-        return Choice(int(setting), f"POSENC_CPU_FORM_FROM={setting}")
-    if (entry := cache.get(key)) is not None:
-        return Choice(entry["from_sequence"], "calibrated earlier on this machine (cache)")
+        return Choice(pinned_rule(setting, files), f"POSENC_CPU_FORM_FROM={setting}")
+    if (cached := cache.get(key, files)) is not None:
+        return Choice(cached, "calibrated earlier on this machine (cache)")
     timings = measure()
     if timings is None:
-        return Choice(configured, "config.json (calibration ran out of time: POSENC_CALIBRATION_SECONDS)")
-    from_sequence = crossover(timings.sequences, timings.standard, timings.form)
-    cache.put(key, {"from_sequence": from_sequence, **timings.document(), "measured_at": time.time()})
-    return Choice(from_sequence, "calibrated on this machine")
+        return Choice(from_config, "config.json (calibration ran out of time: POSENC_CALIBRATION_SECONDS)")
+    rule = timings.rule()
+    cache.put(key, {"rule": [list(step) for step in rule], **timings.document(), "measured_at": time.time()})
+    return Choice(rule, "calibrated on this machine")
 
 
 def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
@@ -208,15 +222,15 @@ def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
     return shapes
 
 
-def measure_crossover(standard: bytes, form: bytes, config: Mapping[str, Any], threads: int = 0) -> int | None:
-    """From which sequence length `form` runs B=1 faster than `standard` here (no time bound; onnxruntime's
-    defaults but spinning off, as the service runs them); None when it is not faster at the longest."""
+def measure_rule(graphs: Mapping[str, bytes], config: Mapping[str, Any], threads: int = 0) -> Rule:
+    """Which graph (bytes by file, model.onnx first) runs B=1 fastest here at each length (no time bound;
+    onnxruntime's defaults but spinning off, as the service runs them): `posenc export` records it."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or usable_cores()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = [ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
-                for graph in (standard, form)]
-    timings = time_forms(sessions[0], sessions[1], config_inputs(config), deadline=float("inf"))
+    sessions = {file: ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+                for file, graph in graphs.items()}
+    timings = time_graphs(sessions, config_inputs(config), deadline=float("inf"))
     if timings is None:  # cannot happen without a deadline
         raise RuntimeError("calibration stopped without a deadline")
-    return crossover(timings.sequences, timings.standard, timings.form)
+    return timings.rule()

@@ -1,43 +1,54 @@
-"""Which of a model's two graphs runs a request on the CPU: the CPU form from the sequence length measured on
-this machine (`posenc.service.inference.calibration`), or pinned.
+"""Which of a model's graphs runs a request on the CPU: by its sequence length, from the rule measured on this
+machine (`posenc.service.inference.calibration`), or pinned.
 
-A model exported with a CPU form (`posenc.models.export.cpu_form`: `model.cpu.onnx`, its causal attention as
-onnxruntime's GroupQueryAttention) has two sessions on the CPU. Neither is faster everywhere: on 2 cores
-the CPU form ran llama3_1_attention at B=1, S=1024 1.48x faster and rope_attention at B=1, S=128 1.6x
-slower (its per-head loops pay off once a head's score matrix outgrows the cache; below that its extra
-transposes and per-head overhead dominate), and where it starts to win depends on the CPU. Start-up measures
-both at growing sequence lengths and keeps the shortest from which the CPU form stays faster; runs of that
-sequence length or longer take it. The rule is fixed per model, so one request always runs on
-the same graph and gets the same bits (the two graphs agree to about 1e-6, not bit for bit).
+A model exported with CPU forms (`posenc.models.export.cpu_forms`) has several graphs of one attention on the CPU:
+model.onnx (the opset-23 Attention node), model.cpu.onnx (GroupQueryAttention) and model.blocked<N>.onnx
+(MatMul/Softmax/MatMul in N query blocks that skip the masked keys). None is fastest everywhere: on a 2-core
+Xeon, one thread, rope_attention ran fastest in 4 blocks at S=128 and in 8 at S=512, llama3_1_attention in 16 at
+S=1024 (1.4-2.5x faster than model.onnx), and GroupQueryAttention won from S=512 on a 2-core AMD EPYC VM
+(docs/performance.md). Start-up times every graph at growing sequence lengths and keeps, per length, the
+fastest; a request runs on the graph of its length. The rule is fixed per model for the life of the process,
+so one request always runs on the same graph and gets the same bits (the graphs agree to about 1e-6, not bit
+for bit).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
-STANDARD = "model.onnx"
+from posenc.models.graph_rule import STANDARD_FILE as STANDARD
+
+__all__ = ["STANDARD", "GraphForms"]
 
 
 @dataclass(frozen=True)
 class GraphForms:
-    """The standard session, the CPU form's, and from which sequence length the CPU form runs."""
+    """Every CPU session of a model by file (model.onnx too), and the rule: the file that runs from each sequence
+    length ((from_sequence, file), ascending, the first from 1)."""
 
-    standard: ort.InferenceSession
-    cpu_form: ort.InferenceSession
-    cpu_form_file: str
-    from_sequence: int | None  # None: the CPU form never runs
+    sessions: Mapping[str, ort.InferenceSession]
+    rule: Sequence[tuple[int, str]]
     sequence_axes: Mapping[str, int]  # input name -> its sequence axis
-    rule: str = "config.json"  # where from_sequence came from (calibrated, cached, pinned, config.json)
+    how: str = "config.json"  # where the rule came from (calibrated, cached, pinned, config.json)
+
+    def file_for(self, seq: int) -> str:
+        """The graph that runs a sequence of `seq`."""
+        file = self.rule[0][1]
+        for start, later in self.rule:
+            if seq >= start:
+                file = later
+        return file
 
     def pick(self, inputs: Mapping[str, np.ndarray]) -> tuple[str, ort.InferenceSession]:
-        """(file, session) that runs `inputs`: the CPU form when their sequence is `from_sequence` or longer."""
-        if self.from_sequence is None:
-            return STANDARD, self.standard
+        """(file, session) that runs `inputs`."""
         seq = next((inputs[name].shape[axis] for name, axis in self.sequence_axes.items() if name in inputs), 0)
-        if seq >= self.from_sequence:
-            return self.cpu_form_file, self.cpu_form
-        return STANDARD, self.standard
+        file = self.file_for(seq)
+        return file, self.sessions[file]
+
+    def describe(self) -> str:
+        """The rule in words: 'model.blocked4.onnx from 1, model.blocked8.onnx from 363'."""
+        return ", ".join(f"{file} from {start}" for start, file in self.rule)

@@ -24,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from posenc.models.dtypes import BY_KSERVE, BY_ONNX
+from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of
 from posenc.service.errors import Unavailable
 from posenc.service.inference import calibration
 from posenc.service.inference.devices import CPU, CUDA
@@ -129,8 +130,8 @@ class LoadedModel:
     # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
     # model.onnx); outputs with a dim no input names are left out.
     output_dims: Mapping[str, tuple[int | tuple[str, int], ...]] = field(default_factory=dict)
-    # model.onnx and the CPU form, when the model has one and runs on the CPU: long sequences run on the CPU
-    # form (`posenc.service.inference.graph_forms`); None: every run on `session`
+    # every CPU graph (model.onnx and its CPU forms), when the model has forms and runs on the CPU: each request
+    # runs on its sequence length's graph (`posenc.service.inference.graph_forms`); None: every run on `session`
     forms: GraphForms | None = None
 
     ready = True
@@ -264,41 +265,34 @@ def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.Infer
     return session
 
 
-def cpu_model_file(config: Mapping[str, Any]) -> tuple[str, str | None, int | None] | None:
-    """(file, sha256, from_sequence) of the model's CPU form (`posenc.models.export.cpu_form`) named in config.json;
-    from_sequence is where the export measured it faster (null: not measured there, or never faster)."""
-    entry = config.get("cpu_model")
-    if not isinstance(entry, dict):
-        return None
-    file, from_sequence = entry.get("file"), entry.get("from_sequence")
-    if not isinstance(file, str) or "/" in file or not (
-            from_sequence is None or (isinstance(from_sequence, int) and from_sequence >= 1)):
-        raise ConfigError("cpu_model must name a file in the model's folder and a from_sequence >= 1 (or null)")
-    return file, entry.get("sha256"), from_sequence
-
-
 def _graph_forms(config: ModelConfig, folder: Path, settings: Settings, session: ort.InferenceSession,
                  deadline: float) -> GraphForms | None:
-    """Both graphs of a model that has a CPU form and runs on the CPU only (`GraphForms` picks by sequence, from
-    the length calibrated on this machine by `deadline` (time.monotonic), or pinned: POSENC_CPU_FORM_FROM)."""
-    cpu_form = cpu_model_file(config.raw)
-    if cpu_form is None or session.get_providers() != [CPU]:
+    """Every CPU graph of a model that has CPU forms and runs on the CPU only, and the rule that picks one by
+    sequence length (calibrated on this machine by `deadline` (time.monotonic), or pinned: POSENC_CPU_FORM_FROM)."""
+    try:
+        forms, configured = cpu_forms_of(config.raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not forms or session.get_providers() != [CPU]:
         return None
-    file, sha256, configured = cpu_form
-    form_bytes = _model_bytes(folder, file, sha256)
-    form = ort.InferenceSession(form_bytes, sess_options=_session_options(settings), providers=[CPU])
-    _check_session(config, form)
+    sessions = {STANDARD_FILE: session}
+    sha256s = [config.sha256 or hashlib.sha256(_model_bytes(folder, STANDARD_FILE, None)).hexdigest()]
+    for form in forms:
+        graph = _model_bytes(folder, form.file, form.sha256)
+        sessions[form.file] = ort.InferenceSession(graph, sess_options=_session_options(settings), providers=[CPU])
+        _check_session(config, sessions[form.file])
+        sha256s.append(hashlib.sha256(graph).hexdigest())
     axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
-    standard_sha = config.sha256 or hashlib.sha256(_model_bytes(folder, "model.onnx", None)).hexdigest()
     threads = session.get_session_options().intra_op_num_threads
-    form_sha = hashlib.sha256(form_bytes).hexdigest()
-    key = calibration.cache_key(calibration.Machine.here(), threads, standard_sha, form_sha)
+    key = calibration.cache_key(calibration.Machine.here(), threads, sha256s)
     shapes = [(t.name, t.datatype, t.shape, t.sequence_axis()) for t in config.inputs]
-    choice = calibration.choose_from_sequence(
-        settings.cpu_form_from, configured, lambda: calibration.time_forms(session, form, shapes, deadline), key,
+    choice = calibration.choose_rule(
+        settings.cpu_form_from, configured, list(sessions),
+        lambda: calibration.time_graphs(sessions, shapes, deadline), key,
         calibration.CalibrationCache(_calibration_cache_path(settings.calibration_cache)))
-    log.info("model %s: %s from sequence %s (%s)", config.name, file, choice.from_sequence or "never", choice.how)
-    return GraphForms(session, form, file, choice.from_sequence, axes, choice.how)
+    forms_of = GraphForms(sessions, choice.rule, axes, choice.how)
+    log.info("model %s: %s (%s)", config.name, forms_of.describe(), choice.how)
+    return forms_of
 
 
 def _calibration_cache_path(setting: str) -> Path | None:

@@ -80,3 +80,26 @@ def test_the_kserve_column_is_left_out_with_its_reason_where_kserve_is_not_insta
     monkeypatch.setenv("BENCH_KSERVE_PYTHON", str(tmp_path / "missing" / "python"))
     python, why = kserve_python(create=True)  # a named interpreter is never made
     assert python is None and "no kserve at" in why
+
+
+def test_the_anchors_run_the_graph_of_the_runs_calibrated_rule(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    """bench/harness.py `calibrated_repository` records the rule in a copy of onnx/; the anchors' graph is the one
+    that rule names for the case's length (the servers pin it: POSENC_CPU_FORM_FROM=config)."""
+    import json
+    import shutil
+
+    from bench.harness import REPOSITORY_ENV, ROOT
+    from bench.inprocess import model_file
+
+    shutil.copytree(ROOT / "onnx" / "rope_attention", tmp_path / "rope_attention")
+    config_path = tmp_path / "rope_attention" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["cpu_rule"] = [{"from_sequence": 1, "file": "model.blocked4.onnx"},
+                          {"from_sequence": 363, "file": "model.blocked8.onnx"}]
+    config_path.write_text(json.dumps(config))
+    monkeypatch.setenv(REPOSITORY_ENV, str(tmp_path))
+    assert [model_file("rope_attention", "cpu", seq) for seq in (1, 362, 363, 4096)] == [
+        "model.blocked4.onnx", "model.blocked4.onnx", "model.blocked8.onnx", "model.blocked8.onnx"]
+    assert model_file("rope_attention", "cuda", 4096) == "model.onnx"
+    assert graph_path("rope_attention", "cpu", 512) == str(tmp_path / "rope_attention" / "model.blocked8.onnx")

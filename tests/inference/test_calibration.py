@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from posenc.service.inference import calibration
-from posenc.service.inference.calibration import CalibrationCache, Machine, Timings, cache_key, choose_from_sequence
+from posenc.service.inference.calibration import CalibrationCache, Machine, Timings, cache_key, choose_rule
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.graph_forms import STANDARD
 from posenc.service.inference.repository import LoadedModel
@@ -40,58 +40,82 @@ def test_the_machine_is_read_from_cpuinfo(tmp_path: Path) -> None:
         "avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
     assert amd.cpu == "AMD EPYC 7B13" and amd.isa == ("avx2", "fma")
     # the same graphs and threads on another CPU are measured anew
-    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(amd, 2, "a" * 64, "b" * 64)
-    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(intel, 4, "a" * 64, "b" * 64)
-    assert cache_key(intel, 2, "a" * 64, "b" * 64) != cache_key(intel, 2, "a" * 64, "c" * 64)
+    shas = ["a" * 64, "b" * 64]
+    assert cache_key(intel, 2, shas) != cache_key(amd, 2, shas)
+    assert cache_key(intel, 2, shas) != cache_key(intel, 4, shas)
+    assert cache_key(intel, 2, shas) != cache_key(intel, 2, ["a" * 64, "c" * 64])
+    assert cache_key(intel, 2, shas) != cache_key(intel, 2, [*shas, "d" * 64])  # one more graph
     assert Machine.here(tmp_path / "missing").cores >= 1  # no /proc: still a machine
 
 
-TIMINGS = Timings((16, 256, 1024), (1.0, 2.0, 4.0), (2.0, 1.5, 3.0))
+FILES = [STANDARD, "model.cpu.onnx", "model.blocked4.onnx"]
+# model.onnx fastest at 16, the CPU form at 256, the blocked form at 1024
+TIMINGS = Timings((16, 256, 1024), {STANDARD: (1.0, 2.0, 4.0), "model.cpu.onnx": (2.0, 1.5, 3.0),
+                                    "model.blocked4.onnx": (3.0, 1.8, 2.5)})
+MEASURED = [(1, STANDARD), (65, "model.cpu.onnx"), (513, "model.blocked4.onnx")]
+CONFIGURED = [(1, STANDARD), (512, "model.cpu.onnx")]
 
 
 def _never() -> Timings:
     raise AssertionError("measured although the rule was pinned or cached")
 
 
-@pytest.mark.parametrize(("setting", "expected"), [("config", 512), ("never", None), ("64", 64)])
-def test_a_pinned_rule_measures_nothing(tmp_path: Path, setting: str, expected: int | None) -> None:
+@pytest.mark.parametrize(("setting", "expected"), [
+    ("config", CONFIGURED), ("never", [(1, STANDARD)]), ("64", [(1, STANDARD), (64, "model.cpu.onnx")]),
+    ("1", [(1, "model.cpu.onnx")])])
+def test_a_pinned_rule_measures_nothing(tmp_path: Path, setting: str, expected: list) -> None:
     cache = CalibrationCache(tmp_path / "c.json")
-    assert choose_from_sequence(setting, 512, _never, "key", cache).from_sequence == expected
+    assert choose_rule(setting, CONFIGURED, FILES, _never, "key", cache).rule == expected
     assert not (tmp_path / "c.json").exists()
+
+
+def test_a_pinned_length_without_a_group_query_form_is_model_onnx() -> None:
+    assert calibration.pinned_rule("64", [STANDARD, "model.blocked4.onnx"]) == [(1, STANDARD)]
+    assert choose_rule("config", None, FILES, _never, "key", CalibrationCache(None)).rule == [(1, STANDARD)]
 
 
 def test_calibrate_measures_once_then_reads_the_cache(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "posenc" / "c.json")
-    first = choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache)
-    assert (first.from_sequence, first.how) == (256, "calibrated on this machine")
+    first = choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache)
+    assert (first.rule, first.how) == (MEASURED, "calibrated on this machine")
     saved = json.loads((tmp_path / "posenc" / "c.json").read_text())["key"]
-    assert saved["from_sequence"] == 256 and saved["sequences"] == [16, 256, 1024]
-    again = choose_from_sequence("calibrate", 1024, _never, "key", cache)
-    assert (again.from_sequence, again.how) == (256, "calibrated earlier on this machine (cache)")
-    other = choose_from_sequence("calibrate", 1024, lambda: Timings((16,), (1.0,), (2.0,)), "other key", cache)
-    assert other.from_sequence is None  # never faster here: model.onnx only, and that is cached too
+    assert saved["rule"] == [list(step) for step in MEASURED] and saved["sequences"] == [16, 256, 1024]
+    assert saved["ms"]["model.blocked4.onnx"] == [3000.0, 1800.0, 2500.0]
+    again = choose_rule("calibrate", CONFIGURED, FILES, _never, "key", cache)
+    assert (again.rule, again.how) == (MEASURED, "calibrated earlier on this machine (cache)")
+    slow = Timings((16,), {STANDARD: (1.0,), "model.cpu.onnx": (2.0,), "model.blocked4.onnx": (2.0,)})
+    other = choose_rule("calibrate", CONFIGURED, FILES, lambda: slow, "other key", cache)
+    assert other.rule == [(1, STANDARD)]  # no form faster here: model.onnx only, and that is cached too
     assert set(json.loads((tmp_path / "posenc" / "c.json").read_text())) == {"key", "other key"}
+
+
+def test_a_cached_rule_over_other_files_is_measured_again(tmp_path: Path) -> None:
+    cache = CalibrationCache(tmp_path / "c.json")
+    choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache)
+    assert cache.get("key", [STANDARD, "model.cpu.onnx"]) is None  # names model.blocked4.onnx, gone
 
 
 def test_out_of_time_keeps_config_json_and_caches_nothing(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "c.json")
-    choice = choose_from_sequence("calibrate", 1024, lambda: None, "key", cache)
-    assert choice.from_sequence == 1024 and "ran out of time" in choice.how
-    assert cache.get("key") is None
+    choice = choose_rule("calibrate", CONFIGURED, FILES, lambda: None, "key", cache)
+    assert choice.rule == CONFIGURED and "ran out of time" in choice.how
+    assert cache.get("key", FILES) is None
 
 
-@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"key": {"from_sequence": 0}}',
-                                     '{"key": {"from_sequence": "512"}}'])
+@pytest.mark.parametrize("content", [
+    "{not json", "[1, 2]", '{"key": {"rule": [[0, "model.onnx"]]}}', '{"key": {"rule": [["1", "model.onnx"]]}}',
+    '{"key": {"rule": []}}', '{"key": {"rule": [[1, "model.onnx"], [1, "model.cpu.onnx"]]}}',
+    '{"key": {"rule": [[1, "../x.onnx"]]}}', '{"key": {"from_sequence": 512}}', '{"key": 5}'])
 def test_a_broken_cache_is_measured_again(tmp_path: Path, content: str) -> None:
     (tmp_path / "c.json").write_text(content)
     cache = CalibrationCache(tmp_path / "c.json")
-    assert choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache).from_sequence == 256
+    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache).rule == MEASURED
 
 
 def test_an_unwritable_cache_is_no_cache(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cache = CalibrationCache(tmp_path / "file" / "c.json")  # its folder is a file
-    assert choose_from_sequence("calibrate", 1024, lambda: TIMINGS, "key", cache).from_sequence == 256
+    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache).rule == MEASURED
 
 
 @pytest.mark.parametrize("value", ["sometimes", "0", "-5", "1.5", ""])
@@ -121,17 +145,18 @@ def test_start_up_calibrates_on_this_machine_then_starts_from_the_cache(tmp_path
     assert engine.load() == []
     model = engine.models["rope_attention"]
     assert isinstance(model, LoadedModel) and model.forms is not None
-    assert model.forms.rule == "calibrated on this machine"
+    assert model.forms.how == "calibrated on this machine"
     (key, entry), = json.loads(cache.read_text()).items()
     assert Machine.here().cpu in key and "1 threads" in key
-    assert entry["from_sequence"] == model.forms.from_sequence
-    assert len(entry["standard_ms"]) == len(entry["form_ms"]) == len(calibration.SEQUENCES)
+    assert [tuple(step) for step in entry["rule"]] == list(model.forms.rule)
+    assert set(entry["ms"]) == {STANDARD, "model.cpu.onnx", "model.blocked4.onnx", "model.blocked8.onnx",
+                                "model.blocked16.onnx"}
+    assert all(len(times) == len(calibration.SEQUENCES) for times in entry["ms"].values())
     again = Engine(settings)
     assert again.load() == []
     second = again.models["rope_attention"]
     assert isinstance(second, LoadedModel) and second.forms is not None
-    assert (second.forms.from_sequence, second.forms.rule) == (
-        model.forms.from_sequence, "calibrated earlier on this machine (cache)")
+    assert (second.forms.rule, second.forms.how) == (model.forms.rule, "calibrated earlier on this machine (cache)")
 
 
 def test_no_time_for_calibration_keeps_config_json(tmp_path: Path) -> None:
@@ -140,9 +165,10 @@ def test_no_time_for_calibration_keeps_config_json(tmp_path: Path) -> None:
                              calibration_seconds=0, intra_op_num_threads=1))
     assert engine.load() == []
     model = engine.models["rope_attention"]
-    configured = json.loads((repo / "rope_attention" / "config.json").read_text())["cpu_model"]["from_sequence"]
+    configured = json.loads((repo / "rope_attention" / "config.json").read_text())["cpu_rule"]
     assert isinstance(model, LoadedModel) and model.forms is not None
-    assert model.forms.from_sequence == configured and "ran out of time" in model.forms.rule
+    assert model.forms.rule == [(step["from_sequence"], step["file"]) for step in configured]
+    assert "ran out of time" in model.forms.how
 
 
 def test_never_runs_model_onnx_at_every_length(tmp_path: Path) -> None:

@@ -1,46 +1,36 @@
-"""`posenc.models.crossover`, which places a model's CPU form (the serving machine's calibration,
-`posenc.service.inference.calibration`): pure Python, so the core suite reaches it without torch, onnx or
-onnxruntime."""
+"""`posenc.models.crossover`: which of a model's graphs runs at which sequence length, from timings (the serving
+machine's calibration, `posenc.service.inference.calibration`)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from posenc.models.crossover import crossover, start_of_last_run
+from posenc.models.crossover import fastest_by_size
+
+SIZES = [16, 64, 256, 1024]
 
 
-@pytest.mark.parametrize(("faster", "first"), [
-    ([False, False, True, True], 2),
-    ([True, False, True], 2),  # faster at the shortest only by chance: from where it stays faster
-    ([False, True, False, True, True, True], 3),
-    ([True, True], 0),
-    ([True], 0),
-    ([False, True], 1),
-    ([True, False], None),  # not faster at the longest: no CPU form
-    ([False], None),
-    ([], None),
+@pytest.mark.parametrize(("seconds", "rule"), [
+    ([[1, 2, 3, 4]], [(1, 0)]),  # one way
+    ([[1, 2, 3, 4], [2, 3, 4, 5]], [(1, 0)]),  # never faster
+    ([[1, 2, 3, 4], [2, 1, 4, 3]], [(1, 0), (33, 1), (129, 0), (513, 1)]),  # wins that come and go, each kept
+    ([[1, 2, 3, 4], [0.5, 1, 1, 1]], [(1, 1)]),  # faster everywhere: from 1, below the first size too
+    ([[1, 2, 3, 4], [2, 3, 2, 3], [3, 3, 3, 2]], [(1, 0), (129, 1), (513, 2)]),  # three ways
+    ([[1, 2, 3, 4], [1, 2, 3, 4]], [(1, 0)]),  # a tie keeps the lower index (the standard graph)
 ])
-def test_the_crossover_is_where_the_last_run_of_wins_starts(faster: list[bool], first: int | None) -> None:
-    assert start_of_last_run(faster) == first
-    assert start_of_last_run(tuple(faster)) == first  # any sequence
+def test_each_measured_size_takes_its_fastest_way_from_the_middle_below_it(seconds: list[list[float]],
+                                                                           rule: list[tuple[int, int]]) -> None:
+    assert fastest_by_size(SIZES, seconds) == rule
 
 
-def test_the_crossover_is_the_first_size_from_which_the_second_way_always_wins() -> None:
-    sizes = [16, 64, 256, 1024]
-    assert crossover(sizes, [1, 2, 3, 4], [2, 1, 4, 3]) == 1024  # a win at 64 that does not last
-    assert crossover(sizes, [1, 2, 3, 4], [2, 3, 2, 3]) == 256
-    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 1]) == 16
-    assert crossover(sizes, [1, 2, 3, 4], [0.5, 1, 1, 5]) is None
-    assert crossover(sizes, [1, 2, 3, 4], [1, 2, 3, 4]) is None  # a tie is no win
-    with pytest.raises(ValueError, match="one time per size"):
-        crossover(sizes, [1, 2], [1, 2])
+def test_the_switch_is_at_the_geometric_middle() -> None:
+    # between 256 and 512 the middle is 362.04: 362 is nearer to 256 in ratio, 363 to 512
+    assert fastest_by_size([256, 512], [[1, 2], [2, 1]]) == [(1, 0), (363, 1)]
 
 
-def test_importing_it_loads_no_model_runtime() -> None:
-    code = ("import sys; import posenc.models.crossover; "
-            "print(sorted({'torch', 'onnx', 'onnxruntime', 'numpy'} & set(sys.modules)))")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
-    assert loaded.stdout.strip() == "[]", loaded.stdout
+@pytest.mark.parametrize(("sizes", "seconds"), [
+    ([], [[]]), ([16], []), ([16, 64], [[1]]), ([64, 16], [[1, 2]]), ([0, 16], [[1, 2]]), ([16, 16], [[1, 2]]),
+])
+def test_timings_that_do_not_fit_are_refused(sizes: list[int], seconds: list[list[float]]) -> None:
+    with pytest.raises(ValueError):
+        fastest_by_size(sizes, seconds)

@@ -1,5 +1,6 @@
-"""Deriving the CPU form (`posenc.models.export.cpu_form`): the shipped model.cpu.onnx files are what the derivation
-makes of the shipped model.onnx; graphs GroupQueryAttention cannot express keep their standard form only."""
+"""Deriving the CPU forms (`posenc.models.export.cpu_form`, `attention_forms`, `cpu_forms`): the shipped form files
+are what the derivation makes of the shipped model.onnx; graphs GroupQueryAttention cannot express keep their
+standard form only."""
 
 from __future__ import annotations
 
@@ -10,17 +11,21 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from posenc.models.export.attention_forms import build_form
 from posenc.models.export.cpu_form import cpu_form
 from posenc.models.export.exporter import IR_VERSION
 from tests.onnx_models import REPOSITORY, SHIPPED, geometry
 
 
 @pytest.mark.parametrize("model", SHIPPED)
-def test_the_shipped_cpu_form_is_derived_from_the_shipped_model(model: str) -> None:
-    form = cpu_form(onnx.load(REPOSITORY / model / "model.onnx"), *geometry(model))
-    assert form is not None
+def test_the_shipped_cpu_forms_are_derived_from_the_shipped_model(model: str) -> None:
     config = json.loads((REPOSITORY / model / "config.json").read_text())
-    assert hashlib.sha256(form.SerializeToString()).hexdigest() == config["cpu_model"]["sha256"]
+    for entry in config["cpu_forms"]:
+        form = build_form(onnx.load(REPOSITORY / model / "model.onnx"), entry["form"], *geometry(model))
+        assert form is not None
+        data = form.SerializeToString()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert (REPOSITORY / model / entry["file"]).read_bytes() == data
 
 
 def _attention_graph(hq: int = 4, hkv: int = 2, mask: bool = False, **attributes: object) -> onnx.ModelProto:

@@ -183,10 +183,9 @@ def test_shipped_repository_is_artefacts_only() -> None:
     folders = sorted(p.name for p in REPOSITORY.iterdir())
     assert {"rope_attention", "llama3_1_attention"} <= set(folders)
     for name in folders:
-        cpu_form = json.loads((REPOSITORY / name / "config.json").read_text()).get("cpu_model", {}).get("file")
-        assert sorted(p.name for p in (REPOSITORY / name).iterdir()) == sorted(
-            ["config.json", "model.onnx", *([cpu_form] if cpu_form else [])])
-        for file in ("model.onnx", cpu_form or "model.onnx"):
+        forms = [entry["file"] for entry in json.loads((REPOSITORY / name / "config.json").read_text())["cpu_forms"]]
+        assert sorted(p.name for p in (REPOSITORY / name).iterdir()) == sorted(["config.json", "model.onnx", *forms])
+        for file in ("model.onnx", *forms):
             assert (REPOSITORY / name / file).stat().st_size < 64 * 1024
     assert not (REPOSITORY / "__init__.py").exists()
     assert Path(onnx.__file__).resolve().parent != REPOSITORY.resolve()
