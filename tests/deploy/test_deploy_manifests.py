@@ -154,8 +154,10 @@ def test_pods_are_locked_down_probed_and_drain(overlay: str) -> None:
     assert main["resources"]["requests"]["cpu"] and main["resources"]["limits"]["memory"]
     assert main["startupProbe"]["httpGet"]["path"] == "/healthz"
     assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
     config = resources["ConfigMap"]["data"]
+    # readiness over gRPC health (the service the server reports NOT_SERVING until ready and while draining)
+    assert main["readinessProbe"]["grpc"] == {"port": int(config["POSENC_GRPC_PORT"]),
+                                              "service": "inference.GRPCInferenceService"}
     assert resources["Deployment"]["spec"]["template"]["spec"]["containers"][0]["envFrom"] == [
         {"configMapRef": {"name": resources["ConfigMap"]["metadata"]["name"]}}]
     pre_stop = main["lifecycle"]["preStop"]["exec"]["command"]
@@ -290,9 +292,11 @@ def test_kserve_runtime_speaks_v2_with_the_same_probes_and_a_valid_container() -
     port = int(env["POSENC_PORT"])
     assert main["ports"][0]["containerPort"] == port
     deployment = container(rendered("cpu"))
-    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    for probe in ("startupProbe", "livenessProbe"):
         assert main[probe]["httpGet"]["path"] == deployment[probe]["httpGet"]["path"]
         assert main[probe]["httpGet"]["port"] == port
+    # one HTTP port here (KServe routes to it): readiness is /readyz, what the gRPC health service reports
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert main["securityContext"]["readOnlyRootFilesystem"] is True
     budget = int(main["lifecycle"]["preStop"]["exec"]["command"][1]) + \
         float(env["POSENC_GRACEFUL_SHUTDOWN_TIMEOUT"]) + BACKSTOP_MARGIN_SECONDS
