@@ -9,7 +9,8 @@
 # Checks: image facts (non-root, no torch, no compiler, exactly one onnxruntime), health and
 # HEALTHCHECK, the KServe v2 endpoints, one table in each wire format, /metrics, every shipped model
 # READY in the repository index, one inference call on a shipped model (the repository must ship one:
-# onnx/*/config.json), an empty and a broken model repository (up, /v2 present, but unready), a bad
+# onnx/*/config.json), the gRPC service on its own port (health, reflection, one inference:
+# scripts/container_grpc_check.py, with a $PYTHON that has tritonclient[grpc]), an empty and a broken model repository (up, /v2 present, but unready), a bad
 # POSENC_* value (exits, naming the variable).
 # Every wait is bounded; containers are removed on exit.
 set -euo pipefail
@@ -121,10 +122,11 @@ sys.exit(1 if problems else 0)' || fail "image facts"
 }
 
 step_serve() {
-  local port
+  local port grpc_port
   port=$(free_port)
-  log "serve: shipped model repository on port $port"
-  run_container main "$port" || { fail "container did not start"; return; }
+  grpc_port=$(free_port)
+  log "serve: shipped model repository on port $port, gRPC on $grpc_port"
+  run_container main "$port" -e "POSENC_GRPC_PORT=$grpc_port" || { fail "container did not start"; return; }
   if ! "${CHECK[@]}" wait-ready "http://127.0.0.1:$port" --timeout 90; then
     fail "not ready"; show_logs main; return
   fi
@@ -144,6 +146,17 @@ step_serve() {
   model_args+=(--expect-models "${shipped[@]}")
   log "serve: inference check with model ${model_args[1]}"
   "${CHECK[@]}" check "http://127.0.0.1:$port" "${model_args[@]}" || { fail "HTTP checks"; show_logs main; }
+  if "$PYTHON" -c 'import tritonclient.grpc, grpc_health, grpc_reflection' 2>/dev/null; then
+    local causal=()
+    "$PYTHON" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("causal") else 1)' "$model" \
+      && causal=(--causal)
+    "$PYTHON" "$REPO/scripts/container_grpc_check.py" "127.0.0.1:$grpc_port" --model "${model_args[1]}" "${causal[@]}" \
+      || { fail "gRPC checks"; show_logs main; }
+  elif [ "${CI:-}" = true ]; then
+    fail "gRPC checks: $PYTHON has no tritonclient[grpc], grpcio-health-checking, grpcio-reflection"
+  else
+    log "gRPC checks skipped: $PYTHON has no tritonclient[grpc], grpcio-health-checking, grpcio-reflection"
+  fi
   healthy main || fail "HEALTHCHECK does not report healthy"
   timeout 30 "$ENGINE" stop -t 10 "$PREFIX-main" >/dev/null 2>&1 || fail "stop"
 }

@@ -9,7 +9,7 @@
 # scripts/replicas_load.py drives tables + inference for LOAD_SECONDS (default 40) while replica 2 gets
 # SIGTERM (`stop`: it must drain and exit 0), stays down a few seconds and is started again; afterwards the
 # restarted replica must have served requests. Checks: zero failed requests, identical answers for identical
-# requests, clean exit of the stopped replica. Every wait is bounded (whole run < 5 min with a cached image);
+# requests, clean exit of the stopped replica, every replica's gRPC service afterwards (the restarted one's too). Every wait is bounded (whole run < 5 min with a cached image);
 # containers and nginx are removed on exit. nginx is installed with apt-get when missing (root only).
 set -euo pipefail
 
@@ -148,6 +148,11 @@ EOF
 )
 log "replica 2 served $served requests after its restart"
 [ "$served" -gt 0 ] || fail "the restarted replica got no traffic"
+# Every replica's gRPC service, the restarted one's too: health, reflection, one inference (its own port each).
+for i in 0 1 2; do
+  "$PYTHON" "$REPO/scripts/container_grpc_check.py" "127.0.0.1:${GRPC_PORTS[$i]}" --model rope_attention --causal \
+    || fail "gRPC checks of replica $((i + 1))"
+done
 if grep -q '\[error\]' "$WORK/nginx-error.log"; then
   log "nginx retried on another replica $(grep -c '\[error\]' "$WORK/nginx-error.log") time(s), e.g.:"
   grep '\[error\]' "$WORK/nginx-error.log" | head -n 3 | sed 's/^/    /'
