@@ -4,7 +4,9 @@ columns use (its POSENC_GRPC_PORT turned on), measured side by side with them.
 * gRPC raw: the `ModelInferRequest` (inputs in `raw_input_contents`) serialized once, sent with a plain grpcio
   channel, the output read with np.frombuffer: as the HTTP binary column sends its prepared body;
 * gRPC tritonclient: `tritonclient.grpc.InferenceServerClient.infer` with InferInputs set once (what a Python
-  user writes), `as_numpy` on the result.
+  user writes), `as_numpy` on the result. Its column also holds tritonclient's own work in this process (each
+  call copies the inputs into a new message and serializes it: about 35 ms at 25 MB with glibc's defaults,
+  docs/grpc.md "Performance").
 
 Ratios and targets (docs/grpc.md): HTTP binary / gRPC ≥ 1.0 at every case (gRPC at least as fast as HTTP
 binary), and onnxruntime / gRPC ≥ 0.8 at B·S ≥ 4096 (tritonclient over HTTP reaches about half of that there).

@@ -65,7 +65,7 @@ def _typed_data(tensor: Proto, where: str) -> list[Any]:
     return list(getattr(tensor.contents, field))
 
 
-def _raw_size_check(chunk: bytes, tensor: Proto, index: int, where: str) -> None:
+def _raw_size_check(chunk: bytes | memoryview, tensor: Proto, index: int, where: str) -> None:
     dtype = BY_KSERVE.get(tensor.datatype)
     if dtype is None or any(d < 0 for d in tensor.shape):
         return  # the parser names the datatype or the shape
@@ -75,10 +75,73 @@ def _raw_size_check(chunk: bytes, tensor: Proto, index: int, where: str) -> None
                          f"{tensor.datatype} needs {expected}")
 
 
-def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
+RAW_INPUT_FIELD = 7  # ModelInferRequest.raw_input_contents: repeated bytes
+LENGTH_DELIMITED = 2
+
+
+def _read_varint(data: memoryview, position: int) -> tuple[int, int]:
+    """The varint at `position` and the position after it (IndexError past the end, ValueError when too long)."""
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def split_infer_request(data: bytes) -> tuple[Proto, list[memoryview]]:
+    """A serialized `ModelInferRequest` as the message without its `raw_input_contents` and those entries as views
+    of `data`, in order: protobuf would copy each entry into the message, then again into a new bytes object at
+    every access (upb), where here the raw bytes are copied once, into the aligned buffer (`aligned_join`).
+
+    Only the top-level fields are walked; the rest is parsed by protobuf, so its rules and errors are protobuf's.
+    Anything the walk does not follow (a field that is not varint, fixed or length-delimited, a truncated field)
+    is left to protobuf on the whole message (DecodeError where malformed)."""
+    view = memoryview(data).cast("B")
+    end = len(view)
+    rest: list[memoryview] = []  # the other fields' bytes, in order
+    raw: list[memoryview] = []
+    position = 0
+    try:
+        while position < end:
+            start = position
+            key, position = _read_varint(view, position)
+            wire = key & 7
+            if wire == 0:
+                position = _read_varint(view, position)[1]
+            elif wire == 1:
+                position += 8
+            elif wire == 5:
+                position += 4
+            elif wire == LENGTH_DELIMITED:
+                length, position = _read_varint(view, position)
+                if key >> 3 == RAW_INPUT_FIELD:
+                    if position + length > end:
+                        raise ValueError("truncated field")
+                    raw.append(view[position:position + length])
+                    position += length
+                    continue
+                position += length
+            else:
+                raise ValueError(f"wire type {wire}")
+            if position > end:
+                raise ValueError("truncated field")
+            rest.append(view[start:position])
+    except (IndexError, ValueError):
+        message = service_pb2.ModelInferRequest.FromString(data)  # DecodeError where malformed
+        return message, list(message.raw_input_contents)
+    return service_pb2.ModelInferRequest.FromString(b"".join(rest)), raw
+
+
+def infer_document(request: Proto, raw: Sequence[bytes | memoryview] | None = None
+                   ) -> tuple[dict[str, Any], list[bytes | memoryview]]:
     """The request as the HTTP protocol's JSON header, and its raw inputs in input order (400 where gRPC's own
-    rules are broken)."""
-    raw = list(request.raw_input_contents)
+    rules are broken). `raw`: the request's `raw_input_contents` where read apart (`split_infer_request`)."""
+    raw = list(request.raw_input_contents) if raw is None else list(raw)  # (upb copies an entry at each access)
     entries: list[dict[str, Any]] = []
     takers = [i for i, t in enumerate(request.inputs) if not any(key in t.parameters for key in SHM_KEYS)]
     if raw:
@@ -121,10 +184,11 @@ def infer_document(request: Proto) -> tuple[dict[str, Any], list[bytes]]:
     return header, raw
 
 
-def decode_infer_request(request: Proto,
-                         shared_memory: TensorSource | None) -> tuple[InferRequest, memoryview]:
-    """The parsed request (binary inputs are views of the returned buffer, the raw inputs joined)."""
-    header, raw = infer_document(request)
+def decode_infer_request(request: Proto, shared_memory: TensorSource | None,
+                         raw: Sequence[bytes | memoryview] | None = None) -> tuple[InferRequest, memoryview]:
+    """The parsed request (binary inputs are views of the returned buffer, the raw inputs joined); `raw` as
+    `infer_document` takes it."""
+    header, raw = infer_document(request, raw)
     binary = aligned_join(raw)
     parsed = parse_infer_document(header, binary, shared_memory)
     if parsed.outputs is not None:
@@ -134,7 +198,7 @@ def decode_infer_request(request: Proto,
     return parsed, binary
 
 
-def aligned_join(chunks: Sequence[bytes]) -> memoryview:
+def aligned_join(chunks: Sequence[bytes | memoryview]) -> memoryview:
     """The chunks one after the other in one writable buffer that starts on an ALIGNMENT-byte boundary, as the
     HTTP side reads a body (`posenc.service.request_kit.bodies`): onnxruntime reads aligned inputs in place."""
     total = sum(len(chunk) for chunk in chunks)

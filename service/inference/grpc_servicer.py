@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import grpc
@@ -34,6 +35,7 @@ from posenc.service.inference.grpc_codec import (
     model_metadata_message,
     repository_index_message,
     shared_memory_status_message,
+    split_infer_request,
     statistics_message,
     stream_response,
 )
@@ -116,6 +118,19 @@ def decode(message: type[M], data: bytes) -> M:
         raise BadRequest(f"malformed {message.DESCRIPTOR.full_name} message ({len(data)} bytes): {exc}") from None
 
 
+InferMessage = tuple[pb.ModelInferRequest, list[memoryview]]  # the message without its raw inputs, and those
+
+
+def decode_infer(data: bytes) -> InferMessage:
+    """A `ModelInferRequest` from its bytes, its `raw_input_contents` as views of them (`split_infer_request`);
+    400 (INVALID_ARGUMENT) when they are not one, as `decode`."""
+    try:
+        return split_infer_request(data)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise BadRequest(f"malformed {pb.ModelInferRequest.DESCRIPTOR.full_name} message ({len(data)} bytes): "
+                         f"{exc}") from None
+
+
 class Servicer:
     """The methods, each `(request, caller) -> response`; `grpc_server` wraps them (`unary`, `stream`) with the
     decoding, the protocol group check, the error mapping and the record."""
@@ -161,10 +176,12 @@ class Servicer:
         return SharedMemoryCaller(None, key is not None and _carries(metadata, key))
 
     def unary(self, method: str, request_type: type[M],
-              handle: Callable[[M, SharedMemoryCaller, int], Awaitable[Message | bytes]]
+              handle: Callable[[Any, SharedMemoryCaller, int], Awaitable[Message | bytes]]
               ) -> Callable[..., Awaitable[bytes]]:
         """The handler of a unary method: request bytes in, response bytes out (`handle` gets the request, the
-        caller and the request's size, and answers a message or its serialized bytes)."""
+        caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
+        an `InferMessage` (`decode_infer`), every other one the message."""
+        read: Callable[[bytes], Any] = decode_infer if method == "ModelInfer" else partial(decode, request_type)
 
         async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start, code, size, admitted = time.perf_counter(), "OK", 0, False
@@ -172,7 +189,7 @@ class Servicer:
                 self.admit()
                 admitted = True
                 caller = self.caller(method, _metadata(context))
-                response = await handle(decode(request_type, data), caller, len(data))
+                response = await handle(read(data), caller, len(data))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
                 size = len(answer)
                 return answer
@@ -263,8 +280,8 @@ class Servicer:
     async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
         request = pb.ModelInferRequest()
         try:
-            request = decode(pb.ModelInferRequest, data)
-            return stream_response(await self.infer(request, caller, len(data)))
+            request, raw = decode_infer(data)
+            return stream_response(await self.infer(request, raw, caller, len(data)))
         except ServiceError as exc:
             message = exc.message
         except Exception as exc:  # this request's own failure; the stream goes on
@@ -336,21 +353,24 @@ class Servicer:
 
     # -- inference
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
-        return await self.infer(request, caller, size)
+    async def ModelInfer(self, request: InferMessage, caller: SharedMemoryCaller, size: int) -> bytes:
+        return await self.infer(*request, caller, size)
 
-    async def infer(self, request: pb.ModelInferRequest, caller: SharedMemoryCaller, size: int) -> bytes:
-        """One infer request of `size` bytes, as `posenc.service.inference.answer.infer` runs it: admitted by the
-        model's queue, its memory reserved before its work, the same parser and checks, the same batcher; the
-        serialized response. (The message is in memory already: gRPC read it, within its size limit.)"""
+    async def infer(self, request: pb.ModelInferRequest, raw_inputs: list[memoryview], caller: SharedMemoryCaller,
+                    size: int) -> bytes:
+        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`), as
+        `posenc.service.inference.answer.infer` runs it: admitted by the model's queue, its memory reserved before
+        its work, the same parser and checks, the same batcher; the serialized response. (The message is in memory
+        already: gRPC read it, within its size limit.)"""
         state = self.state
         model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
         with state.engine.admission(model):
             reservation = await state.budget.acquire(3 * size, f"an inference on '{model.name}'")
             try:
                 shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
-                raw = sum(len(chunk) for chunk in request.raw_input_contents)
-                parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm)
+                raw = sum(len(chunk) for chunk in raw_inputs)
+                parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm,
+                                                   raw_inputs)
                 outputs, written = await run_parsed(state.engine, model, parsed, body, shm, reservation)
                 del body
                 order = model.config.output_names

@@ -19,7 +19,12 @@ from posenc.service.errors import (
     ServiceError,
     Unavailable,
 )
-from posenc.service.inference.grpc_codec import CONTENTS_FIELD, decode_infer_request, encode_infer_response
+from posenc.service.inference.grpc_codec import (
+    CONTENTS_FIELD,
+    decode_infer_request,
+    encode_infer_response,
+    split_infer_request,
+)
 from posenc.service.inference.grpc_server import inference_handler
 from posenc.service.inference.grpc_servicer import METHOD_GROUPS, GrpcState, Servicer, grpc_status
 from posenc.service.request_kit.restricted import GROUP_ROUTES
@@ -185,3 +190,53 @@ def test_raw_inputs_land_in_one_aligned_buffer() -> None:
     for tensor, array in zip(parsed.inputs, arrays, strict=True):
         np.testing.assert_array_equal(tensor.array, array)
         assert np.shares_memory(tensor.array, base)
+
+
+def _full_request() -> pb.ModelInferRequest:
+    """A request with every kind of top-level field, raw entries between them, and an entry of 200 bytes (a
+    two-byte length)."""
+    request = pb.ModelInferRequest(model_name="m", model_version="2", id="r9")
+    request.parameters["sequence_id"].int64_param = -3
+    request.parameters["priority"].uint64_param = 2**40
+    request.parameters["flag"].bool_param = True
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[50])
+    tensor.parameters["binary_data_size"].int64_param = 200
+    request.inputs.add(name="y", datatype="INT64", shape=[0])
+    request.outputs.add(name="out").parameters["binary_data"].bool_param = True
+    request.raw_input_contents.extend([np.arange(50, dtype=np.float32).tobytes(), b""])
+    return request
+
+
+def test_split_request_is_protobufs_message_with_raw_views() -> None:
+    """The request read apart is the message protobuf reads, less its raw entries, which come back in order as
+    views of the request's bytes (no copy), with unknown fields kept for protobuf."""
+    request = _full_request()
+    data = request.SerializeToString() + bytes([15 << 3 | 0, 7]) + bytes([7 << 3 | 2, 3]) + b"abc"
+    message, raw = split_infer_request(data)
+    expected = pb.ModelInferRequest.FromString(data)
+    assert [bytes(chunk) for chunk in raw] == list(expected.raw_input_contents)
+    del expected.raw_input_contents[:]
+    assert message == expected and not message.raw_input_contents
+    base = np.frombuffer(data, np.uint8)
+    assert all(np.shares_memory(np.frombuffer(chunk, np.uint8), base) for chunk in raw if len(chunk))
+    parsed, _ = decode_infer_request(message, None, raw[:2])
+    np.testing.assert_array_equal(parsed.inputs[0].array, np.arange(50, dtype=np.float32))
+
+
+@pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x0a\x80", b"\x12\x05ab", b"\x3a\x05ab", b"\x3a",
+                                  b"\x0b\x0c", b"\x08" + b"\xff" * 11, b"\x09abc"])
+def test_split_of_a_malformed_request_fails_as_protobuf(data: bytes) -> None:
+    """Bytes that are not a request fail as protobuf's own parse of them does (the walk gives up, protobuf reads
+    the whole message)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        expected = pb.ModelInferRequest.FromString(data)
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            split_infer_request(data)
+        return
+    message, raw = split_infer_request(data)
+    assert [bytes(chunk) for chunk in raw] == list(expected.raw_input_contents)
+    del expected.raw_input_contents[:]
+    assert message == expected
