@@ -293,7 +293,7 @@ def run(bench: Bench) -> Report:
              " | onnxruntime (control) | " + ("onnxruntime I/O binding | " if binding_column else "")
              + "torch eager | KServe ModelServer | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) "
              "| onnxruntime / shm (≥ 0.6 at B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
-             "|---" * (18 + binding_column) + "|"]
+             "|---" * (20 + binding_column) + "|"]
     report = Report(notes=notes)
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
@@ -338,7 +338,7 @@ def run(bench: Bench) -> Report:
                         np.testing.assert_allclose(calls["kserve"](), expected, atol=1e-4, rtol=1e-4)
                     np.testing.assert_allclose(calls["shm"](), expected, atol=1e-4, rtol=1e-4)
                     calls.update(grpc.calls(model, arrays))
-                    for name in ("shm copied", "grpc", "grpc tritonclient"):
+                    for name in ("shm copied", "grpc", "grpc tritonclient", "http tritonclient"):
                         np.testing.assert_allclose(calls[name](), expected, atol=1e-4, rtol=1e-4)
                     sides: dict[str, Callable[[int], list[float]]] = {
                         name: partial(burst_ms, call) for name, call in calls.items()}
