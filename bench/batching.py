@@ -92,7 +92,8 @@ def per_row(bench: Bench, report: Report) -> None:
     with AnchorProcess("onnxruntime per row", bench.cores.serve, args.threads) as anchor:
         for seq in PER_ROW_SEQS:
             for batch in PER_ROW_BATCHES:
-                anchor.load("ort", key=str(batch), model=MODEL, batch=batch, seq=seq, path=graph_path(MODEL))
+                anchor.load("ort", key=str(batch), model=MODEL, batch=batch, seq=seq,
+                            path=graph_path(MODEL, "cpu", seq))
             per_call = interleaved(args.rounds or 5, *(alone(partial(anchor.burst, 3, str(batch)))
                                                        for batch in PER_ROW_BATCHES))
             per_row_rows(report, seq, per_call)

@@ -36,7 +36,7 @@ def model_file(model: str, device: str, seq: int) -> str:
     rule = cpu_forms_of(model_config(model))[1]
     if device != "cpu" or rule is None:
         return STANDARD_FILE
-    return [file for start, file in rule if seq >= start][-1]
+    return [file for start, file in rule if seq >= start or start == 1][-1]  # (seq 0: the first graph)
 
 
 LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

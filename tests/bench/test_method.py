@@ -99,7 +99,8 @@ def test_the_anchors_run_the_graph_of_the_runs_calibrated_rule(monkeypatch: pyte
                           {"from_sequence": 363, "file": "model.blocked8.onnx"}]
     config_path.write_text(json.dumps(config))
     monkeypatch.setenv(REPOSITORY_ENV, str(tmp_path))
-    assert [model_file("rope_attention", "cpu", seq) for seq in (1, 362, 363, 4096)] == [
-        "model.blocked4.onnx", "model.blocked4.onnx", "model.blocked8.onnx", "model.blocked8.onnx"]
+    assert [model_file("rope_attention", "cpu", seq) for seq in (0, 1, 362, 363, 4096)] == [
+        "model.blocked4.onnx", "model.blocked4.onnx", "model.blocked4.onnx", "model.blocked8.onnx",
+        "model.blocked8.onnx"]
     assert model_file("rope_attention", "cuda", 4096) == "model.onnx"
     assert graph_path("rope_attention", "cpu", 512) == str(tmp_path / "rope_attention" / "model.blocked8.onnx")
