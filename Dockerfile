@@ -49,12 +49,15 @@ ENV MPLCONFIGDIR=/opt/matplotlib
 RUN /opt/posenc/bin/python -c "import matplotlib.font_manager" && chmod -R a+rX /opt/matplotlib
 
 # POSENC_HOST/PORT (not --host/--port in CMD) so that `-e POSENC_PORT=...` still moves the port.
+# The CPU graphs' calibration is cached under /tmp (writable with a read-only root filesystem; in Kubernetes an
+# emptyDir, kept across the container's restarts in its pod): a restart does not measure again.
 ENV PATH=/opt/posenc/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     POSENC_HOST=0.0.0.0 \
     POSENC_PORT=8000 \
-    POSENC_MODEL_REPOSITORY=/srv/posenc/onnx
+    POSENC_MODEL_REPOSITORY=/srv/posenc/onnx \
+    POSENC_CALIBRATION_CACHE=/tmp/posenc/calibration.json
 USER posenc
 WORKDIR /srv/posenc
 # HTTP, and the KServe v2 / Triton gRPC service (POSENC_GRPC_PORT)

@@ -81,10 +81,12 @@ PORTS=("$(free_port)" "$(free_port)" "$(free_port)")
 GRPC_PORTS=("$(free_port)" "$(free_port)" "$(free_port)")  # one host network: each replica its own gRPC port
 LB_PORT=$(free_port)
 for i in 0 1 2; do
-  # One intra-op thread each: three replicas, the load and nginx share this machine's cores.
+  # One intra-op thread each: three replicas, the load and nginx share this machine's cores. The CPU-graph rule
+  # is config.json's: three start-up calibrations at once on two cores, and another one by the restarted replica
+  # while the load runs, would measure the load (and outlast the restart's window).
   timeout 60 "$ENGINE" run -d --name "$PREFIX-$((i + 1))" --network host --no-healthcheck \
     -e "POSENC_PORT=${PORTS[$i]}" -e "POSENC_GRPC_PORT=${GRPC_PORTS[$i]}" -e POSENC_ACCESS_LOG=false \
-    -e POSENC_INTRA_OP_NUM_THREADS=1 \
+    -e POSENC_INTRA_OP_NUM_THREADS=1 -e POSENC_CPU_FORM_FROM=config \
     -e POSENC_GRACEFUL_SHUTDOWN_TIMEOUT=10 "$IMAGE" >/dev/null
 done
 for i in 0 1 2; do

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
               + f" (config.json: {', '.join(f'{f} from {s}' for s, f in recorded) if recorded else 'model.onnx'})")
         print("  " + " ".join([f"{'S':>5}", *(f"{file:>20}" for file in files)]))
         for index, seq in enumerate(timings.sequences):
-            print("  " + " ".join([f"{seq:5d}", *(f"{timings.seconds[file][index] * 1e3:17.3f} ms" for file in files)]))
+            cells = [f"{seconds * 1e3:17.3f} ms" if math.isfinite(seconds) else f"{'not timed':>20}"
+                     for seconds in (timings.seconds[file][index] for file in files)]
+            print("  " + " ".join([f"{seq:5d}", *cells]))
         if args.write and "cpu_forms" not in config:
             print(f"  not written: config.json has the one-form cpu_model of an earlier export; derive the forms "
                   f"first (python -m posenc.models.export.cpu_forms {repository})")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import time
@@ -37,6 +38,8 @@ log = logging.getLogger("posenc.inference.calibration")
 
 SEQUENCES = (16, 32, 64, 128, 256, 512, 1024)  # B=1 lengths timed
 ROUNDS = 3  # interleaved runs per graph and length, after one warm-up run each
+DROP_SLOWER = 2.0  # a graph this many times slower than the fastest at a length is not timed at longer ones,
+DROP_FROM_SECONDS = 0.005  # once that length's fastest run takes this long (below, fixed costs decide the order)
 # (name, KServe datatype, shape with -1 for dynamic dims, the sequence axis) of one model input
 InputShape = tuple[str, str, Sequence[int], int | None]
 # /proc/cpuinfo flag -> name: the vector extensions onnxruntime's and numpy's kernels choose their code by
@@ -146,30 +149,39 @@ class Timings:
 
     def document(self) -> dict[str, Any]:
         return {"sequences": list(self.sequences),
-                "ms": {file: [round(t * 1e3, 4) for t in times] for file, times in self.seconds.items()}}
+                "ms": {file: [round(t * 1e3, 4) if math.isfinite(t) else None for t in times]
+                       for file, times in self.seconds.items()}}  # null: not timed there (`time_graphs`)
 
 
 def time_graphs(sessions: Mapping[str, ort.InferenceSession], inputs: Sequence[InputShape], deadline: float,
                 sequences: Sequence[int] = SEQUENCES, rounds: int = ROUNDS) -> Timings | None:
     """Every session's best time at each length (rounds interleaved, the order reversed every other round); None
-    when `deadline` (time.monotonic) passes before the longest length is measured."""
+    when `deadline` (time.monotonic) passes before the longest length is measured. Once a length's fastest run
+    takes DROP_FROM_SECONDS, a graph more than DROP_SLOWER times slower is not timed at longer ones (its time
+    there: infinity): the attention's work then dominates and grows alike with S in every graph, and the slowest
+    graphs would take most of the start-up. (Below that, fixed costs order the graphs: the 16-block form is the
+    slowest at S=16 and among the fastest at S=1024.)"""
     rng = np.random.default_rng(0)
     files = list(sessions)
     best: dict[str, list[float]] = {file: [] for file in files}
+    timed = list(files)
     for seq in sequences:
         arrays = calibration_inputs(inputs, seq, rng)
-        times: dict[str, list[float]] = {file: [] for file in files}
-        for session in sessions.values():
-            session.run(None, arrays)  # warm-up: a shape's first run allocates
+        times: dict[str, list[float]] = {file: [] for file in timed}
+        for file in timed:
+            sessions[file].run(None, arrays)  # warm-up: a shape's first run allocates
         for index in range(rounds):
-            for file in files if index % 2 == 0 else reversed(files):
+            for file in timed if index % 2 == 0 else reversed(timed):
                 started = time.perf_counter()
                 sessions[file].run(None, arrays)
                 times[file].append(time.perf_counter() - started)
             if time.monotonic() > deadline:
                 return None
+        fastest = min(min(values) for values in times.values())
         for file in files:
-            best[file].append(min(times[file]))
+            best[file].append(min(times[file]) if file in times else math.inf)
+        if fastest >= DROP_FROM_SECONDS:
+            timed = [file for file in timed if best[file][-1] <= DROP_SLOWER * fastest]
     return Timings(tuple(sequences), {file: tuple(values) for file, values in best.items()})
 
 

@@ -5,7 +5,9 @@ POSENC_CPU_FORM_FROM, and fixed for the life of a process."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +180,38 @@ def test_never_runs_model_onnx_at_every_length(tmp_path: Path) -> None:
     assert isinstance(model, LoadedModel) and model.forms is not None
     long = {"query": np.zeros((1, 8, 4096, 64), np.float32)}
     assert model.forms.pick(long)[0] == STANDARD
+
+
+class _Busy:
+    """A session whose run takes `seconds` (a busy wait), counting its runs."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.runs = seconds, 0
+
+    def run(self, outputs: object, feeds: object) -> None:
+        self.runs += 1
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end:
+            pass
+
+
+def test_a_graph_far_slower_than_the_fastest_is_not_timed_at_longer_lengths(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibration, "DROP_FROM_SECONDS", 0.0005)
+    fast, slow, close = _Busy(0.001), _Busy(0.004), _Busy(0.0012)
+    sessions = {STANDARD: fast, "model.cpu.onnx": slow, "model.blocked4.onnx": close}
+    timings = calibration.time_graphs(sessions, [("query", "FP32", [-1, -1], 1)], deadline=time.monotonic() + 60,
+                                      sequences=(16, 32, 64), rounds=3)
+    assert timings is not None
+    assert slow.runs == 4 and fast.runs == close.runs == 12  # a warm-up and 3 rounds at each length it is timed
+    assert timings.seconds["model.cpu.onnx"][1:] == (math.inf, math.inf)
+    assert all(math.isfinite(t) for t in timings.seconds["model.blocked4.onnx"])
+    assert timings.rule() == [(1, STANDARD)]
+    assert timings.document()["ms"]["model.cpu.onnx"][1:] == [None, None]  # JSON without Infinity
+
+
+def test_below_the_drop_time_every_graph_is_timed_at_every_length() -> None:
+    fast, slow = _Busy(0.0001), _Busy(0.0004)  # fixed costs: the order may change with S
+    timings = calibration.time_graphs({STANDARD: fast, "model.blocked16.onnx": slow}, [("query", "FP32", [-1, -1], 1)],
+                                      deadline=time.monotonic() + 60, sequences=(16, 32), rounds=3)
+    assert timings is not None and fast.runs == slow.runs == 8
