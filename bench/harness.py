@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from bench.isolation import Cores, cpu_lines, noisy, on_cores
+from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, describe
 from posenc.service.testing import (
     HttpRequest,
     LoadGenerator,
@@ -143,12 +144,11 @@ def calibrated_repository(work_dir: Path, cores: Cores, threads: int) -> Path:
 
 def rule_summary(folder: Path) -> str:
     """One line per model: the CPU graph each sequence length runs on (config.json's `cpu_rule`)."""
-    lines = []
-    for config_path in sorted(folder.glob("*/config.json")):
-        rule = json.loads(config_path.read_text()).get("cpu_rule") or [{"from_sequence": 1, "file": "model.onnx"}]
-        lines.append(f"#   {config_path.parent.name}: " + ", ".join(f"{step['file']} from S={step['from_sequence']}"
-                                                                 for step in rule))
-    return "\n".join(["# CPU graphs, calibrated on the servers' CPUs (posenc calibrate):", *lines])
+    rules = {path.parent.name: cpu_forms_of(json.loads(path.read_text()))[1] or [(1, STANDARD_FILE)]
+             for path in sorted(folder.glob("*/config.json"))}
+    lines = [f"#   {model}: {describe(rule)}" for model, rule in rules.items()]
+    return "\n".join(["# CPU graphs, calibrated on the servers' CPUs (posenc calibrate), from sequence length:",
+                      *lines])
 
 
 def model_config(model: str = MODEL) -> dict[str, Any]:

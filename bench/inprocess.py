@@ -9,7 +9,7 @@ import numpy as np
 import onnxruntime as ort
 
 from bench.harness import model_config, repository
-from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of
+from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, file_for
 
 CUDA = "CUDAExecutionProvider"
 
@@ -36,7 +36,7 @@ def model_file(model: str, device: str, seq: int) -> str:
     rule = cpu_forms_of(model_config(model))[1]
     if device != "cpu" or rule is None:
         return STANDARD_FILE
-    return [file for start, file in rule if seq >= start or start == 1][-1]  # (seq 0: the first graph)
+    return file_for(rule, seq)
 
 
 LEVELS = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

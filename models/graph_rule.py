@@ -35,6 +35,25 @@ def valid_rule(rule: Any, files: Sequence[str]) -> Rule | None:
     return [(int(start), str(file)) for start, file in steps]
 
 
+def one_form_rule(file: str, start: int) -> Rule:
+    """model.onnx below `start`, `file` from it on."""
+    return [(1, file)] if start == 1 else [(1, STANDARD_FILE), (start, file)]
+
+
+def file_for(rule: Sequence[tuple[int, str]], seq: int) -> str:
+    """The file `rule` runs a sequence of `seq` on (below 1: the first)."""
+    file = rule[0][1]
+    for start, later in rule:
+        if seq >= start:
+            file = later
+    return file
+
+
+def describe(rule: Sequence[tuple[int, str]]) -> str:
+    """The rule in words: 'model.blocked4.onnx from 1, model.blocked8.onnx from 363'."""
+    return ", ".join(f"{file} from {start}" for start, file in rule)
+
+
 def rule_document(rule: Sequence[tuple[int, str]] | None) -> list[dict[str, Any]] | None:
     """A rule as config.json's `cpu_rule`."""
     return None if rule is None else [{"from_sequence": start, "file": file} for start, file in rule]
@@ -62,9 +81,7 @@ def cpu_forms_of(config: Mapping[str, Any]) -> tuple[list[CpuForm], Rule | None]
         if not (start is None or (isinstance(start, int) and not isinstance(start, bool) and start >= 1)):
             raise ValueError("cpu_model must name a file in the model's folder and a from_sequence >= 1 (or null)")
         form = CpuForm("gqa", file, legacy.get("sha256"))
-        if start is None:
-            return [form], None
-        return [form], ([(1, file)] if start == 1 else [(1, STANDARD_FILE), (start, file)])
+        return [form], (None if start is None else one_form_rule(file, start))
     entries = config.get("cpu_forms")
     if entries is None:
         return [], None

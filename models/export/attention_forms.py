@@ -5,8 +5,8 @@ value [B, Hkv, S, D] after the rotary nodes, no mask or cache) and keeps everyth
 
 * `unfused`: MatMul(Q · scale, Kᵀ) + causal mask, Softmax, MatMul(·, V): MLAS's batched GEMMs. With Hkv < Hq the
   query heads of each key/value head are stacked as the rows of one GEMM ([B, Hkv, G·S, D]; no copy of K or V):
-  on a 2-core Xeon this ran llama3_1_attention's blocked forms up to 10 % faster than broadcasting K and V over
-  the group.
+  on a 2-core Xeon this ran llama3_1_attention's blocked forms 3–16 % faster than broadcasting K and V over
+  the group (docs/performance.md).
   The mask is built in the graph from S ([S, S], 0 on and below the diagonal, -inf above).
 * `blocked<N>` (N >= 2): the same in N query blocks, block i attending keys 0 .. its last row only, so the fully masked
   upper-right blocks are never computed (about (N + 1) / 2N of the scores), outputs concatenated.

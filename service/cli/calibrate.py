@@ -25,8 +25,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
-    from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, rule_document
-    from posenc.service.inference.calibration import Machine, config_inputs, time_graphs
+    from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, describe, rule_document
+    from posenc.service.inference.calibration import Machine, config_inputs, measuring_sessions, time_graphs
     from posenc.service.inference.repository import model_folders
 
     settings = settings_or_exit()
@@ -38,9 +38,6 @@ def run(args: argparse.Namespace) -> int:
     threads = settings.intra_op_num_threads or machine.cores
     print(f"{machine.cpu} ({' '.join(machine.isa) or 'no listed ISA'}), {machine.cores} cores, "
           f"onnxruntime {ort.__version__}, {threads} intra-op threads")
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     for folder in model_folders(repository):
         config = json.loads((folder / "config.json").read_text())
         try:
@@ -52,15 +49,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"{folder.name}: no CPU form")
             continue
         files = [STANDARD_FILE, *(form.file for form in forms)]
-        sessions = {file: ort.InferenceSession(folder / file, sess_options=options,
-                                               providers=["CPUExecutionProvider"]) for file in files}
+        sessions = measuring_sessions({file: str(folder / file) for file in files}, threads)
         timings = time_graphs(sessions, config_inputs(config), deadline=time.monotonic() + 3600)
         if timings is None:
             print(f"{folder.name}: not measured within an hour")
             return 1
         rule = timings.rule()
-        print(f"{folder.name}: " + ", ".join(f"{file} from {start}" for start, file in rule)
-              + f" (config.json: {', '.join(f'{f} from {s}' for s, f in recorded) if recorded else 'model.onnx'})")
+        print(f"{folder.name}: {describe(rule)} (config.json: {describe(recorded) if recorded else 'model.onnx'})")
         print("  " + " ".join([f"{'S':>5}", *(f"{file:>20}" for file in files)]))
         for index, seq in enumerate(timings.sequences):
             cells = [f"{seconds * 1e3:17.3f} ms" if math.isfinite(seconds) else f"{'not timed':>20}"

@@ -31,7 +31,7 @@ import onnxruntime as ort
 
 from posenc.models.crossover import fastest_by_size
 from posenc.models.dtypes import BY_KSERVE
-from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, valid_rule
+from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, one_form_rule, valid_rule
 from posenc.service.settings import usable_cores
 
 log = logging.getLogger("posenc.inference.calibration")
@@ -194,10 +194,7 @@ class Choice:
 def pinned_rule(setting: str, files: Sequence[str]) -> Rule:
     """POSENC_CPU_FORM_FROM=<length>: model.onnx below it, the GroupQueryAttention form (model.cpu.onnx) from it;
     model.onnx only when the model has none."""
-    start = int(setting)
-    if GQA_FILE not in files:
-        return [(1, STANDARD_FILE)]
-    return [(1, GQA_FILE)] if start == 1 else [(1, STANDARD_FILE), (start, GQA_FILE)]
+    return one_form_rule(GQA_FILE, int(setting)) if GQA_FILE in files else [(1, STANDARD_FILE)]
 
 
 def choose_rule(setting: str, configured: Rule | None, files: Sequence[str], measure: Callable[[], Timings | None],
@@ -234,15 +231,20 @@ def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
     return shapes
 
 
-def measure_rule(graphs: Mapping[str, bytes], config: Mapping[str, Any], threads: int = 0) -> Rule:
-    """Which graph (bytes by file, model.onnx first) runs B=1 fastest here at each length (no time bound;
-    onnxruntime's defaults but spinning off, as the service runs them): `posenc export` records it."""
+def measuring_sessions(graphs: Mapping[str, bytes | str], threads: int = 0) -> dict[str, ort.InferenceSession]:
+    """CPU sessions of graphs (bytes or paths, by file) with onnxruntime's defaults but `threads` intra-op threads
+    (0: one per usable core) and spinning off, as the service runs them."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or usable_cores()
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sessions = {file: ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
-                for file, graph in graphs.items()}
-    timings = time_graphs(sessions, config_inputs(config), deadline=float("inf"))
+    return {file: ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
+            for file, graph in graphs.items()}
+
+
+def measure_rule(graphs: Mapping[str, bytes], config: Mapping[str, Any], threads: int = 0) -> Rule:
+    """Which graph (bytes by file, model.onnx first) runs B=1 fastest here at each length (no time bound;
+    `measuring_sessions`): `posenc export` records it."""
+    timings = time_graphs(measuring_sessions(graphs, threads), config_inputs(config), deadline=float("inf"))
     if timings is None:  # cannot happen without a deadline
         raise RuntimeError("calibration stopped without a deadline")
     return timings.rule()

@@ -21,6 +21,7 @@ import numpy as np
 import onnxruntime as ort
 
 from posenc.models.graph_rule import STANDARD_FILE as STANDARD
+from posenc.models.graph_rule import describe, file_for
 
 __all__ = ["STANDARD", "GraphForms"]
 
@@ -37,11 +38,7 @@ class GraphForms:
 
     def file_for(self, seq: int) -> str:
         """The graph that runs a sequence of `seq`."""
-        file = self.rule[0][1]
-        for start, later in self.rule:
-            if seq >= start:
-                file = later
-        return file
+        return file_for(self.rule, seq)
 
     def pick(self, inputs: Mapping[str, np.ndarray]) -> tuple[str, ort.InferenceSession]:
         """(file, session) that runs `inputs`."""
@@ -50,5 +47,5 @@ class GraphForms:
         return file, self.sessions[file]
 
     def describe(self) -> str:
-        """The rule in words: 'model.blocked4.onnx from 1, model.blocked8.onnx from 363'."""
-        return ", ".join(f"{file} from {start}" for start, file in self.rule)
+        """The rule in words (`posenc.models.graph_rule.describe`)."""
+        return describe(self.rule)

@@ -110,12 +110,17 @@ def _carries(metadata: Mapping[str, str | bytes], restriction: tuple[str, str]) 
     return hmac.compare_digest(raw, restriction[1].encode())
 
 
-def decode(message: type[M], data: bytes) -> M:
-    """A request message from its bytes; 400 (INVALID_ARGUMENT) when they are not one."""
+def _parsed(message: type[Message], data: bytes, parse: Callable[[bytes], T]) -> T:
+    """`parse(data)`; 400 (INVALID_ARGUMENT) naming `message` when the bytes are not one."""
     try:
-        return message.FromString(data)
+        return parse(data)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         raise BadRequest(f"malformed {message.DESCRIPTOR.full_name} message ({len(data)} bytes): {exc}") from None
+
+
+def decode(message: type[M], data: bytes) -> M:
+    """A request message from its bytes; 400 (INVALID_ARGUMENT) when they are not one."""
+    return _parsed(message, data, message.FromString)
 
 
 InferMessage = tuple[pb.ModelInferRequest, list[memoryview]]  # the message without its raw inputs, and those
@@ -124,11 +129,7 @@ InferMessage = tuple[pb.ModelInferRequest, list[memoryview]]  # the message with
 def decode_infer(data: bytes) -> InferMessage:
     """A `ModelInferRequest` from its bytes, its `raw_input_contents` as views of them (`split_infer_request`);
     400 (INVALID_ARGUMENT) when they are not one, as `decode`."""
-    try:
-        return split_infer_request(data)
-    except (DecodeError, RuntimeWarning, ValueError) as exc:
-        raise BadRequest(f"malformed {pb.ModelInferRequest.DESCRIPTOR.full_name} message ({len(data)} bytes): "
-                         f"{exc}") from None
+    return _parsed(pb.ModelInferRequest, data, split_infer_request)
 
 
 class Servicer:
