@@ -8,7 +8,10 @@
 # 2. the stubs are generated with protoc from the protocol's descriptors as tritonclient ships them
 #    (scripts/grpc_descriptors.py): no copy of the .proto files is kept;
 # 3. scripts/client_fixtures.py writes the HTTP clients' fixture cases; one server starts on free loopback
-#    ports (HTTP and gRPC); 4. `go test` runs offline (GOPATH mode on /usr/share/gocode, GOPROXY=off).
+#    ports (HTTP and gRPC); 4. `go test` runs offline (GOPATH mode on /usr/share/gocode, GOPROXY=off);
+# 5. a command-line gRPC client that knows nothing of the protocol asks the server through reflection: `buf curl`
+#    (npm's @bufbuild/buf; grpcurl's Go module proxy is not reachable from CI) lists the services and methods and
+#    makes unary calls whose schema it downloads (scripts/reflection_cli_check.sh).
 NAME=grpc-client-test
 source "$(dirname "${BASH_SOURCE[0]}")/live-server.sh"
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
@@ -42,6 +45,11 @@ if GOPATH="$WORK/gopath:/usr/share/gocode" GO111MODULE=off GOPROXY=off GOFLAGS= 
   echo "grpc-client-test: go ok: $(grep -c '^--- PASS' "$WORK/go.log") passed"
 else
   say "FAILED; server log tail:"
+  server_log_tail
+  exit 1
+fi
+if ! "$REPO/scripts/reflection_cli_check.sh" "127.0.0.1:$POSENC_GRPC_PORT" "$WORK/buf"; then
+  say "FAILED: reflection through buf curl; server log tail:"
   server_log_tail
   exit 1
 fi
