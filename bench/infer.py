@@ -52,6 +52,8 @@ from bench.harness import Bench, Report, Row, inputs, interleaved, log, med, spr
 from bench.inprocess import require_cuda, torch_version
 from bench.isolation import AnchorProcess, alone, burst_ms
 from bench.peers import kserve_python, start_kserve
+from bench.profile import HEADER, NOTE, SocketEcho, median_phases, profile_row
+from posenc.service.inference import phases
 from posenc.service.testing import (
     SHARED_MEMORY_HEADERS,
     RequestedOutput,
@@ -122,14 +124,19 @@ class Raw:
         self.client.close()
 
 
-def binary_call(raw: Raw, model: str, arrays: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int]:
-    """(call, request bytes, response bytes): post the binary request, decode the output."""
+def binary_call(raw: Raw, model: str,
+                arrays: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int, Callable[[], str | None]]:
+    """(call, request bytes, response bytes, timing): post the binary request, decode the output; `timing` posts
+    it and answers its Server-Timing header."""
     request = kserve_request(arrays, outputs=[RequestedOutput("output", binary=True)])
     path = f"/v2/models/{model}/infer"
 
     def call() -> np.ndarray:
         return decode_response(*raw.post(path, request.body, request.headers)).outputs["output"]
-    return call, len(request.body), len(raw.post(path, request.body, request.headers)[0])
+
+    def timing() -> str | None:
+        return raw.post(path, request.body, request.headers)[1].get(phases.HEADER.lower())
+    return call, len(request.body), len(raw.post(path, request.body, request.headers)[0]), timing
 
 
 class SharedMemoryCase:
@@ -185,6 +192,7 @@ class ZeroCopyCase:
         self.fds = [sealed_memfd(len(data)), sealed_memfd(out_size)]
         os.pwrite(self.fds[0], data, 0)
         self.conn = UnixHTTPConnection(socket_path, timeout=300)
+        self.timing: str | None = None  # the last answer's Server-Timing
         self.names = [f"zin_{tag}", f"zout_{tag}"]
         for name, fd, size in zip(self.names, self.fds, (len(data), out_size), strict=True):
             # the descriptor travels with the request (SCM_RIGHTS, a connection of its own)
@@ -205,6 +213,7 @@ class ZeroCopyCase:
             self.conn.request("POST", path, body=body, headers=headers or {})
             response = self.conn.getresponse()
         answer = response.read()
+        self.timing = response.getheader(phases.HEADER)
         if response.status != 200:
             raise RuntimeError(f"{path}: HTTP {response.status}: {answer[:300]!r}")
         return answer
@@ -216,6 +225,15 @@ class ZeroCopyCase:
             self._post(path, self.request.body, self.request.headers)
             return self.output.reshape(self.shape)  # a view of the mapped output, no copy
         return call
+
+    def timing_call(self, model: str) -> Callable[[], str | None]:
+        """Post the request; its answer's Server-Timing."""
+        call = self.call(model)
+
+        def timing() -> str | None:
+            call()
+            return self.timing
+        return timing
 
     def close(self) -> None:
         for name in self.names:
@@ -295,10 +313,11 @@ def run(bench: Bench) -> Report:
              "| onnxruntime / shm (≥ 0.6 at B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
              "|---" * (20 + binding_column) + "|"]
     report = Report(notes=notes)
+    profile: list[str] = []
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
         **shared_memory_key_settings(), "access_log": False, "log_level": "warning",
-        "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
+        "server_timing": True, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
     command = [sys.executable, "-m", "bench.echo_asgi", "--host", "{host}", "--port", "{port}"]
     socket_path = str(bench.work_dir / "posenc.sock")
     anchor_names = ["ort", "ort twin", *(["torch"] if has_torch else []), *(["binding"] if binding_column else [])]
@@ -324,15 +343,18 @@ def run(bench: Bench) -> Report:
                 if "binding" in anchors:
                     anchors["binding"].load("ort", **shape, device=device, binding=True)
                 expected = anchors["ort"].output()
-                binary, request_bytes, response_bytes = binary_call(raw, model, arrays)
+                binary, request_bytes, response_bytes, binary_timing = binary_call(raw, model, arrays)
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)
                 echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
+                socket_echo = SocketEcho(echo_server.host, echo_server.port, request_bytes, response_bytes)
                 shared = SharedMemoryCase(server, arrays, str(index))
                 zero_copy = ZeroCopyCase(socket_path, arrays, str(index))
+                zero_copy_call = zero_copy.call(model)
                 try:
                     calls: dict[str, Callable[[], Any]] = {
                         "echo": partial(echo_raw.post, ECHO_PATH, echo_body, echo_headers),
-                        "binary": binary, "shm": zero_copy.call(model), "shm copied": shared.call(raw, model)}
+                        "socket echo": socket_echo.call,
+                        "binary": binary, "shm": zero_copy_call, "shm copied": shared.call(raw, model)}
                     if peer_raw is not None:
                         calls["kserve"] = binary_call(peer_raw, model, arrays)[0]
                         np.testing.assert_allclose(calls["kserve"](), expected, atol=1e-4, rtol=1e-4)
@@ -344,9 +366,12 @@ def run(bench: Bench) -> Report:
                         name: partial(burst_ms, call) for name, call in calls.items()}
                     sides.update({name: anchor.burst for name, anchor in anchors.items()})
                     times = measured(sides, repeat, QUICK_BURST_MS if quick else BURST_MS, MOST_CALLS)
+                    spans = {"binary": median_phases(binary_timing, repeat),
+                             "shm": median_phases(zero_copy.timing_call(model), repeat)}
                 finally:
                     shared.close()
                     zero_copy.close()
+                    socket_echo.close()
                 ms = {name: med(values) for name, values in times.items()}
                 overhead, shm_ratio = (ms["binary"] - ms["ort"]) / ms["echo"], ms["ort"] / ms["shm"]
                 held = targets(batch, seq)
@@ -362,10 +387,16 @@ def run(bench: Bench) -> Report:
                 log(table[-1])
                 report.rows += case_rows(model, batch, seq, times, threads)
                 report.rows += grpc.rows(model, batch, seq, times)
+                case = (model, batch, seq)
+                profile.append(profile_row(case, "HTTP binary", ms["binary"], spans["binary"], ms["echo"],
+                                           ms["socket echo"]))
+                profile.append(profile_row(case, "HTTP shm zero-copy", ms["shm"], spans["shm"]))
+                log(profile[-2])
         finally:
             for client in (raw, echo_raw, peer_raw):
                 if client is not None:
                     client.close()
             grpc.close()
     report.tables.append("\n".join(table))
+    report.tables.append("\n".join([NOTE, HEADER, *profile]))
     return report

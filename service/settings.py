@@ -191,6 +191,11 @@ class Settings(BaseSettings):
         "of a worker thread: the hand-off to a thread and back costs about as much as such a run. 0: always a worker "
         "thread.",
     )
+    server_timing: bool = Field(
+        False,
+        description="Answer every inference with where its time went on the server: a `Server-Timing` header over "
+        "HTTP, `server-timing` trailing metadata over gRPC (read, parse, queue, run, encode, total; milliseconds).",
+    )
     batching: bool = Field(
         True, description="Dynamic batching per model; false runs every request on its own (still in a worker thread)."
     )

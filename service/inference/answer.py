@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service.budget import MemoryBudget, Reservation
+from posenc.service.inference import phases
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.kserve_json import CLIENT_GONE
 from posenc.service.inference.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput, parse_infer_request
@@ -76,6 +77,7 @@ async def maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
 
 async def infer(request: Request, entry: RepositoryEntry, context: InferContext) -> Response:
     """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
+    timed = phases.started(context.settings.server_timing)
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     engine, limit = context.engine, context.settings.max_request_bytes
     # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding
@@ -83,6 +85,7 @@ async def infer(request: Request, entry: RepositoryEntry, context: InferContext)
     reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
         reservation = await context.budget.acquire(reserved, f"an inference on '{model.name}'")
+        phases.lap(timed, "admit")
         try:
             parts, headers = await _run_infer(request, engine, model, limit, context.shared_memory, reservation)
         except BaseException:
@@ -90,6 +93,8 @@ async def infer(request: Request, entry: RepositoryEntry, context: InferContext)
             raise
     # the answer's bytes stay counted until the kernel has them (posenc.service.request_kit.sending)
     reservation.shrink(sum(len(part) for part in parts))
+    if timed is not None:
+        headers[phases.HEADER] = timed.value()
     return PartsResponse(parts, headers, release=reservation.release)
 
 
@@ -213,11 +218,17 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     json_length = _header_length(header_length)
     body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
                                    align_at=json_length, receive_into=receive_into_of(request.scope))
+    timed = phases.CURRENT.get()
+    phases.lap(timed, "read")
     shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
     parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
+    phases.lap(timed, "parse")
     outputs, written = await run_parsed(engine, model, parsed, body, shm, reservation)
+    phases.lap(timed, "queue")
     del body  # the inputs were views of it, not needed any more
     order = model.config.output_names
     copies = copied_to_shm(parsed, outputs, written, order)
-    return await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
-                                parsed, outputs, copies, order)
+    answer = await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
+                                 parsed, outputs, copies, order)
+    phases.lap(timed, "encode")
+    return answer

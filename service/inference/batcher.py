@@ -57,6 +57,7 @@ import numpy as np
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
+from posenc.service.inference import phases
 from posenc.service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
 
 log = logging.getLogger("posenc.inference.batcher")
@@ -94,6 +95,7 @@ class _Item:
     key: tuple[object, ...]
     future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
     out: Arrays | None = field(default=None, repr=False)  # the chunk's rows of the request's output arrays
+    run_seconds: float = 0.0  # the run that answered it (a batch's, shared)
 
 
 class Batcher:
@@ -187,7 +189,9 @@ class Batcher:
         """One chunk run by itself, on the event loop or a worker thread (`_execute`), without the dispatcher."""
         rows, seq = rows_of(chunk), self._seq(chunk)
         async with self._reserve(rows, seq):
-            return await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1, out)
+            outputs, seconds = await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1, out)
+        phases.add_run(seconds)
+        return outputs
 
     async def _execute(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
@@ -242,8 +246,11 @@ class Batcher:
         assert self._wake is not None
         self._wake.set()
         if len(items) == 1:
-            return await items[0].future
-        return joined(await asyncio.gather(*(item.future for item in items)), out)
+            result = await items[0].future
+        else:
+            result = joined(await asyncio.gather(*(item.future for item in items)), out)
+        phases.add_run(sum(item.run_seconds for item in items))
+        return result
 
     def _ensure_dispatcher(self) -> None:
         if self._task is None or self._task.done():
@@ -389,8 +396,9 @@ class Batcher:
         for item, result in zip(live, outputs, strict=True):
             _settle(item, result=result)
 
-    def _run_counted(self, inputs: Arrays, requests: int = 1, out: Arrays | None = None) -> dict[str, np.ndarray]:
-        """One model run over `requests` requests' rows (worker thread), into `out` where given."""
+    def _run_counted(self, inputs: Arrays, requests: int = 1,
+                     out: Arrays | None = None) -> tuple[dict[str, np.ndarray], float]:
+        """One model run over `requests` requests' rows (worker thread), into `out` where given; with its seconds."""
         started = time.perf_counter()
         outputs = self.run(inputs, out) if out else self.run(inputs)
         seconds = time.perf_counter() - started
@@ -400,18 +408,21 @@ class Batcher:
         if self.observer is not None:
             self.observer.observe_run(self.name, seconds)
             self.observer.observe_batch(self.name, requests)
-        return outputs
+        return outputs, seconds
 
     def _run_batch(self, items: list[_Item]) -> list[dict[str, np.ndarray]]:
         """Worker thread: concatenate (right-padding sequences), run once, split per item."""
         if len(items) == 1:
-            return [self._run_counted(items[0].inputs, out=items[0].out)]
+            outputs, items[0].run_seconds = self._run_counted(items[0].inputs, out=items[0].out)
+            return [outputs]
         inputs, seqs = [item.inputs for item in items], [item.seq for item in items]
         seq_axes = self.seq_axes if self.pad else None
         longest = max(seqs)
         batched = {name: stack(inputs, seqs, longest, name, (seq_axes or {}).get(name))  # [sum(rows), ...]
                    for name in items[0].inputs}
-        outputs = self._run_counted(batched, requests=len(items))
+        outputs, seconds = self._run_counted(batched, requests=len(items))
+        for item in items:
+            item.run_seconds = seconds
         return unstack(outputs, [item.rows for item in items], seqs, [item.out for item in items], seq_axes)
 
     async def close(self) -> None:

@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
+from posenc.service.inference import phases
 from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_parsed
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.grpc_codec import (
@@ -183,6 +184,7 @@ class Servicer:
         caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
         an `InferMessage` (`decode_infer`), every other one the message."""
         read: Callable[[bytes], Any] = decode_infer if method == "ModelInfer" else partial(decode, request_type)
+        timing = method == "ModelInfer" and self.state.settings.server_timing
 
         async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start, code, size, admitted = time.perf_counter(), "OK", 0, False
@@ -190,9 +192,14 @@ class Servicer:
                 self.admit()
                 admitted = True
                 caller = self.caller(method, _metadata(context))
-                response = await handle(read(data), caller, len(data))
+                timed = phases.started(timing)
+                request = read(data)
+                phases.lap(timed, "parse")
+                response = await handle(request, caller, len(data))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
                 size = len(answer)
+                if timed is not None:
+                    context.set_trailing_metadata(((phases.TRAILER, timed.value()),))
                 return answer
             except BaseException as exc:
                 code, answer = self.status_of(method, context, exc)
@@ -372,14 +379,19 @@ class Servicer:
                 raw = sum(len(chunk) for chunk in raw_inputs)
                 parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm,
                                                    raw_inputs)
+                timed = phases.CURRENT.get()
+                phases.lap(timed, "parse")
                 outputs, written = await run_parsed(state.engine, model, parsed, body, shm, reservation)
+                phases.lap(timed, "queue")
                 del body
                 order = model.config.output_names
                 for out in copied_to_shm(parsed, outputs, written, order):
                     if out.shm is not None and shm is not None:
                         shm.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
-                return await maybe_offload(_work(0, sum(a.nbytes for a in outputs.values())), encode_infer_response,
-                                            model.name, VERSION, parsed, outputs, order)
+                answer = await maybe_offload(_work(0, sum(a.nbytes for a in outputs.values())),
+                                             encode_infer_response, model.name, VERSION, parsed, outputs, order)
+                phases.lap(timed, "encode")
+                return answer
             finally:
                 reservation.release()
 

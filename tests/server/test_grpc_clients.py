@@ -19,6 +19,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from posenc.models.dtypes import lookup
+from posenc.service.inference import phases
 from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
 from tests.onnx_models import REPOSITORY, SHIPPED, random_inputs, run, session, triton_inputs
 
@@ -27,7 +28,7 @@ MODEL = "rope_attention"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    settings = {"shared_memory": True, "log_level": "warning", **shared_memory_key_settings()}
+    settings = {"shared_memory": True, "log_level": "warning", "server_timing": True, **shared_memory_key_settings()}
     with ServerProcess(settings, grpc=True) as process:
         yield process
 
@@ -244,3 +245,27 @@ def test_metrics_count_grpc_calls_by_method_and_code(server: ServerProcess,
     assert 'posenc_grpc_requests_total{code="NOT_FOUND",method="ModelMetadata"}' in text
     assert 'posenc_grpc_requests_total{code="OK",method="ModelInfer"}' in text
 
+
+
+def test_server_timing_in_the_trailing_metadata(server: ServerProcess) -> None:
+    """POSENC_SERVER_TIMING: a ModelInfer ends with its phases as `server-timing` trailing metadata; a failed one
+    and other methods carry none."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=MODEL)
+    for name, array in random_inputs(8, 8, 64, 1, 16).items():
+        request.inputs.add(name=name, datatype=lookup(array.dtype).kserve, shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        _, call = infer.with_call(request.SerializeToString(), timeout=30)
+        spans = phases.parse(dict(call.trailing_metadata())["server-timing"])
+        assert list(spans) == ["parse", "queue", "run", "encode", "total"] and spans["run"] > 0
+        del request.inputs[-1], request.raw_input_contents[-1]
+        with pytest.raises(grpc.RpcError) as failed:
+            infer.with_call(request.SerializeToString(), timeout=30)
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "server-timing" not in dict(failed.value.trailing_metadata() or ())
+        live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+        _, call = live.with_call(b"", timeout=10)
+        assert "server-timing" not in dict(call.trailing_metadata())
