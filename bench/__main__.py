@@ -45,6 +45,9 @@ from bench.isolation import NOISE_LIMIT, cpu_summary, plan_cores
 
 BENCHMARKS = ("tables", "batching", "infer", "servers")
 INVESTIGATIONS = ("forms",)  # run when named, not by `all`
+# the benchmarks that run inference: they run it on the graphs a calibration on the servers' CPUs chose (tables
+# and forms do not: forms times every graph itself)
+INFERENCE = frozenset({"batching", "infer", "servers"})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="posenc-bench-") as tmp:
             bench = Bench(Path(tmp), Load(Path(tmp), prefer_wrk=not args.no_wrk), args, cores)
             print("\n".join([*machine_header(cores, args.threads), f"# load: {bench.load.describe()}"]), flush=True)
-            if args.device == "cpu" and set(args.benchmarks) - {"forms"}:
+            if args.device == "cpu" and INFERENCE & set(args.benchmarks):
                 os.environ[REPOSITORY_ENV] = str(calibrated_repository(Path(tmp), cores, args.threads))
                 print(rule_summary(Path(os.environ[REPOSITORY_ENV])), flush=True)
             for name in args.benchmarks:

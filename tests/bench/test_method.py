@@ -47,6 +47,21 @@ def test_check_fails_as_too_noisy_rather_than_passing_or_failing(monkeypatch: py
     assert _run_with(monkeypatch, [passing], "--check") == 0
 
 
+def test_only_the_benchmarks_that_run_inference_calibrate_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of `tables` alone needs no CPU-graph rule (a calibration takes seconds); infer, batching and servers
+    run on the rule measured on the servers' CPUs."""
+    calibrated: list[Path] = []
+
+    def calibrate(work_dir: Path, cores: object, threads: int) -> Path:
+        calibrated.append(work_dir)
+        return Path(__file__).parents[2] / "onnx"
+
+    monkeypatch.setattr(entry, "calibrated_repository", calibrate)
+    monkeypatch.setattr(entry, "rule_summary", lambda repository: "# the rule")
+    assert _run_with(monkeypatch, []) == 0 and calibrated == []  # tables
+    assert entry.main(["infer", "batching", "--no-pin"]) == 0 and len(calibrated) == 1
+
+
 def test_the_cpus_split_into_a_serving_set_and_a_load_set() -> None:
     usable = set(os.sched_getaffinity(0))
     cores = plan_cores(True)
