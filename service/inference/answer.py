@@ -85,7 +85,7 @@ async def infer(request: Request, entry: RepositoryEntry, context: InferContext)
     reserved = 3 * declared_length(request.headers.get("content-length"), limit)
     with engine.admission(model):  # a full queue refuses before the body is read
         reservation = await context.budget.acquire(reserved, f"an inference on '{model.name}'")
-        phases.lap(timed, "admit")
+        phases.lap("admit")
         try:
             parts, headers = await _run_infer(request, engine, model, limit, context.shared_memory, reservation)
         except BaseException:
@@ -218,17 +218,16 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
     json_length = _header_length(header_length)
     body = await read_aligned_body(request.headers.get("content-length"), request.stream(), limit,
                                    align_at=json_length, receive_into=receive_into_of(request.scope))
-    timed = phases.CURRENT.get()
-    phases.lap(timed, "read")
+    phases.lap("read")
     shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
     parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
-    phases.lap(timed, "parse")
+    phases.lap("parse")
     outputs, written = await run_parsed(engine, model, parsed, body, shm, reservation)
-    phases.lap(timed, "queue")
+    phases.lap("queue")
     del body  # the inputs were views of it, not needed any more
     order = model.config.output_names
     copies = copied_to_shm(parsed, outputs, written, order)
     answer = await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
                                  parsed, outputs, copies, order)
-    phases.lap(timed, "encode")
+    phases.lap("encode")
     return answer

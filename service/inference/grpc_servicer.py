@@ -194,7 +194,7 @@ class Servicer:
                 caller = self.caller(method, _metadata(context))
                 timed = phases.started(timing)
                 request = read(data)
-                phases.lap(timed, "parse")
+                phases.lap("parse")
                 response = await handle(request, caller, len(data))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
                 size = len(answer)
@@ -379,10 +379,9 @@ class Servicer:
                 raw = sum(len(chunk) for chunk in raw_inputs)
                 parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm,
                                                    raw_inputs)
-                timed = phases.CURRENT.get()
-                phases.lap(timed, "parse")
+                phases.lap("parse")
                 outputs, written = await run_parsed(state.engine, model, parsed, body, shm, reservation)
-                phases.lap(timed, "queue")
+                phases.lap("queue")
                 del body
                 order = model.config.output_names
                 for out in copied_to_shm(parsed, outputs, written, order):
@@ -390,7 +389,7 @@ class Servicer:
                         shm.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
                 answer = await maybe_offload(_work(0, sum(a.nbytes for a in outputs.values())),
                                              encode_infer_response, model.name, VERSION, parsed, outputs, order)
-                phases.lap(timed, "encode")
+                phases.lap("encode")
                 return answer
             finally:
                 reservation.release()

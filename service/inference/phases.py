@@ -12,8 +12,8 @@ Phases, in milliseconds of wall-clock time (W3C Server Timing syntax, `name;dur=
     encode  the outputs into the answer (the copies into shared memory included)
     total   from the handler's start to the answer made; what follows (sending it) is the client's to measure
 
-The request's `Phases` travels in a context variable, so the batcher, a few calls below the handler, adds the
-run it measured without a parameter through every layer.
+The request's `Phases` travels in a context variable (`started` sets it): the handlers' laps and the batcher's
+run, a few calls below them, reach it without a parameter through every layer.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def started(enabled: bool) -> Phases | None:
     return phases
 
 
-def lap(phases: Phases | None, name: str) -> None:
+def lap(name: str) -> None:
+    """A lap of the current request (nothing when the request is not timed)."""
+    phases = CURRENT.get()
     if phases is not None:
         phases.lap(name)
 

@@ -55,7 +55,7 @@ def test_parse_reads_the_w3c_syntax_with_other_parameters() -> None:
 def test_nothing_is_recorded_when_off() -> None:
     async def request() -> phases.Phases | None:
         timed = phases.started(False)
-        phases.lap(timed, "parse")
+        phases.lap("parse")
         phases.add_run(1.0)  # no current request: nothing to add to
         return timed
 
