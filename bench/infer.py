@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from bench import grpc_columns
-from bench.echo_asgi import ECHO_PATH
+from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
 from bench.harness import Bench, Report, Row, inputs, interleaved, log, med, spread
 from bench.inprocess import require_cuda, torch_version
 from bench.isolation import AnchorProcess, alone, burst_ms
@@ -345,7 +345,7 @@ def run(bench: Bench) -> Report:
                 expected = anchors["ort"].output()
                 binary, request_bytes, response_bytes, binary_timing = binary_call(raw, model, arrays)
                 np.testing.assert_allclose(binary(), expected, atol=1e-4, rtol=1e-4)
-                echo_body, echo_headers = bytes(request_bytes), {"X-Echo-Bytes": str(response_bytes)}
+                echo_body, echo_headers = bytes(request_bytes), {ANSWER_HEADER.decode(): str(response_bytes)}
                 socket_echo = SocketEcho(echo_server.host, echo_server.port, request_bytes, response_bytes)
                 shared = SharedMemoryCase(server, arrays, str(index))
                 zero_copy = ZeroCopyCase(socket_path, arrays, str(index))

@@ -19,10 +19,10 @@ transport and the client.
 from __future__ import annotations
 
 import socket
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
+from bench.harness import med
 from posenc.service.inference import phases
 
 PHASES = ("parse", "queue", "run", "encode")
@@ -58,15 +58,16 @@ class SocketEcho:
             self.sock = socket.create_connection(self.address, timeout=300)
         self.sock.sendall(self.head)
         self.sock.sendall(self.body)
-        view, received, end = memoryview(self.answer), 0, -1
+        view, received, body_start, end = memoryview(self.answer), 0, -1, -1
         while end < 0 or received < end:
             count = self.sock.recv_into(view[received:])
             if count == 0:
                 raise EOFError("the echo server closed the connection")
             received += count
             if end < 0 and (head_end := self.answer.find(b"\r\n\r\n", 0, received)) >= 0:
-                end = head_end + 4 + _content_length(bytes(self.answer[:head_end]))
-        return end - (self.answer.find(b"\r\n\r\n") + 4)
+                body_start = head_end + 4
+                end = body_start + _content_length(bytes(self.answer[:head_end]))
+        return end - body_start
 
     def close(self) -> None:
         if self.sock is not None:
@@ -91,7 +92,7 @@ def median_phases(timing: Callable[[], str | None], calls: int) -> dict[str, flo
             raise RuntimeError("the answer has no Server-Timing header: is POSENC_SERVER_TIMING on?")
         for name, ms in phases.parse(value).items():
             seen.setdefault(name, []).append(ms)
-    return {name: statistics.median(values) for name, values in seen.items()}
+    return {name: med(values) for name, values in seen.items()}
 
 
 def profile_row(case: Sequence[object], path: str, latency: float, spans: Mapping[str, float],
