@@ -171,25 +171,28 @@ class Batcher:
         """`submit` for a request that already holds its place (`admission`)."""
         chunks = split_rows(inputs, out, self._chunk_rows(inputs, self.max_batch_size))
         if not self.batching:
-            return joined([await self._run_alone(chunk, chunk_out) for chunk, chunk_out in chunks], out)
+            return joined([await self._run_alone(chunk, chunk_out, self._shape(chunk))
+                           for chunk, chunk_out in chunks], out)
         if len(chunks) == 1 and not self._queue:
             chunk, chunk_out = chunks[0]
+            shape = self._shape(chunk)
             self._ensure_dispatcher()
             assert self._slots is not None
-            if not self._slots.locked() and self._alone(self._key(chunk), rows_of(chunk), self._seq(chunk)):
+            if not self._slots.locked() and self._alone(shape):
                 # what the dispatcher would do, a batch of one, without its hops (three event-loop iterations)
                 await self._slots.acquire()  # a free slot: taken without waiting
                 try:
-                    return await self._run_alone(chunk, chunk_out)
+                    return await self._run_alone(chunk, chunk_out, shape)
                 finally:
                     self._slots.release()  # what queued meanwhile forms the next batch
         return await self._submit_batched(chunks, out)
 
-    async def _run_alone(self, chunk: Arrays, out: Arrays | None) -> dict[str, np.ndarray]:
-        """One chunk run by itself, on the event loop or a worker thread (`_execute`), without the dispatcher."""
-        rows, seq = rows_of(chunk), self._seq(chunk)
+    async def _run_alone(self, chunk: Arrays, out: Arrays | None, shape: Shape) -> dict[str, np.ndarray]:
+        """One chunk (of `_shape` `shape`) run by itself, on the event loop or a worker thread (`_execute`), without
+        the dispatcher."""
+        _, rows, seq = shape
         async with self._reserve(rows, seq):
-            outputs, seconds = await self._execute((self._key(chunk), rows, seq), self._run_counted, chunk, 1, out)
+            outputs, seconds = await self._execute(shape, self._run_counted, chunk, 1, out)
         phases.add_run(seconds)
         return outputs
 
@@ -257,6 +260,10 @@ class Batcher:
             self._wake = asyncio.Event()
             self._slots = asyncio.Semaphore(self.max_runs)
             self._task = asyncio.get_running_loop().create_task(self._dispatch(), name=f"batcher-{self.name}")
+
+    def _shape(self, chunk: Arrays) -> Shape:
+        """A chunk's (batch key, rows, sequence length): what its runs are timed by."""
+        return self._key(chunk), rows_of(chunk), self._seq(chunk)
 
     def _seq(self, inputs: Arrays) -> int:
         """The inputs' sequence length (0 when the model has no sequence axis)."""
@@ -354,14 +361,15 @@ class Batcher:
         batch."""
         return self._row_seconds.get((key, seq), 0.0) * rows >= self.batch_below
 
-    def _alone(self, key: tuple[object, ...], rows: int, seq: int) -> bool:
+    def _alone(self, shape: Shape) -> bool:
         """Whether a request of this shape that finds nothing queued runs alone without the dispatcher: a long
         run, one whose batch was last judged not to pay (`_take_group` judges again whenever some queue), or,
         under a run-time bound (the CPU), one that runs on the event loop: while it holds the loop no other
         request can queue behind it, so the dispatcher would make it a batch of one at the cost of its hops."""
+        key, rows, seq = shape
         if self._long_run(key, rows, seq) or self._runs_alone.get((key, seq), False):
             return True
-        seconds = self._run_seconds.get((key, rows, seq))
+        seconds = self._run_seconds.get(shape)
         return self.batch_below != math.inf and seconds is not None and seconds < self.inline_below
 
     def _batch_pays(self, alone: Shape, batch: Shape) -> bool:
