@@ -66,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3; quick 2)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
+    parser.add_argument("--replicas", type=int, help="batching: server processes per side, taking its rounds in "
+                        "turn (default 3; quick 1)")
     parser.add_argument("--clients", type=int, default=CLIENTS, help="batching: concurrent clients (default 16)")
     parser.add_argument("--seq", type=int, action="append", help="batching: a sequence length (repeatable; "
                         "default 16, 64, 256)")
@@ -87,8 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.repeat = args.repeat if args.repeat is not None else (3 if args.quick else 9)
     if args.quick and args.rounds is None:
         args.rounds = 2
-    if args.seconds < 1 or (args.rounds is not None and args.rounds < 1) or args.repeat < 1:
-        parser.error("--seconds, --rounds and --repeat must be at least 1")
+    if (args.seconds < 1 or args.repeat < 1
+            or any(value is not None and value < 1 for value in (args.rounds, args.replicas))):
+        parser.error("--seconds, --rounds, --repeat and --replicas must be at least 1")
     if args.case:
         from bench.infer import parse_case
         try:

@@ -1,22 +1,28 @@
 """batching: concurrent clients of single-row binary infer, posenc with batching on vs off; and what one row costs
 onnxruntime by batch size (where batching pays).
 
-    python -m bench batching                       # S = 16, 64, 256 (about 1.5 minutes on 2 cores)
-    python -m bench batching --seq 64 --rounds 3
+    python -m bench batching                       # S = 16, 64, 256 (about 3 minutes on 2 cores)
+    python -m bench batching --seq 64 --rounds 3 --replicas 1
 
-Two servers, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
+Two sides, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
 each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off, target >= 0.97),
 median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). A third
-server with the same settings as the first, measured in the same rounds, is the control: its ratio to the
-first is what two equal servers differ by in that run: beyond 3 % the on/off row says NOISY (too noisy to
-judge). With pinning (bench/isolation.py) the servers share one core set and the clients run on the other.
+side with the same settings as the first, measured in the same rounds, is the control: its ratio to the
+first is what two equal sides differ by in that run: beyond 3 % the on/off row says NOISY (too noisy to
+judge). Each side is `--replicas` server processes (3; 1 with --quick) that take its rounds in turn: two
+processes of one server differ by up to 4 % in req/s on a VM (docs/performance.md), more than the rounds
+of one process do, so one process per side cannot resolve a 3 % target. With pinning (bench/isolation.py)
+the servers share one core set and the clients run on the other.
 Then onnxruntime's milliseconds per row for B = 1, 2, 4, 8, 16 at S = 64 and 256 in its own process on the
 servers' CPUs (every B in every round; ratio: the per-row speed-up over B=1).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any, TypeVar
 
 from bench.harness import (
     MODEL,
@@ -35,53 +41,75 @@ from bench.inprocess import graph_path
 from bench.isolation import AnchorProcess, alone
 from posenc.service.testing import ServerProcess
 
+T = TypeVar("T")
+
 SEQS = (16, 64, 256)
 PER_ROW_BATCHES, PER_ROW_SEQS = (1, 2, 4, 8, 16), (64, 256)
 TARGET = 0.97
+REPLICAS = 3  # server processes per side (not --quick): rounds default to three per process
+# the three sides: batching on, off, and the control (a second side like the first)
+SIDES: dict[str, dict[str, object]] = {"posenc": {}, "posenc batching off": {"batching": False},
+                                       "posenc, the same again": {}}
 
 
-def rows_per_run(server: ServerProcess, before: tuple[int, int]) -> float:
-    """Mean rows per onnxruntime run since `before` (the model's statistics then)."""
-    rows, runs = model_stats(server.port)
-    return (rows - before[0]) / max(1, runs - before[1])
+def rows_per_run(side: Sequence[ServerProcess], before: Mapping[str, tuple[int, int]]) -> float:
+    """Mean rows per onnxruntime run of a side's servers since `before` (each model's statistics then, by server
+    name)."""
+    rows = runs = 0
+    for server in side:
+        now = model_stats(server.port)
+        rows, runs = rows + now[0] - before[server.name][0], runs + now[1] - before[server.name][1]
+    return rows / max(1, runs)
+
+
+def replicas_of(args: Any) -> int:
+    """Server processes per side: --replicas, else REPLICAS (1 with --quick)."""
+    return int(args.replicas or (1 if getattr(args, "quick", False) else REPLICAS))
+
+
+def in_turn(side: Sequence[ServerProcess], round_on: Callable[[int], T]) -> Callable[[], T]:
+    """A side of `interleaved` whose rounds go to its servers in turn (`round_on` a server's port)."""
+    turns = itertools.cycle(side)
+    return lambda: round_on(next(turns).port)
 
 
 def on_off(bench: Bench, report: Report) -> None:
     args, load = bench.args, bench.load
     quick = getattr(args, "quick", False)
-    rounds, clients, seconds = args.rounds or (3 if quick else 5), args.clients, 1 if quick else args.seconds
+    replicas = replicas_of(args)
+    rounds, clients, seconds = args.rounds or (3 if quick else 3 * replicas), args.clients, 1 if quick else args.seconds
     table = [f"| {clients} concurrent clients, single requests ({MODEL}) | batching | requests/s | median latency "
              "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
     with bench.servers() as servers:
-        on = servers.start("posenc")
-        off = servers.start("posenc batching off", {"batching": False})
-        # the control: a second server with the same settings as `on`, measured in the same rounds; its ratio to
-        # `on` is what two equal servers differ by in this run (the noise the on/off ratio has to be read against)
-        twin = servers.start("posenc, the same again")
+        # each side is `replicas` server processes, taking the rounds in turn: what one process gains or loses
+        # by itself (its placement in memory, in the caches) is averaged over several, as machine noise is
+        # over the rounds
+        sides = {name: [servers.start(f"{name} {i + 1}", settings) for i in range(replicas)]
+                 for name, settings in SIDES.items()}
         servers.ready("/readyz")
+        on, off, twin = sides.values()
         for seq in args.seq or SEQS:
             target = infer_target(inputs(1, seq), bench.work_dir)
-            for server in (on, off, twin):
+            for server in (*on, *off, *twin):
                 load.round(server.port, target, 1, clients)  # warm-up
-            before = {server.name: model_stats(server.port) for server in (on, off, twin)}
-            a, b, c = interleaved(rounds, *(lambda t=target, port=server.port: load.round(port, t, seconds, clients)
-                                            for server in (on, off, twin)))
-            per_run = {server.name: rows_per_run(server, before[server.name]) for server in (on, off, twin)}
+            before = {server.name: model_stats(server.port) for server in (*on, *off, *twin)}
+            one_round = partial(load.round, target=target, seconds=seconds, connections=clients)
+            a, b, c = interleaved(rounds, *(in_turn(side, one_round) for side in (on, off, twin)))
+            per_run = [rows_per_run(side, before) for side in (on, off, twin)]
             va, vb, vc = [r.rps for r in a], [r.rps for r in b], [r.rps for r in c]
             p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b]), med([r.p50_ms for r in c])
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, batching on vs off", med(va), med(vb),
                                    "req/s", True, TARGET, f"{spread(va, vb)}; p50 {p50[0]:.2f}/{p50[1]:.2f} ms; "
-                                   f"{per_run[on.name]:.2f} rows/run batched", sum(r.errors for r in a + b),
+                                   f"{per_run[0]:.2f} rows/run batched", sum(r.errors for r in a + b),
                                    control=med(vc) / med(va)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, control: batching on vs on (two equal "
-                                   "servers)", med(vc), med(va), "req/s", True, None,
+                                   "sides)", med(vc), med(va), "req/s", True, None,
                                    f"{spread(vc, va)}; the noise of this run", sum(r.errors for r in c)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
-            for server, state, values, latency in ((on, "on", va, p50[0]), (off, "off", vb, p50[1]),
-                                                   (twin, "on (control)", vc, p50[2])):
-                table.append(f"| B=1 S={seq} | {state} | {med(values):.0f} | {latency:.2f} ms "
-                             f"| {per_run[server.name]:.1f} |")
+            for state, values, latency, rows in (("on", va, p50[0], per_run[0]), ("off", vb, p50[1], per_run[1]),
+                                                 ("on (control)", vc, p50[2], per_run[2])):
+                table.append(f"| B=1 S={seq} | {state} | {med(values):.0f} | {latency:.2f} ms | {rows:.1f} |")
     report.tables.append("\n".join(table))
 
 
@@ -109,8 +137,10 @@ def per_row_rows(report: Report, seq: int, per_call: list[list[float]]) -> None:
 
 
 def run(bench: Bench) -> Report:
+    replicas = replicas_of(bench.args)
     report = Report(notes=["# batching: posenc serve with POSENC_BATCHING=true vs false (otherwise POSENC_* unset), "
-                           f"{bench.args.clients} connections; the control: a third server like the first; "
+                           f"{bench.args.clients} connections; the control: a third side like the first; {replicas} "
+                           "server process(es) per side, taking its rounds in turn; "
                            "onnxruntime per row alone in its own process (default session options but the threads)"])
     on_off(bench, report)
     if not getattr(bench.args, "quick", False):  # --quick: the on/off ratios only
