@@ -66,8 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3; quick 2)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
-    parser.add_argument("--replicas", type=int, help="batching: server processes per side, taking its rounds in "
-                        "turn (default 3; quick 1)")
+    parser.add_argument("--replicas", type=int, help="batching, tables: server processes per side, taking its "
+                        "rounds in turn (default 3, with nine rounds; quick 1)")
     parser.add_argument("--clients", type=int, default=CLIENTS, help="batching: concurrent clients (default 16)")
     parser.add_argument("--seq", type=int, action="append", help="batching: a sequence length (repeatable; "
                         "default 16, 64, 256)")

@@ -1,7 +1,7 @@
 """batching: concurrent clients of single-row binary infer, posenc with batching on vs off; and what one row costs
 onnxruntime by batch size (where batching pays).
 
-    python -m bench batching                       # S = 16, 64, 256 (about 3 minutes on 2 cores)
+    python -m bench batching                       # S = 16, 64, 256 (about 4 minutes on 2 cores)
     python -m bench batching --seq 64 --rounds 3 --replicas 1
 
 Two sides, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
@@ -19,34 +19,31 @@ servers' CPUs (every B in every round; ratio: the per-row speed-up over B=1).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
 
 from bench.harness import (
     MODEL,
     Bench,
     Report,
     Row,
+    in_turn,
     infer_target,
     inputs,
     interleaved,
     log,
     med,
     model_stats,
+    replicas_of,
     spread,
 )
 from bench.inprocess import graph_path
 from bench.isolation import AnchorProcess, alone
 from posenc.service.testing import ServerProcess
 
-T = TypeVar("T")
-
 SEQS = (16, 64, 256)
 PER_ROW_BATCHES, PER_ROW_SEQS = (1, 2, 4, 8, 16), (64, 256)
 TARGET = 0.97
-REPLICAS = 3  # server processes per side (not --quick): rounds default to three per process
 # the three sides: batching on, off, and the control (a second side like the first)
 SIDES: dict[str, dict[str, object]] = {"posenc": {}, "posenc batching off": {"batching": False},
                                        "posenc, the same again": {}}
@@ -60,17 +57,6 @@ def rows_per_run(side: Sequence[ServerProcess], before: Mapping[str, tuple[int, 
         now = model_stats(server.port)
         rows, runs = rows + now[0] - before[server.name][0], runs + now[1] - before[server.name][1]
     return rows / max(1, runs)
-
-
-def replicas_of(args: Any) -> int:
-    """Server processes per side: --replicas, else REPLICAS (1 with --quick)."""
-    return int(args.replicas or (1 if getattr(args, "quick", False) else REPLICAS))
-
-
-def in_turn(side: Sequence[ServerProcess], round_on: Callable[[int], T]) -> Callable[[], T]:
-    """A side of `interleaved` whose rounds go to its servers in turn (`round_on` a server's port)."""
-    turns = itertools.cycle(side)
-    return lambda: round_on(next(turns).port)
 
 
 def on_off(bench: Bench, report: Report) -> None:

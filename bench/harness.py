@@ -16,6 +16,7 @@ Cores, anchors in their own processes and the control: bench/isolation.py.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -89,6 +90,22 @@ def interleaved(rounds: int, *sides: Callable[[], T]) -> list[list[T]]:
         for k, side in order if i % 2 == 0 else order[::-1]:
             results[k].append(side())
     return results
+
+
+REPLICAS = 3  # server processes per side of a load benchmark (not --quick): what one process gains or loses
+
+
+def replicas_of(args: Any) -> int:
+    """Server processes per side: --replicas, else REPLICAS (1 with --quick)."""
+    return int(getattr(args, "replicas", None) or (1 if getattr(args, "quick", False) else REPLICAS))
+
+
+def in_turn(side: Sequence[ServerProcess], round_on: Callable[[int], T]) -> Callable[[], T]:
+    """A side of `interleaved` made of several server processes that take its rounds in turn (`round_on` a
+    server's port): two processes of one server differ by more than one process's rounds do (its placement in
+    memory and caches), so each side's rounds are spread over several, as they are over the machine's noise."""
+    turns = itertools.cycle(side)
+    return lambda: round_on(next(turns).port)
 
 
 def spread(mine: Sequence[float], theirs: Sequence[float], higher_is_better: bool = True) -> str:

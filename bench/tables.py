@@ -3,8 +3,9 @@
 posenc (`python -m posenc.service.cli serve`, default settings: access log and metrics on) and the anchor (a bare
 FastAPI app on the same uvicorn, loop and HTTP implementation, access log off, serving from `async def` the
 bytes and headers captured from posenc: bench/anchor.py), each on a free loopback port, measured in
-interleaved rounds, with a second anchor measured in the same rounds as the control (two identical servers;
-beyond 3 % apart a row says NOISY, bench/isolation.py):
+interleaved rounds, with a second anchor measured in the same rounds as the control (two identical sides;
+beyond 3 % apart a row says NOISY, bench/isolation.py). Each side is `--replicas` server processes (3; 1 with
+--quick) taking its rounds in turn (nine by default), as in `bench batching`:
   small    req/s of the cached `/v1/alibi/slopes?num_heads=32` (16 connections), target >= 1.0
   healthz  req/s of `/healthz` vs the anchor returning the same JSON (16 connections), target >= 0.85
   large    GB/s of the cached 64 MiB `/v1/rope?max_position=65536&head_dim=128` safetensors table, whole
@@ -40,9 +41,11 @@ from bench.harness import (
     Row,
     Target,
     call_ms,
+    in_turn,
     interleaved,
     log,
     med,
+    replicas_of,
     spread,
 )
 from bench.isolation import on_cores
@@ -79,32 +82,36 @@ def capture_tables(posenc: ServerProcess, work_dir: Path) -> tuple[Path, str]:
 
 def run(bench: Bench) -> Report:
     args, load = bench.args, bench.load
-    rounds = args.rounds or 5
+    replicas = replicas_of(args)
+    rounds = args.rounds or 3 * replicas
     report = Report(notes=["# tables: posenc serve (POSENC_* unset) vs the anchor: bare FastAPI async def endpoints "
                            "on uvicorn --loop uvloop --http httptools --no-access-log, same bytes, media type and "
-                           f"headers; {rounds} x {args.seconds} s rounds per side, interleaved"])
+                           f"headers; {rounds} x {args.seconds} s rounds per side, interleaved, taken in turn by "
+                           f"{replicas} server process(es) per side"])
     with bench.servers() as servers:
-        posenc = servers.start("posenc")
+        # each side is `replicas` server processes taking its rounds in turn (bench/harness.py in_turn)
+        posencs = [servers.start(f"posenc {i + 1}") for i in range(replicas)]
         servers.ready("/readyz")
-        spec_path, cache_note = capture_tables(posenc, bench.work_dir)
+        spec_path, cache_note = capture_tables(posencs[0], bench.work_dir)
         report.notes.append(f"# tables: {cache_note}")
         command = [sys.executable, "-m", "uvicorn", "bench.anchor:create_app", "--factory", "--host", "{host}",
                    "--port", "{port}", "--loop", "uvloop", "--http", "httptools", "--no-access-log", "--log-level",
                    "warning"]
-        anchor = servers.start("anchor", command=command, env={"BENCH_ANCHOR_SPEC": str(spec_path)})
-        # the control: the same anchor again, measured in the same rounds (two identical servers must agree)
-        twin = servers.start("anchor, the same again", command=command, env={"BENCH_ANCHOR_SPEC": str(spec_path)})
-        anchor.wait_ready("/healthz")
-        twin.wait_ready("/healthz")
+        env = {"BENCH_ANCHOR_SPEC": str(spec_path)}
+        anchors = [servers.start(f"anchor {i + 1}", command=command, env=env) for i in range(replicas)]
+        # the control: the same anchor again, measured in the same rounds (two identical sides must agree)
+        twins = [servers.start(f"anchor, the same again {i + 1}", command=command, env=env) for i in range(replicas)]
+        for server in (*anchors, *twins):
+            server.wait_ready("/healthz")
         cases = [(f"cached small table {SMALL}", SMALL, CLIENTS, False, 1.0),
                  ("/healthz", "/healthz", CLIENTS, False, 0.85),
                  ("cached 64 MiB table /v1/rope (65536x128, safetensors)", LARGE, args.large_connections, True, 0.90)]
         for what, path, conns, gbps, goal in cases:
             target = Target(path)  # the same URL to both
-            for server in (posenc, anchor, twin):
-                load.round(server.port, target, 1, conns)  # warm-up
-            a, b, c = interleaved(rounds, *(partial(load.round, server.port, target, args.seconds, conns)
-                                            for server in (posenc, anchor, twin)))
+            for server in (*posencs, *anchors, *twins):
+                load.round(server.port, target, 1, conns)  # warm-up (and each posenc's cache filled)
+            one_round = partial(load.round, target=target, seconds=args.seconds, connections=conns)
+            a, b, c = interleaved(rounds, *(in_turn(side, one_round) for side in (posencs, anchors, twins)))
             metric: Callable[[LoadResult], float] = (lambda r: r.gbps) if gbps else (lambda r: r.rps)
             va, vb, vc = [metric(r) for r in a], [metric(r) for r in b], [metric(r) for r in c]
             report.rows.append(Row(
@@ -113,9 +120,9 @@ def run(bench: Bench) -> Report:
                 sum(r.errors for r in a + b), control=med(vc) / med(vb)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
     with on_cores(bench.cores.serve | bench.cores.load):  # in this process, on every core: no load generator runs
-        compute_rows(bench, report, rounds)
+        compute_rows(bench, report, args.rounds or 5)
     if not args.quick:
-        served_rows(bench, report, rounds)
+        served_rows(bench, report, args.rounds or 5)
     return report
 
 

@@ -12,6 +12,7 @@ import pytest
 
 import bench.__main__ as entry
 import bench.batching as batching
+from bench import harness
 from bench.harness import Report, Row, inputs
 from bench.inprocess import graph_path, ort_session_at
 from bench.isolation import AnchorProcess, cpu_isa, cpu_lines, plan_cores
@@ -49,19 +50,19 @@ def test_check_fails_as_too_noisy_rather_than_passing_or_failing(monkeypatch: py
 
 
 def test_a_sides_rounds_go_to_its_server_processes_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`bench batching` averages what one server process gains or loses by itself over several: round i of a
-    side goes to its process i mod N, and rows per run sum over them."""
+    """`bench batching` and `bench tables` average what one server process gains or loses by itself over
+    several: round i of a side goes to its process i mod N, and rows per run sum over them."""
     side = [types.SimpleNamespace(name=f"on {i}", port=8000 + i) for i in range(3)]
-    one_round = batching.in_turn(side, lambda port: port)
+    one_round = harness.in_turn(side, lambda port: port)
     assert [one_round() for _ in range(7)] == [8000, 8001, 8002, 8000, 8001, 8002, 8000]
     stats = {8000: (30, 20), 8001: (12, 12), 8002: (5, 5)}
     monkeypatch.setattr(batching, "model_stats", lambda port: stats[port])
     before = {"on 0": (10, 10), "on 1": (0, 0), "on 2": (5, 5)}
     assert batching.rows_per_run(side, before) == (20 + 12 + 0) / (10 + 12 + 0)
     quick = types.SimpleNamespace(replicas=None, quick=True)
-    assert batching.replicas_of(quick) == 1
-    assert batching.replicas_of(types.SimpleNamespace(replicas=None, quick=False)) == batching.REPLICAS
-    assert batching.replicas_of(types.SimpleNamespace(replicas=2, quick=True)) == 2
+    assert harness.replicas_of(quick) == 1
+    assert harness.replicas_of(types.SimpleNamespace(replicas=None, quick=False)) == harness.REPLICAS
+    assert harness.replicas_of(types.SimpleNamespace(replicas=2, quick=True)) == 2
     with pytest.raises(SystemExit):
         entry.main(["batching", "--replicas", "0"])
 
