@@ -63,7 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="fewer and shorter rounds (unless given: --seconds 1, "
                         "--rounds 2, --repeat 3): ratios in about a minute per sub-benchmark, noisier")
     parser.add_argument("--seconds", type=int, help="seconds per load round and side (default 2; quick 1)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; servers 3; quick 2)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds per side (default 5; batching and tables 3 "
+                        "per replica; servers 3; quick 2)")
     parser.add_argument("--no-wrk", action="store_true", help="the Python load generator even if wrk exists")
     parser.add_argument("--large-connections", type=int, default=CLIENTS, help="tables: connections, 64 MiB row")
     parser.add_argument("--replicas", type=int, help="batching, tables: server processes per side, taking its "

@@ -31,6 +31,7 @@ from bench.harness import (
     infer_target,
     inputs,
     interleaved,
+    load_rounds,
     log,
     med,
     model_stats,
@@ -63,7 +64,7 @@ def on_off(bench: Bench, report: Report) -> None:
     args, load = bench.args, bench.load
     quick = getattr(args, "quick", False)
     replicas = replicas_of(args)
-    rounds, clients, seconds = args.rounds or (3 if quick else 3 * replicas), args.clients, 1 if quick else args.seconds
+    rounds, clients, seconds = load_rounds(args), args.clients, 1 if quick else args.seconds
     table = [f"| {clients} concurrent clients, single requests ({MODEL}) | batching | requests/s | median latency "
              "| mean rows per onnxruntime run |", "|---|---|---|---|---|"]
     with bench.servers() as servers:

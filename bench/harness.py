@@ -93,11 +93,18 @@ def interleaved(rounds: int, *sides: Callable[[], T]) -> list[list[T]]:
 
 
 REPLICAS = 3  # server processes per side of a load benchmark (not --quick): what one process gains or loses
+ROUNDS_PER_REPLICA = 3  # the default rounds of such a benchmark, per server process of a side
 
 
 def replicas_of(args: Any) -> int:
     """Server processes per side: --replicas, else REPLICAS (1 with --quick)."""
     return int(getattr(args, "replicas", None) or (1 if getattr(args, "quick", False) else REPLICAS))
+
+
+def load_rounds(args: Any) -> int:
+    """Rounds per side of a benchmark whose sides are server processes taking them in turn: --rounds, else
+    ROUNDS_PER_REPLICA per process."""
+    return int(args.rounds or ROUNDS_PER_REPLICA * replicas_of(args))
 
 
 def in_turn(side: Sequence[ServerProcess], round_on: Callable[[int], T]) -> Callable[[], T]:

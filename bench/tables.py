@@ -43,6 +43,7 @@ from bench.harness import (
     call_ms,
     in_turn,
     interleaved,
+    load_rounds,
     log,
     med,
     replicas_of,
@@ -82,8 +83,7 @@ def capture_tables(posenc: ServerProcess, work_dir: Path) -> tuple[Path, str]:
 
 def run(bench: Bench) -> Report:
     args, load = bench.args, bench.load
-    replicas = replicas_of(args)
-    rounds = args.rounds or 3 * replicas
+    replicas, rounds = replicas_of(args), load_rounds(args)
     report = Report(notes=["# tables: posenc serve (POSENC_* unset) vs the anchor: bare FastAPI async def endpoints "
                            "on uvicorn --loop uvloop --http httptools --no-access-log, same bytes, media type and "
                            f"headers; {rounds} x {args.seconds} s rounds per side, interleaved, taken in turn by "

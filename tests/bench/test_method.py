@@ -63,6 +63,8 @@ def test_a_sides_rounds_go_to_its_server_processes_in_turn(monkeypatch: pytest.M
     assert harness.replicas_of(quick) == 1
     assert harness.replicas_of(types.SimpleNamespace(replicas=None, quick=False)) == harness.REPLICAS
     assert harness.replicas_of(types.SimpleNamespace(replicas=2, quick=True)) == 2
+    assert harness.load_rounds(types.SimpleNamespace(rounds=None, replicas=2, quick=False)) == 6
+    assert harness.load_rounds(types.SimpleNamespace(rounds=4, replicas=None, quick=False)) == 4
     with pytest.raises(SystemExit):
         entry.main(["batching", "--replicas", "0"])
 
