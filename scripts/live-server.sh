@@ -6,7 +6,7 @@
 #
 # The server is the test kit's (`python -m posenc.service.testing.serve start|stop`): POSENC_* settings from the
 # environment, a free loopback port, ready when /readyz answers, stopped by PID (SIGTERM, then SIGKILL).
-# Sets REPO, PYTHON ($PYTHON, else the repository's .venv, else python3), WORK (a temporary folder) and
+# Sets REPO, PYTHON ($PYTHON, absolute, else the repository's .venv, else python3), WORK (a temporary folder) and
 # a trap that stops the server and removes WORK on exit; `say` prefixes messages with $NAME.
 set -euo pipefail
 
@@ -15,6 +15,9 @@ if [ -z "${PYTHON:-}" ]; then
   PYTHON=python3
   [ ! -x "$REPO/.venv/bin/python" ] || PYTHON="$REPO/.venv/bin/python"
 fi
+# A relative path (CI exports PYTHON=.venv/bin/python) made absolute: the scripts change directory, and the
+# exit trap stops the server with this interpreter wherever the script stands then.
+[[ "$PYTHON" != */* || "$PYTHON" == /* ]] || PYTHON="$PWD/$PYTHON"
 WORK=$(mktemp -d)
 SERVER_PID=""
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
