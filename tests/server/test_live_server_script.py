@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.onnx_models import ROOT
+from tests.processes import running
 
 pytestmark = pytest.mark.server
 
@@ -28,28 +29,18 @@ cd "$1"
 """
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie left for init to reap counts as stopped)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in {"Z", "X"}
-
-
 def test_the_exit_trap_stops_the_server_after_the_script_changed_directory(tmp_path: Path) -> None:
     relative = os.path.relpath(sys.executable, ROOT)
-    assert not relative.startswith("/"), relative
     env = {k: v for k, v in os.environ.items() if not k.startswith("POSENC_")} | {"PYTHON": relative}
     done = subprocess.run(["bash", "-c", SCRIPT, "live-server-check", str(tmp_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.split()[0])
     deadline = time.monotonic() + 10
-    while _running(pid) and time.monotonic() < deadline:
+    while running(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     try:
-        assert not _running(pid), f"the server {pid} outlived its script: {done.stderr}"
+        assert not running(pid), f"the server {pid} outlived its script: {done.stderr}"
     finally:
-        if _running(pid):
+        if running(pid):
             os.kill(pid, signal.SIGKILL)

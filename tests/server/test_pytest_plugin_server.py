@@ -4,10 +4,11 @@ its URL, and the server gone when the session ends."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+
+from tests.processes import running
 
 pytest_plugins = ["pytester"]
 
@@ -62,14 +63,6 @@ def posenc_server_settings():
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_posenc_server(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = tmp_path / "seen.txt"
     monkeypatch.setenv("SEEN_FILE", str(seen))
@@ -80,4 +73,4 @@ def test_posenc_server(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: p
     servers = {tuple(map(int, line.split())) for line in seen.read_text().splitlines()}
     assert len(servers) == 1, servers  # both tests saw the same process on the same port
     ((pid, _port),) = servers
-    assert not _alive(pid), "the session's server still runs after the session"
+    assert not running(pid), "the session's server still runs after the session"
