@@ -27,8 +27,10 @@ Where a request's rows take `batch_below_us` or longer to run (at the cost per r
 batch key and sequence length, batched or not), there is little of it left to save, and on a CPU a batch
 can cost more per row than its requests run one by one: rope_attention at S=256 costs 1.5-1.75 ms per row
 alone and 1.7-2.3 ms per row in runs of 2 to 8 (2 cores), and batching there cut the throughput of 16
-clients by a fifth. Such requests run one by one (still up to `max_runs` at a time); the engine passes no
-bound for a GPU, whose parallelism a batch fills.
+clients by a fifth. Such requests run one by one, by batching off's path: without the dispatcher or a run slot,
+queued in the worker threads (the engine gives them `max_runs` threads, so still up to that many at a time), so
+that each starts as soon as a thread is free. The engine passes no bound for a GPU, whose parallelism a batch
+fills.
 
 A run whose shape (the batch key, rows and sequence length) last ran in less than `inline_run_us` runs on
 the event loop itself: handing it to a worker thread and back (a queue, a thread wake-up, the GIL twice, a
@@ -173,12 +175,19 @@ class Batcher:
         if not self.batching:
             return joined([await self._run_alone(chunk, chunk_out, self._shape(chunk))
                            for chunk, chunk_out in chunks], out)
-        if len(chunks) == 1 and not self._queue:
+        if len(chunks) == 1:
             chunk, chunk_out = chunks[0]
             shape = self._shape(chunk)
+            if self._long_run(*shape):
+                # Never batched (`_take_group` takes a long run alone), so it takes batching off's path whatever
+                # runs or waits: queued in the worker threads, it starts the moment one is free. Through the
+                # dispatcher, each next run would start only once the event loop has seen a run end and taken a
+                # slot, a hop per run on a core the runs share (on a 2-vCPU EPYC, 3-10 % more median latency for
+                # 16 clients at S=256).
+                return await self._run_alone(chunk, chunk_out, shape)
             self._ensure_dispatcher()
             assert self._slots is not None
-            if not self._slots.locked() and self._alone(shape):
+            if not self._queue and not self._slots.locked() and self._alone(shape):
                 # what the dispatcher would do, a batch of one, without its hops (three event-loop iterations)
                 await self._slots.acquire()  # a free slot: taken without waiting
                 try:
@@ -362,12 +371,13 @@ class Batcher:
         return self._row_seconds.get((key, seq), 0.0) * rows >= self.batch_below
 
     def _alone(self, shape: Shape) -> bool:
-        """Whether a request of this shape that finds nothing queued runs alone without the dispatcher: a long
-        run, one whose batch was last judged not to pay (`_take_group` judges again whenever some queue), or,
-        under a run-time bound (the CPU), one that runs on the event loop: while it holds the loop no other
-        request can queue behind it, so the dispatcher would make it a batch of one at the cost of its hops."""
-        key, rows, seq = shape
-        if self._long_run(key, rows, seq) or self._runs_alone.get((key, seq), False):
+        """Whether a request of this shape (not a long run: those always run alone) that finds nothing queued and
+        a run free runs alone without the dispatcher: one whose batch was last judged not to pay (`_take_group`
+        judges again whenever some queue), or, under a run-time bound (the CPU), one that runs on the event loop:
+        while it holds the loop no other request can queue behind it, so the dispatcher would make it a batch of
+        one at the cost of its hops."""
+        key, _, seq = shape
+        if self._runs_alone.get((key, seq), False):
             return True
         seconds = self._run_seconds.get(shape)
         return self.batch_below != math.inf and seconds is not None and seconds < self.inline_below

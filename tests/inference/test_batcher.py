@@ -403,6 +403,29 @@ def test_requests_whose_runs_are_long_run_one_by_one(seconds_per_row: float, bat
     assert (max(later) > 1) is batches, rows
 
 
+def test_long_runs_queue_in_the_worker_threads_not_the_dispatcher() -> None:
+    """A long run is never batched, so it takes batching off's path even while every run slot is taken: queued in
+    the worker threads, it starts as soon as one is free, instead of waiting for the event loop to see the last
+    run end and the dispatcher to hand it a slot. Every request still gets its own rows."""
+    run = Slow(0.003)
+    batcher = Batcher(run, ThreadPoolExecutor(1), max_batch_size=8, max_queue_delay_us=0, max_queue_size=64,
+                      batch_below_us=1500, max_runs=1)
+
+    async def scenario() -> int:
+        await batcher.submit(_request(1, 3, 0.0))  # its run time is what makes the next ones long
+        groups = _groups_taken(batcher)
+        for wave in range(3):
+            requests = [_request(1, 3, float(10 * wave + i)) for i in range(4)]
+            results = await asyncio.gather(*(batcher.submit(request) for request in requests))
+            for request, result in zip(requests, results, strict=True):
+                np.testing.assert_array_equal(result["output"], request["x"] + 1)
+        await batcher.close()
+        return len(groups)
+
+    assert asyncio.run(scenario()) == 0
+    assert [shape[0] for shape in run.shapes] == [1] * 13
+
+
 class Costly(Recorder):
     """The fake model, taking `fixed` seconds per run plus `per_row` per row, times `batched` in a run of more
     than one row (joining and splitting a batch, or kernels slower on larger inputs)."""
