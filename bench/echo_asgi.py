@@ -8,11 +8,19 @@ bytes, into one buffer sized from Content-Length, the way an inference body is r
 RECEIVE_INTO when it offers one) and answers `X-Echo-Bytes` bytes (M), with no routing, middleware or parsing.
 Run on the same server, loop, protocol and process as posenc, the difference between the two is what posenc
 itself adds.
+
+With `--grpc-echo-port`, the same process also serves the gRPC echo, the anchor of the gRPC columns: a bare
+`grpc.aio` server (what posenc's gRPC service runs on, in the same event loop) whose one method,
+`/bench.Echo/Echo`, takes the request's bytes unparsed and answers the number of bytes its `x-echo-bytes`
+metadata names, with no protobuf either way.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+from collections.abc import AsyncIterator
 from functools import cache
 from typing import Any
 
@@ -25,6 +33,9 @@ from posenc.service.settings import Settings
 
 ECHO_PATH = "/bench/echo"
 ANSWER_HEADER = b"x-echo-bytes"
+GRPC_ECHO_METHOD = "/bench.Echo/Echo"
+GRPC_ECHO_ENV = "BENCH_GRPC_ECHO"  # host:port of the gRPC echo, for the factory (uvicorn builds the app)
+GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
 
 
 @cache
@@ -56,13 +67,43 @@ async def echo(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+async def grpc_echo(request: bytes, context: Any) -> bytes:
+    """The gRPC echo's method: the request's bytes, read and dropped; `x-echo-bytes` bytes back."""
+    metadata = dict(context.invocation_metadata())
+    return _payload(int(metadata.get(ANSWER_HEADER.decode(), "0")))
+
+
+@contextlib.asynccontextmanager
+async def grpc_echo_server(host: str, port: int) -> AsyncIterator[None]:
+    """The gRPC echo on `host:port` while the block runs (in the running event loop)."""
+    import grpc
+
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    service, method = GRPC_ECHO_METHOD.strip("/").split("/")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        service, {method: grpc.unary_unary_rpc_method_handler(grpc_echo)}),))
+    if not server.add_insecure_port(f"{host}:{port}"):
+        raise RuntimeError(f"the gRPC echo cannot listen on {host}:{port}")
+    await server.start()
+    try:
+        yield
+    finally:
+        await server.stop(None)
+
+
 def posenc_with_echo() -> Any:
-    """uvicorn factory: posenc from the environment (POSENC_*), with the echo in front of it."""
+    """uvicorn factory: posenc from the environment (POSENC_*), with the echo in front of it (and the gRPC echo
+    for the server's lifetime where BENCH_GRPC_ECHO is `host:port`)."""
     posenc = app_from_env()
+    grpc_address = os.environ.get(GRPC_ECHO_ENV)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == ECHO_PATH:
             await echo(scope, receive, send)
+        elif scope["type"] == "lifespan" and grpc_address:
+            host, _, port = grpc_address.rpartition(":")
+            async with grpc_echo_server(host, int(port)):
+                await posenc(scope, receive, send)  # returns when the server shuts down
         else:
             await posenc(scope, receive, send)
 
@@ -74,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.echo_asgi")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--grpc-echo-port", type=int, help="also serve the gRPC echo on this port")
     args = parser.parse_args(argv)
+    if args.grpc_echo_port:
+        os.environ[GRPC_ECHO_ENV] = f"{args.host}:{args.grpc_echo_port}"
     config = build_config(Settings(host=args.host, port=args.port))
     config.app = f"{__name__}:posenc_with_echo"  # a factory, like posenc's own
     server = Server(config)

@@ -10,6 +10,12 @@ columns use (its POSENC_GRPC_PORT turned on), measured side by side with them.
 * HTTP tritonclient: `tritonclient.http.InferenceServerClient.infer` with binary inputs and output, set once the
   same way: the other protocol as the same user runs it (its own client work included too).
 
+* gRPC echo: the gRPC raw column's request bytes sent the same way to a bare `grpc.aio` server in a process of its
+  own (`bench/echo_asgi.py`, `--grpc-echo-port`) that answers as many bytes as posenc's response holds: the
+  transport alone, the anchor of what posenc's gRPC service adds, as the echo is for HTTP. onnxruntime /
+  (onnxruntime + gRPC echo) is the most onnxruntime / gRPC raw can read on the machine even if posenc added
+  nothing but the run.
+
 Ratios and targets (docs/grpc.md): each protocol against the other as sent the same way, at every case: HTTP
 binary / gRPC raw ≥ 1.0 (prepared bodies) and HTTP tritonclient / gRPC tritonclient ≥ 1.0 (what a Python user
 runs); onnxruntime / gRPC raw ≥ 0.8 at B·S ≥ 4096 (tritonclient over HTTP reached about half of that).
@@ -22,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD
 from bench.harness import Row, med, spread
 from posenc.service.testing import ServerProcess, free_port
 
@@ -29,13 +36,25 @@ SERVICE = "/inference.GRPCInferenceService/"
 GRPC_TARGET = 1.0  # HTTP binary / gRPC, at every case
 LARGE_TARGET, LARGE_ROWS = 0.8, 4096  # onnxruntime / gRPC from this B·S on
 OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
-HEADER = (" | gRPC raw | HTTP tritonclient | gRPC tritonclient | HTTP binary / gRPC raw (≥ 1.0) | HTTP / gRPC, "
-          "tritonclient (≥ 1.0) | onnxruntime / gRPC raw (≥ 0.8 at B·S ≥ 4096)")
+HEADER = (" | gRPC echo | gRPC raw | HTTP tritonclient | gRPC tritonclient | HTTP binary / gRPC raw (≥ 1.0) "
+          "| HTTP / gRPC, tritonclient (≥ 1.0) | onnxruntime / gRPC raw (≥ 0.8 at B·S ≥ 4096) "
+          "| its bound: onnxruntime / (onnxruntime + gRPC echo)")
+COLUMNS = 8  # the table's columns above
 
 
 def server_settings() -> dict[str, object]:
     """The setting that turns gRPC on for the benchmark's server (a free port)."""
     return {"grpc_port": free_port()}
+
+
+def echo_arguments() -> list[str]:
+    """The echo server's arguments that make it serve the gRPC echo too (a free port)."""
+    return ["--grpc-echo-port", str(free_port())]
+
+
+def echo_address(server: ServerProcess) -> str:
+    """`host:port` of the gRPC echo of an echo server started with `echo_arguments`."""
+    return f"{server.host}:{server.argv[server.argv.index('--grpc-echo-port') + 1]}"
 
 
 def datatype(array: np.ndarray) -> str:
@@ -47,7 +66,7 @@ def datatype(array: np.ndarray) -> str:
 class GrpcColumns:
     """One channel and one tritonclient client to the server's gRPC port, for every case."""
 
-    def __init__(self, server: ServerProcess) -> None:
+    def __init__(self, server: ServerProcess, echo_server: ServerProcess) -> None:
         import grpc
         import tritonclient.grpc as grpcclient
         import tritonclient.http as httpclient
@@ -55,6 +74,8 @@ class GrpcColumns:
         self.address = server.grpc_address
         self.channel = grpc.insecure_channel(self.address, options=OPTIONS)
         self.infer = self.channel.unary_unary(SERVICE + "ModelInfer")
+        self.echo_channel = grpc.insecure_channel(echo_address(echo_server), options=OPTIONS)
+        self.echo = self.echo_channel.unary_unary(GRPC_ECHO_METHOD)
         self.client = grpcclient.InferenceServerClient(self.address)
         self.http_client = httpclient.InferenceServerClient(server.address, network_timeout=600.0)
 
@@ -83,25 +104,32 @@ class GrpcColumns:
             output = response.outputs[0]
             return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(tuple(output.shape))
 
+        echo_metadata = ((ANSWER_HEADER.decode(), str(len(self.infer(data, timeout=600)))),)
+
+        def echo() -> bytes:
+            return self.echo(data, metadata=echo_metadata, timeout=600)
+
         def triton() -> np.ndarray:
             return self.client.infer(model, tensors, client_timeout=600).as_numpy("output")
 
         def triton_http() -> np.ndarray:
             return self.http_client.infer(model, http_tensors, outputs=http_outputs).as_numpy("output")
 
-        return {"grpc": raw, "grpc tritonclient": triton, "http tritonclient": triton_http}
+        return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton, "http tritonclient": triton_http}
 
     def cells(self, times: dict[str, list[float]]) -> str:
         """The case's cells of the latency table (after the HTTP columns)."""
         ms = {name: med(values) for name, values in times.items()}
-        return (f" | {ms['grpc']:.2f} ms | {ms['http tritonclient']:.2f} ms | {ms['grpc tritonclient']:.2f} ms"
-                f" | {ms['binary'] / ms['grpc']:.2f} | {ms['http tritonclient'] / ms['grpc tritonclient']:.2f}"
-                f" | {ms['ort'] / ms['grpc']:.2f}")
+        return (f" | {ms['grpc echo']:.2f} ms | {ms['grpc']:.2f} ms | {ms['http tritonclient']:.2f} ms"
+                f" | {ms['grpc tritonclient']:.2f} ms | {ms['binary'] / ms['grpc']:.2f}"
+                f" | {ms['http tritonclient'] / ms['grpc tritonclient']:.2f} | {ms['ort'] / ms['grpc']:.2f}"
+                f" | {ms['ort'] / (ms['ort'] + ms['grpc echo']):.2f}")
 
     def rows(self, model: str, batch: int, seq: int, times: dict[str, list[float]]) -> list[Row]:
         """The case's ratio rows, with their targets."""
         where = f"{model} B={batch} S={seq}"
         grpc, triton, binary, ort = times["grpc"], times["grpc tritonclient"], times["binary"], times["ort"]
+        echo = times["grpc echo"]
         triton_http = times["http tritonclient"]
         large = batch * seq >= LARGE_ROWS
         # two identical onnxruntime anchors measured the same way (bench/infer.py): outside 1 ± 3 % a row is NOISY
@@ -115,6 +143,11 @@ class GrpcColumns:
                 LARGE_TARGET if large else None, f"{spread(grpc, ort, False)}; ratio = onnxruntime's share"),
             Row(f"gRPC tritonclient vs in-process onnxruntime {where}", med(triton), med(ort), "ms", False,
                 LARGE_TARGET if large else None, spread(triton, ort, False)),
+            Row(f"onnxruntime + gRPC echo vs in-process onnxruntime {where}", med(ort) + med(echo), med(ort), "ms",
+                False, None, "the bound of onnxruntime / gRPC raw: the run and the transport alone, posenc adding "
+                "nothing else"),
+            Row(f"(gRPC raw - onnxruntime) / gRPC echo {where}", med(grpc) - med(ort), med(echo), "ms", True, None,
+                "what posenc's gRPC service adds to the run, in echoes", at_most=True),
         ]
         if control is not None:
             for row in rows:
@@ -125,3 +158,4 @@ class GrpcColumns:
         self.client.close()
         self.http_client.close()
         self.channel.close()
+        self.echo_channel.close()

@@ -311,7 +311,7 @@ def run(bench: Bench) -> Report:
              " | onnxruntime (control) | " + ("onnxruntime I/O binding | " if binding_column else "")
              + "torch eager | KServe ModelServer | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) "
              "| onnxruntime / shm (≥ 0.6 at B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
-             "|---" * (20 + binding_column) + "|"]
+             "|---" * (14 + grpc_columns.COLUMNS + binding_column) + "|"]
     report = Report(notes=notes)
     profile: list[str] = []
     settings: dict[str, object] = {
@@ -325,13 +325,14 @@ def run(bench: Bench) -> Report:
         server = servers.start("posenc + echo", {**settings, **grpc_columns.server_settings()}, command=command)
         # the zero-copy column: `posenc serve` itself, whose Unix socket tells it who the client is
         servers.start("posenc serve (unix socket)", {**settings, "uds": socket_path})
-        echo_server = servers.start("echo", settings, command=command)  # the transport's anchor, a process alone
+        # the transport's anchor, a process alone (the gRPC one too)
+        echo_server = servers.start("echo", settings, command=command + grpc_columns.echo_arguments())
         peer = start_kserve(servers, kserve, sorted({c[0] for c in cases}), threads) if kserve else None
         anchors = {name: stack.enter_context(AnchorProcess(name, cores.serve, threads)) for name in anchor_names}
         servers.ready("/v2/health/ready", timeout=120)
         raw, echo_raw = Raw(server), Raw(echo_server)
         peer_raw = Raw(peer) if peer else None
-        grpc = grpc_columns.GrpcColumns(server)
+        grpc = grpc_columns.GrpcColumns(server, echo_server)
         try:
             for index, (model, batch, seq) in enumerate(cases):
                 arrays = all_inputs[(model, batch, seq)]
