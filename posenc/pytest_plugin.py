@@ -14,6 +14,10 @@ wherever posenc is installed (entry point `pytest11`, name `posenc`; `-p no:pose
   for a client under test that runs as its own process: `.url`, `.host`, `.port`, `.address` (host:port),
   `.log()`, `.stop()` (also at the end of the session). One per session (per xdist worker).
 
+The fixtures' apps and server pick each model's CPU graph by config.json's rule (`cpu_form_from=config`,
+`FIXTURE_DEFAULTS`) instead of measuring the graphs at start-up, unless POSENC_CPU_FORM_FROM, a marker or
+posenc_server_settings says otherwise.
+
 Nothing is imported here until a fixture runs (hence this module lives outside the test kit's package, whose
 import loads numpy): a project that does not use posenc pays nothing for the plugin. The in-process fixtures need
 httpx2 (the `client` extra); posenc_server needs nothing more than posenc, and runs the test kit's ServerProcess.
@@ -21,6 +25,7 @@ httpx2 (the `client` extra); posenc_server needs nothing more than posenc, and r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +41,22 @@ if TYPE_CHECKING:
 
 SETTINGS_MARKER = "posenc_settings"
 DEFAULT_SERVER_SETTINGS: Mapping[str, object] = {"log_level": "warning"}
+# What the fixtures' apps and server change from posenc's defaults, unless a POSENC_* variable, a marker or
+# posenc_server_settings names the field: each model's CPU graph by config.json's rule rather than a timing of
+# the graphs at start-up, so that every run of a suite picks the same graphs on any machine, and a fresh machine
+# (a CI runner, with no calibration cache) does not spend seconds per model measuring them before the first test.
+FIXTURE_DEFAULTS: Mapping[str, object] = {"cpu_form_from": "config"}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{SETTINGS_MARKER}(**fields): posenc Settings fields for this test's "
                                        "posenc_app (posenc_client, posenc_table), e.g. cache_bytes=0")
+
+
+def fixture_defaults() -> dict[str, object]:
+    """`FIXTURE_DEFAULTS` less the fields the environment sets (POSENC_<FIELD>, in any case, as Settings reads it)."""
+    environment = {name.upper() for name in os.environ}
+    return {field: value for field, value in FIXTURE_DEFAULTS.items() if f"POSENC_{field.upper()}" not in environment}
 
 
 def marked_settings(node: pytest.Item) -> dict[str, Any]:
@@ -56,10 +72,10 @@ def marked_settings(node: pytest.Item) -> dict[str, Any]:
 
 @pytest.fixture
 def posenc_settings(request: pytest.FixtureRequest) -> Settings:
-    """The defaults with the fields of this test's `posenc_settings` markers."""
+    """The defaults (and `fixture_defaults`) with the fields of this test's `posenc_settings` markers."""
     import posenc
 
-    return posenc.Settings(**marked_settings(request.node))
+    return posenc.Settings(**{**fixture_defaults(), **marked_settings(request.node)})
 
 
 @pytest.fixture
@@ -101,5 +117,6 @@ def posenc_server(posenc_server_settings: Mapping[str, object]) -> Iterator[Serv
     """A live `posenc serve` on a free loopback port for the session; stopped (SIGTERM, then SIGKILL) at its end."""
     from posenc.service.testing.server import ServerProcess
 
-    with ServerProcess(posenc_server_settings, ready="/readyz", ready_timeout=120) as server:
+    settings = {**fixture_defaults(), **posenc_server_settings}
+    with ServerProcess(settings, ready="/readyz", ready_timeout=120) as server:
         yield server

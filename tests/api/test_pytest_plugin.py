@@ -102,6 +102,34 @@ def test_settings_of_the_folder(posenc_table):
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
 
 
+GRAPH_CHOICE = '''
+import pytest
+
+
+def test_by_default_the_graphs_follow_config_json(posenc_settings):
+    assert posenc_settings.cpu_form_from == "config"
+
+
+@pytest.mark.posenc_settings(cpu_form_from="calibrate")
+def test_a_marker_asks_for_the_calibration(posenc_settings):
+    assert posenc_settings.cpu_form_from == "calibrate"
+'''
+
+
+@pytest.mark.parametrize(("environment", "default"), [(None, "config"), ("never", "never"), ("calibrate", "calibrate")])
+def test_the_fixtures_pick_the_graphs_by_config_json_unless_told(pytester: pytest.Pytester,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                environment: str | None, default: str) -> None:
+    """No calibration at the fixtures' start-up (seconds per model on a fresh machine): config.json's rule, unless
+    POSENC_CPU_FORM_FROM or a marker says otherwise."""
+    monkeypatch.delenv("POSENC_CPU_FORM_FROM", raising=False)
+    if environment is not None:
+        monkeypatch.setenv("POSENC_CPU_FORM_FROM", environment)
+    pytester.makepyfile(test_graphs=GRAPH_CHOICE.replace('== "config"', f'== "{default}"'))
+    pytester.runpytest("-p", "no:cacheprovider", "--strict-markers").assert_outcomes(passed=2)
+    assert pytest_plugin.fixture_defaults() == ({"cpu_form_from": "config"} if environment is None else {})
+
+
 def test_a_marker_with_positional_arguments_is_refused(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_bad='''
 import pytest

@@ -50,6 +50,8 @@ def test_a_subprocess_client_against_the_server(posenc_server, posenc_table):
 def test_the_servers_settings_come_from_the_fixture(posenc_server):
     from posenc.client import Client, PayloadTooLargeError
 
+    assert posenc_server.env["POSENC_CPU_FORM_FROM"] == "config"  # the plugin's, beside the conftest's settings
+
     with Client(posenc_server.url) as client, pytest.raises(PayloadTooLargeError, match="2048"):
         client.rope(max_position=64, head_dim=64)
 '''
@@ -66,6 +68,7 @@ def posenc_server_settings():
 def test_posenc_server(pytester: pytest.Pytester, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = tmp_path / "seen.txt"
     monkeypatch.setenv("SEEN_FILE", str(seen))
+    monkeypatch.delenv("POSENC_CPU_FORM_FROM", raising=False)  # (this suite's conftest sets it for its own servers)
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_session=SESSION)
     result = pytester.runpytest("-p", "no:cacheprovider", "--strict-markers")
