@@ -29,6 +29,7 @@ from safetensors.numpy import save_file
 
 from posenc.models.rope import make_rope_parameters, rope_cos_sin
 from posenc.service.http.app import create_app
+from posenc.service.inference.sessions import share_sessions
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
@@ -51,6 +52,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every app and server of a run picks the same graph for the same request: the lengths config.json names,
     # not a calibration per process on a loaded machine (tests/inference/test_calibration.py covers calibrate).
     os.environ.setdefault("POSENC_CPU_FORM_FROM", "config")
+    # An app per test, and one onnxruntime session per model file, threads and providers for all of them: each
+    # app's engine would otherwise build the shipped models' 30 sessions again (a third of the suite's time).
+    share_sessions()
     if not HAS_TORCH and "not torch" not in (config.option.markexpr or ""):
         raise pytest.UsageError("torch, transformers and onnx are not installed: install the test extra "
                                 "(pip install -e '.[test]') or run the tests that do not need them: "

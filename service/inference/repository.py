@@ -30,6 +30,7 @@ from posenc.service.inference import calibration
 from posenc.service.inference.devices import CPU, CUDA
 from posenc.service.inference.graph_forms import GraphForms
 from posenc.service.inference.run_bound import cuda_arena_limit
+from posenc.service.inference.sessions import new_session
 from posenc.service.settings import Settings, usable_cores
 
 log = logging.getLogger("posenc.inference.repository")
@@ -258,7 +259,7 @@ def _session_options(settings: Settings) -> ort.SessionOptions:
 def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
     model_bytes = _model_bytes(folder, "model.onnx", config.sha256)
     providers = _with_options(resolve_providers(settings.providers), settings)
-    session = ort.InferenceSession(model_bytes, sess_options=_session_options(settings), providers=providers)
+    session = new_session(model_bytes, _session_options(settings), providers)
     if settings.providers == "cuda" and CUDA not in session.get_providers():
         raise ConfigError("POSENC_PROVIDERS=cuda but onnxruntime could not use a CUDA device")
     _check_session(config, session)
@@ -279,7 +280,7 @@ def _graph_forms(config: ModelConfig, folder: Path, settings: Settings, session:
     sha256s = [config.sha256 or hashlib.sha256(_model_bytes(folder, STANDARD_FILE, None)).hexdigest()]
     for form in forms:
         graph = _model_bytes(folder, form.file, form.sha256)
-        sessions[form.file] = ort.InferenceSession(graph, sess_options=_session_options(settings), providers=[CPU])
+        sessions[form.file] = new_session(graph, _session_options(settings), [CPU])
         _check_session(config, sessions[form.file])
         sha256s.append(hashlib.sha256(graph).hexdigest())
     axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from posenc import pytest_plugin
+from posenc.service.inference import sessions
 from tests.conftest import assert_runs_in_fresh_python
 from tests.onnx_models import ROOT
 
@@ -128,6 +129,28 @@ def test_the_fixtures_pick_the_graphs_by_config_json_unless_told(pytester: pytes
     pytester.makepyfile(test_graphs=GRAPH_CHOICE.replace('== "config"', f'== "{default}"'))
     pytester.runpytest("-p", "no:cacheprovider", "--strict-markers").assert_outcomes(passed=2)
     assert pytest_plugin.fixture_defaults() == ({"cpu_form_from": "config"} if environment is None else {})
+
+
+SHARED_SESSIONS = '''
+SEEN = []
+
+
+def test_one_app(posenc_client):
+    SEEN.append(posenc_client.app.state.engine.models["rope_attention"].session)
+
+
+def test_another_app_with_the_same_sessions(posenc_client):
+    assert posenc_client.app.state.engine.models["rope_attention"].session is SEEN[0]
+'''
+
+
+def test_the_apps_of_a_session_share_their_onnxruntime_sessions(pytester: pytest.Pytester) -> None:
+    sessions.stop_sharing()  # (this suite's conftest shares them for its own apps)
+    try:
+        pytester.makepyfile(test_shared=SHARED_SESSIONS)
+        pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    finally:
+        sessions.share_sessions()
 
 
 def test_a_marker_with_positional_arguments_is_refused(pytester: pytest.Pytester) -> None:
