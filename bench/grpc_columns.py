@@ -8,8 +8,7 @@ columns use (its POSENC_GRPC_PORT turned on), measured side by side with them.
   call copies the inputs into a new message and serializes it: about 35 ms at 25 MB with glibc's defaults,
   docs/grpc.md "Performance");
 * HTTP tritonclient: `tritonclient.http.InferenceServerClient.infer` with binary inputs and output, set once the
-  same way: the other protocol as the same user runs it (its own client work included too).
-
+  same way: the other protocol as the same user runs it (its own client work included too);
 * gRPC echo: the gRPC raw column's request bytes sent the same way to a bare `grpc.aio` server in a process of its
   own (`bench/echo_asgi.py`, `--grpc-echo-port`) that answers as many bytes as posenc's response holds: the
   transport alone, the anchor of what posenc's gRPC service adds, as the echo is for HTTP. onnxruntime /
@@ -28,14 +27,14 @@ from typing import Any
 
 import numpy as np
 
-from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD
+from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD, GRPC_OPTIONS
 from bench.harness import Row, med, spread
 from posenc.service.testing import ServerProcess, free_port
 
 SERVICE = "/inference.GRPCInferenceService/"
 GRPC_TARGET = 1.0  # HTTP binary / gRPC, at every case
 LARGE_TARGET, LARGE_ROWS = 0.8, 4096  # onnxruntime / gRPC from this B·S on
-OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+OPTIONS = GRPC_OPTIONS  # no message size limit on the client's side (the server's own limits apply)
 HEADER = (" | gRPC echo | gRPC raw | HTTP tritonclient | gRPC tritonclient | HTTP binary / gRPC raw (≥ 1.0) "
           "| HTTP / gRPC, tritonclient (≥ 1.0) | onnxruntime / gRPC raw (≥ 0.8 at B·S ≥ 4096) "
           "| its bound: onnxruntime / (onnxruntime + gRPC echo)")
