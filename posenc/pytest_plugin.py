@@ -57,8 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def fixture_defaults() -> dict[str, object]:
     """`FIXTURE_DEFAULTS` less the fields the environment sets (POSENC_<FIELD>, in any case, as Settings reads it)."""
+    from posenc.service.testing.server import setting_variable
+
     environment = {name.upper() for name in os.environ}
-    return {field: value for field, value in FIXTURE_DEFAULTS.items() if f"POSENC_{field.upper()}" not in environment}
+    return {field: value for field, value in FIXTURE_DEFAULTS.items() if setting_variable(field) not in environment}
 
 
 def marked_settings(node: pytest.Item) -> dict[str, Any]:
