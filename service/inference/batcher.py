@@ -61,15 +61,13 @@ from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
 from posenc.service.inference import phases
 from posenc.service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
+from posenc.service.inference.run_times import BatchKey, RunTimes, Shape
 
 log = logging.getLogger("posenc.inference.batcher")
 
 RunFn = Callable[..., dict[str, np.ndarray]]  # (inputs[, out]) -> outputs: `run_model` of one model
 RunBytes = Callable[[int, int], int]  # (rows, sequence length) -> bytes one run of them holds
-Shape = tuple[tuple[object, ...], int, int]  # a run's batch key, rows and sequence length
 T = TypeVar("T")
-K = TypeVar("K")
-V = TypeVar("V")
 
 
 class BatchObserver(Protocol):
@@ -81,8 +79,7 @@ class BatchObserver(Protocol):
 
     def observe_run(self, model: str, seconds: float) -> None: ...
 
-# Shapes whose last run time is remembered (for running short ones on the event loop), the oldest dropped first.
-MAX_SHAPES_TIMED = 1024
+
 # Padding may at most double the work of a batch (padded elements <= valid elements).
 MAX_PADDING_RATIO = 2.0
 
@@ -94,7 +91,7 @@ class _Item:
     inputs: Arrays
     rows: int
     seq: int
-    key: tuple[object, ...]
+    key: BatchKey
     future: asyncio.Future[dict[str, np.ndarray]] = field(repr=False)
     out: Arrays | None = field(default=None, repr=False)  # the chunk's rows of the request's output arrays
     run_seconds: float = 0.0  # the run that answered it (a batch's, shared)
@@ -123,17 +120,8 @@ class Batcher:
         self.observer = observer
         self.inline_below = inline_run_us / 1e6
         self.batch_below = batch_below_us / 1e6 if batch_below_us else math.inf
-        # Seconds the last run of each shape took: (batch key, rows, sequence length) -> seconds.
-        self._run_seconds: dict[Shape, float] = {}
+        self.run_times = RunTimes()  # what the runs of each shape took: the choices below are made from it
         self.inline_runs = 0  # runs made on the event loop (no worker thread)
-        # Seconds per row of the last run of each batch key and sequence length, whatever its rows: what a run
-        # of one would take at least while batches save nothing (bounded like the above).
-        self._row_seconds: dict[tuple[object, ...], float] = {}
-        # The fastest run of each shape so far, batched or alone (what batching is judged by, `_batch_pays`).
-        self._best_seconds: dict[Shape, float] = {}
-        # Batch keys and sequence lengths whose requests were last judged to run alone (`_batch_pays` false):
-        # one that finds nothing queued and a run free then runs at once, without the dispatcher's hops.
-        self._runs_alone: dict[tuple[object, ...], bool] = {}
         self._queue: collections.deque[_Item] = collections.deque()
         self._waiting_requests = 0
         self._wake: asyncio.Event | None = None
@@ -208,7 +196,7 @@ class Batcher:
     async def _execute(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)` on the event loop when the last run of `shape` took less than the inline bound, else in a
         worker thread."""
-        seconds = self._run_seconds.get(shape)
+        seconds = self.run_times.last(shape)
         if seconds is not None and seconds < self.inline_below:
             self.inline_runs += 1
             return self._timed(shape, fn, *args)
@@ -218,12 +206,7 @@ class Batcher:
         """`fn(*args)`, remembering how long it took for `shape` (what it would hold the event loop for)."""
         started = time.perf_counter()
         result = fn(*args)
-        seconds = time.perf_counter() - started
-        key, rows, seq = shape
-        with self._stats_lock:
-            _remember(self._run_seconds, shape, seconds)
-            _remember(self._row_seconds, (key, seq), seconds / max(1, rows))
-            _remember(self._best_seconds, shape, min(seconds, self._best_seconds.get(shape, math.inf)))
+        self.run_times.record(shape, time.perf_counter() - started)
         return result
 
     def _chunk_rows(self, inputs: Arrays, rows: int) -> int:
@@ -281,7 +264,7 @@ class Batcher:
                 return int(inputs[name].shape[axis])
         return 0
 
-    def _key(self, inputs: Arrays) -> tuple[object, ...]:
+    def _key(self, inputs: Arrays) -> BatchKey:
         """Requests with equal keys can share a batch: shapes without the batch (and padded seq) axis."""
         key = []
         for name in sorted(inputs):
@@ -338,7 +321,7 @@ class Batcher:
 
     def _take_group(self) -> list[_Item]:
         """The oldest item plus the compatible queued items that fit in max_batch_size rows, when a batch of
-        them is expected to cost less per row than the oldest item's rows alone (`_batch_pays`)."""
+        them is expected to cost less per row than the oldest item's rows alone (`RunTimes.batch_pays`)."""
         first = self._queue.popleft()
         if self._long_run(first.key, first.rows, first.seq):
             return [first]
@@ -356,19 +339,21 @@ class Batcher:
             rows, longest, valid = rows + item.rows, new_longest, new_valid
         if len(group) == 1:
             return group
-        pays = self._batch_pays((first.key, first.rows, first.seq), (first.key, rows, longest))
-        _remember(self._runs_alone, (first.key, first.seq), not pays)  # the event loop's alone: no lock
+        # a request that finds nothing queued and a run free runs at once, without the dispatcher's hops, where its
+        # batch was last judged not to pay (`_alone`)
+        pays = self.run_times.batch_pays((first.key, first.rows, first.seq), (first.key, rows, longest))
+        self.run_times.judge(first.key, first.seq, alone=not pays)
         if not pays:
             return [first]
         taken = {id(item) for item in group}
         self._queue = collections.deque(item for item in self._queue if id(item) not in taken)
         return group
 
-    def _long_run(self, key: tuple[object, ...], rows: int, seq: int) -> bool:
+    def _long_run(self, key: BatchKey, rows: int, seq: int) -> bool:
         """Whether these rows take `batch_below_us` or longer to run (at the cost per row of the last run of the
         key and sequence length): a long run has little fixed cost to save, and on a CPU costs more per row in a
         batch."""
-        return self._row_seconds.get((key, seq), 0.0) * rows >= self.batch_below
+        return self.run_times.expected(key, rows, seq) >= self.batch_below
 
     def _alone(self, shape: Shape) -> bool:
         """Whether a request of this shape (not a long run: those always run alone) that finds nothing queued and
@@ -377,19 +362,10 @@ class Batcher:
         while it holds the loop no other request can queue behind it, so the dispatcher would make it a batch of
         one at the cost of its hops."""
         key, _, seq = shape
-        if self._runs_alone.get((key, seq), False):
+        if self.run_times.judged_alone(key, seq):
             return True
-        seconds = self._run_seconds.get(shape)
+        seconds = self.run_times.last(shape)
         return self.batch_below != math.inf and seconds is not None and seconds < self.inline_below
-
-    def _batch_pays(self, alone: Shape, batch: Shape) -> bool:
-        """Whether a run of `batch` is expected to cost less per row than one of `alone`, from the fastest run
-        of each shape seen so far (the least disturbed by other load: contention only ever adds time); the
-        batch's time includes joining its inputs and splitting its outputs. Until both have run, it batches."""
-        fastest_alone, fastest_batch = self._best_seconds.get(alone), self._best_seconds.get(batch)
-        if fastest_alone is None or fastest_batch is None:
-            return True
-        return fastest_batch / batch[1] < fastest_alone / alone[1]
 
     def _over_budget(self, rows: int, seq: int) -> bool:
         return (self.run_bytes is not None and self.run_budget is not None
@@ -451,13 +427,6 @@ class Batcher:
         await asyncio.gather(*tasks, return_exceptions=True)
         while self._queue:
             _settle(self._queue.popleft(), exc=Unavailable("the service is shutting down", retry_after=1))
-
-
-def _remember(remembered: dict[K, V], key: K, value: V) -> None:
-    """`remembered[key] = value`, dropping the oldest key first when `MAX_SHAPES_TIMED` are remembered."""
-    if key not in remembered and len(remembered) >= MAX_SHAPES_TIMED:
-        del remembered[next(iter(remembered))]
-    remembered[key] = value
 
 
 def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: BaseException | None = None) -> None:

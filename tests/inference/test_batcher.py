@@ -327,7 +327,7 @@ def test_the_engine_runs_a_short_repeated_request_on_the_event_loop() -> None:
 
 def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every new shape is remembered; past MAX_SHAPES_TIMED the oldest is forgotten (a client cannot grow it)."""
-    monkeypatch.setattr("posenc.service.inference.batcher.MAX_SHAPES_TIMED", 2)
+    monkeypatch.setattr("posenc.service.inference.run_times.MAX_SHAPES_TIMED", 2)
     batcher = Batcher(ThreadRecorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0,
                       max_queue_size=64, inline_run_us=1_000_000)
 
@@ -337,7 +337,7 @@ def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -
         await batcher.close()
 
     asyncio.run(scenario())
-    assert [key[0][2] for key, _, _ in batcher._run_seconds] == [(2, 2), (3, 2)]  # x without its batch axis
+    assert [key[0][2] for key, _, _ in batcher.run_times.shapes()] == [(2, 2), (3, 2)]  # x without its batch axis
     assert batcher.inline_runs == 1
 
 
@@ -451,6 +451,25 @@ def _groups_taken(batcher: Batcher) -> list[list]:
 
     batcher._take_group = counted  # type: ignore[method-assign]
     return groups
+
+
+def test_the_chunks_of_long_requests_are_never_batched() -> None:
+    """Requests larger than max_batch_size are split into chunks that queue through the dispatcher; where their
+    rows are long runs, each chunk runs alone, even where a batch of them would cost less per row."""
+    run = Costly(fixed=0.004, per_row=0.0005, batched=1.0)  # a batch shares the fixed cost: it would pay
+    batcher = Batcher(run, ThreadPoolExecutor(1), max_batch_size=2, max_queue_delay_us=0, max_queue_size=64,
+                      batch_below_us=1500, max_runs=1)
+
+    async def scenario() -> None:
+        await batcher.submit(_request(1, 3, 0.0))  # 4.5 ms for one row: from now on every run is long
+        requests = [_request(3, 3, 1.0), _request(3, 3, 2.0)]  # chunks of 2 and 1 rows each
+        results = await asyncio.gather(*(batcher.submit(request) for request in requests))
+        for request, result in zip(requests, results, strict=True):
+            np.testing.assert_array_equal(result["output"], request["x"] + 1)
+        await batcher.close()
+
+    asyncio.run(scenario())
+    assert [shape[0] for shape in run.shapes] == [1, 2, 1, 2, 1]  # never the two single-row chunks together
 
 
 @pytest.mark.parametrize(("fixed", "per_row", "batched", "batches"), [

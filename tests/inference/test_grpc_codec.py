@@ -113,6 +113,21 @@ def test_binary_data_size_must_agree_with_the_raw_bytes_and_outputs_are_raw() ->
     assert response.raw_output_contents[0] == np.arange(3, dtype=np.float32).tobytes()
 
 
+@pytest.mark.parametrize("entries", [1, 3])
+def test_raw_entries_are_one_per_input_outside_shared_memory(entries: int) -> None:
+    """Two inputs outside shared memory take exactly two raw entries: fewer or more (an entry nothing reads) is a
+    400 naming both counts."""
+    request = pb.ModelInferRequest(model_name="m")
+    for name in ("x", "y"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1])
+    shm = request.inputs.add(name="z", datatype="FP32", shape=[1])
+    shm.parameters["shared_memory_region"].string_param = "region"
+    request.raw_input_contents.extend([b"\0\0\0\0"] * entries)
+    with pytest.raises(BadRequest, match=rf"^raw_input_contents has {entries} entries; the request has 2 inputs "
+                                         "outside shared memory, one entry each in input order$"):
+        decode_infer_request(request, None)
+
+
 def test_response_bytes_are_protobufs_own_encoding() -> None:
     """The response assembled around the outputs' buffers is the message protobuf would build, with an empty raw
     entry for an output in shared memory and lengths that take several varint bytes."""
@@ -211,7 +226,9 @@ def test_split_request_is_protobufs_message_with_raw_views() -> None:
     """The request read apart is the message protobuf reads, less its raw entries, which come back in order as
     views of the request's bytes (no copy), with unknown fields kept for protobuf."""
     request = _full_request()
-    data = request.SerializeToString() + bytes([15 << 3 | 0, 7]) + bytes([7 << 3 | 2, 3]) + b"abc"
+    # unknown fields of every fixed width before a raw entry: a wrong skip would misread the entry after them
+    unknown = bytes([14 << 3 | 1]) + bytes(range(8)) + bytes([13 << 3 | 5]) + bytes(range(4)) + bytes([15 << 3 | 0, 7])
+    data = request.SerializeToString() + unknown + bytes([7 << 3 | 2, 3]) + b"abc"
     message, raw = split_infer_request(data)
     expected = pb.ModelInferRequest.FromString(data)
     assert [bytes(chunk) for chunk in raw] == list(expected.raw_input_contents)
@@ -224,7 +241,9 @@ def test_split_request_is_protobufs_message_with_raw_views() -> None:
 
 
 @pytest.mark.parametrize("data", [b"\xff\xff\xff", b"\x0a\x80", b"\x12\x05ab", b"\x3a\x05ab", b"\x3a",
-                                  b"\x0b\x0c", b"\x08" + b"\xff" * 11, b"\x09abc"])
+                                  b"\x0b\x0c", b"\x08" + b"\xff" * 11, b"\x09abc",
+                                  # a raw entry's length as a varint of 10 bytes (protobuf reads it) and 11 (it refuses)
+                                  b"\x3a\x85" + b"\x80" * 8 + b"\x00abcde", b"\x3a\x85" + b"\x80" * 9 + b"\x00abcde"])
 def test_split_of_a_malformed_request_fails_as_protobuf(data: bytes) -> None:
     """Bytes that are not a request fail as protobuf's own parse of them does (the walk gives up, protobuf reads
     the whole message)."""

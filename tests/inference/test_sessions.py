@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import onnxruntime as ort
 import pytest
 
@@ -63,6 +64,27 @@ def test_anything_else_gets_a_session_of_its_own(sharing: None, other: tuple) ->
     first = sessions.new_session(GRAPH, _options(), CPU)
     assert sessions.new_session(*other) is not first
     assert sessions.new_session(GRAPH, _options(), CPU) is first
+
+
+def _add_constant(constant: float) -> bytes:
+    """y = x + constant, the constant stored after 16 KiB of another initializer: two such models differ only in
+    their last bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    padding = numpy_helper.from_array(np.zeros(4096, np.float32), "padding")
+    value = numpy_helper.from_array(np.array([constant], np.float32), "constant")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "constant"], ["y"])], "add",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [padding, value])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def test_models_that_differ_in_their_last_bytes_answer_each_its_own(sharing: None) -> None:
+    one, two = _add_constant(1.0), _add_constant(2.0)
+    assert len(one) == len(two) and one[:16384] == two[:16384] and one != two
+    x = {"x": np.zeros(1, np.float32)}
+    assert sessions.new_session(one, _options(), CPU).run(None, x)[0].tolist() == [1.0]
+    assert sessions.new_session(two, _options(), CPU).run(None, x)[0].tolist() == [2.0]
 
 
 def test_a_model_that_fails_is_refused_every_time(sharing: None) -> None:
