@@ -184,6 +184,28 @@ def test_a_descriptor_key_is_for_peers_only() -> None:
         os.close(fd)
 
 
+def test_a_descriptor_sent_read_only_registers_a_region_for_inputs_only() -> None:
+    """The server keeps the access a descriptor was sent with: a memfd sent read-only is a region inputs may read
+    and no output may be written to (400 naming why), whatever the object itself allows."""
+    fd = os.memfd_create("posenc-read-only", os.MFD_CLOEXEC)
+    os.pwrite(fd, np.arange(4, dtype=np.float32).tobytes(), 0)
+    os.ftruncate(fd, 4096)
+    read_only = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        registry = SharedMemoryRegistry(enabled=True)
+        registry.register("ro", memfd_key(read_only), 0, 4096, peer_sending(read_only))
+        regions = registry.for_caller(SELF_PEER)
+        assert regions.input_array(ShmRef("ro", 0, 16), np.dtype(np.float32), (4,), "x").tolist() == [0, 1, 2, 3]
+        with pytest.raises(BadRequest, match=r"region 'ro' was registered read-only \(its descriptor is open "
+                                             r"read-only\)"):
+            regions.write_output(ShmRef("ro", 0, 16), np.ones(4, np.float32), "output 'y'")
+        registry.close()
+        assert os.pread(fd, 16, 0) == np.arange(4, dtype=np.float32).tobytes()
+    finally:
+        os.close(read_only)
+        os.close(fd)
+
+
 # --- what a register costs ------------------------------------------------------------------------------------------
 
 

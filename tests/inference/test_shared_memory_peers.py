@@ -125,6 +125,21 @@ def test_a_peer_of_the_same_uid_that_may_only_read_cannot_name_the_region_as_an_
     registry.close()
 
 
+@as_root_only
+def test_a_peer_of_the_same_uid_that_may_not_read_cannot_name_the_region_as_an_input(group_object: Path) -> None:
+    """Regions belong to a uid, but a peer of that uid that could not read the object itself (not in its group)
+    cannot read it through another peer's region either."""
+    group_object.chmod(0o660)  # no access for others
+    member = SharedMemoryCaller(Peer(1, NOBODY, frozenset({NOBODY, GROUP})), has_key=False)
+    outsider = SharedMemoryCaller(Peer(2, NOBODY, frozenset({NOBODY})), has_key=False)  # same uid, not in GROUP
+    registry = SharedMemoryRegistry(enabled=True)
+    registry.register("shared", f"/{group_object.name}", 0, 8192, member)
+    assert registry.for_caller(member).input_array(ShmRef("shared", 0, 16), np.dtype(np.float32), (4,), "x").size == 4
+    with pytest.raises(Forbidden, match=r"^x: uid 65534 .* may not read the object of region 'shared'$"):
+        registry.for_caller(outsider).input_array(ShmRef("shared", 0, 16), np.dtype(np.float32), (4,), "x")
+    registry.close()
+
+
 def test_a_region_at_an_offset_is_checked_against_its_end_in_the_object() -> None:
     """Region bytes 4096..8191 of an 8192-byte object; the object shrunk to 6000 bytes (more than the region's
     4096, less than its end at 8192): a 400, never a read or write past the object's end."""
