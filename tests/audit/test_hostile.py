@@ -87,7 +87,61 @@ def test_safetensors_lying_offsets(tmp_path: Path) -> None:
     _refused(path)
     huge = tmp_path / "huge.safetensors"
     huge.write_bytes(struct.pack("<Q", 1 << 60) + b"{")
-    _refused(huge, "header")
+    _refused(huge, "the safetensors header declares 1152921504606846976 bytes")
+
+
+def _safetensors(tensor: bytes, data: int = 16) -> bytes:
+    header = b'{"model.rotary_emb.inv_freq": ' + tensor + b"}"
+    return struct.pack("<Q", len(header)) + header + bytes(data)
+
+
+def _tensor_info(name: bytes, shape: list[int], kind: int = 0) -> bytes:
+    return _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack(
+        "<IQ", kind, 0)
+
+
+ARCHITECTURE = _string(b"general.architecture") + struct.pack("<I", 8) + _string(b"llama")
+
+
+@pytest.mark.parametrize(("name", "data", "words"), [
+    ("version.gguf", b"GGUF" + struct.pack("<IQQ", 1, 0, 0), "GGUF version 1 is not supported"),
+    ("dims.gguf", _gguf_head(1, 0) + _string(b"t") + struct.pack("<I", 9), "declares 9 dimensions"),
+    ("alignment.gguf", _gguf_head(0, 1) + _string(b"general.alignment") + struct.pack("<II", 4, 0),
+     "general.alignment 0 is not a usable alignment"),
+    ("factors.gguf", _gguf_head(1, 1) + ARCHITECTURE + _tensor_info(b"rope_freqs.weight", [70000]),
+     "rope_freqs.weight must be F32 with at most 65536 values"),
+    ("quantized.gguf", _gguf_head(1, 1) + ARCHITECTURE + _tensor_info(b"rope_freqs.weight", [64], kind=1),
+     "rope_freqs.weight must be F32"),
+    ("negative.safetensors", _safetensors(b'{"dtype": "F32", "shape": [-4], "data_offsets": [0, 0]}'),
+     "invalid offsets or shape"),
+    ("reversed.safetensors", _safetensors(b'{"dtype": "F32", "shape": [4], "data_offsets": [16, 0]}'),
+     "invalid offsets or shape"),
+    ("span.safetensors", _safetensors(b'{"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}'),
+     "its data_offsets span 8 bytes"),
+])
+def test_each_declared_bound_is_refused_by_name(tmp_path: Path, name: str, data: bytes, words: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    _refused(path, words)
+
+
+def test_strings_in_metadata_arrays_are_bounded_per_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vocabularies are walked, not kept, up to a bound on the strings of one header (each array alone fits)."""
+    monkeypatch.setattr("posenc.service.audit.gguf_reader.MAX_STRINGS", 100)
+    vocabulary = struct.pack("<IQ", 8, 65) + _string(b"x") * 65  # 65 strings: past KEPT_ARRAY, walked
+    path = tmp_path / "vocabularies.gguf"
+    path.write_bytes(_gguf_head(0, 2) + _string(b"tokenizer.a") + struct.pack("<I", 9) + vocabulary
+                     + _string(b"tokenizer.b") + struct.pack("<I", 9) + vocabulary)
+    _refused(path, "more than 100 strings in metadata arrays")
+
+
+def test_a_header_past_the_configured_bound_is_a_413(tmp_path: Path) -> None:
+    """Every field fits where it starts, but the fields together run past POSENC_AUDIT_MAX_HEADER_BYTES."""
+    entries = b"".join(_string(b"k%d" % i) + struct.pack("<II", 4, i) for i in range(200))  # UINT32 values
+    path = tmp_path / "long.gguf"
+    path.write_bytes(_gguf_head(0, 200) + entries)
+    with pytest.raises(PayloadTooLarge, match=r"^GGUF file: the header is larger than .*POSENC_AUDIT_MAX_HEADER_BYTES"):
+        read_path(path, Settings(audit_max_header_bytes=2048))
 
 
 def test_onnx_recursive_function(tmp_path: Path) -> None:
