@@ -125,6 +125,8 @@ CASES: list[tuple[str, bytes, bool]] = [
     ("an error elsewhere", _request(FLOATS).replace(b'"shape"', b'"shapes"'), True),
     ("truncated", _request(FLOATS)[:-3], False), ("trailing bytes", _request(FLOATS) + b"x", False),
     ("duplicate input", _request(FLOATS, more=',{"name":"x","datatype":"FP32","shape":[1],"data":[1]}'), True),
+    ("a wrong count and a syntax error", _request(FLOATS.replace(",", ",,", 1), count=5), False),
+    ("over uint8 range only above", _request(",".join(str(v) for v in range(200, 500)), "UINT8"), True),
 ]
 
 
@@ -222,6 +224,40 @@ def test_the_large_body_scan_is_linear(body: bytes) -> None:
     cpu(body)  # warm
     small, large = cpu(body), cpu(body * 8)
     assert large <= 16 * max(small, 0.002), (small, large)
+
+
+def test_the_scan_stops_between_lists_when_the_client_has_left() -> None:
+    body = _request(",".join([FLOATS] * 400), more=',{"name":"y","datatype":"FP32","shape":[1],"data":[1]}')
+    token = kserve_json.CLIENT_GONE.set(lambda: True)
+    try:
+        with pytest.raises(ClientClosedRequest):
+            lift_data(memoryview(body))
+    finally:
+        kserve_json.CLIENT_GONE.reset(token)
+
+
+def test_a_list_stops_being_parsed_when_its_client_leaves_during_it() -> None:
+    """One list (one check in the scan, the client still there), then the client leaves: the list's chunks
+    stop."""
+    calls = 0
+
+    def gone() -> bool:
+        nonlocal calls
+        calls += 1
+        return calls > 1
+
+    token = kserve_json.CLIENT_GONE.set(gone)
+    try:
+        with pytest.raises(ClientClosedRequest):
+            parse_infer_request(_request(",".join([FLOATS] * 400)), None)
+    finally:
+        kserve_json.CLIENT_GONE.reset(token)
+
+
+def test_placeholders_cannot_be_guessed() -> None:
+    """A lifted list's placeholder holds a random nonce, so no string a client sends can name another list."""
+    body = memoryview(_request(",".join([FLOATS] * 400)))
+    assert lift_data(body)[1].keys().isdisjoint(lift_data(body)[1].keys())
 
 
 def test_a_parse_stops_when_its_client_has_left() -> None:
