@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -86,7 +87,8 @@ def test_external_data_is_read_for_the_caches_only(tmp_path: Path) -> None:
     assert mistakes(result) == {"cache_shorter_than_context"}
     with running_client() as client:
         answer = client.post("/v1/audit", content=path.read_bytes())
-    assert answer.status_code == 400 and "external data" in answer.json()["error"]
+    assert answer.status_code == 400 and "is stored in an external data file; audit the model with `posenc audit` " \
+        "beside its data" in answer.json()["error"]
 
 
 def test_in_graph_inv_freq(tmp_path: Path) -> None:
@@ -120,3 +122,68 @@ def test_shipped_graphs_pass_against_their_config(model: str, form: str) -> None
     result = audit_file(folder / form, config=json.loads((folder / "config.json").read_text()))
     assert result.verdict == "correct", result.document()["facts"]
     assert result.divergence is not None and result.divergence.within_contract
+
+
+def _rotary_pair(tmp_path: Path, cos: np.ndarray, sin: np.ndarray, name: str) -> Path:
+    return _write(tmp_path, genai_onnx(cos, sin, op="RotaryEmbedding"), name)
+
+
+@pytest.mark.parametrize("case", ["lengths differ", "empty", "one row"])
+def test_caches_that_are_no_pair_are_not_read_as_one(tmp_path: Path, case: str) -> None:
+    """cos/sin initializers of different shapes, empty, or without rows are no cache pair: the audit says the
+    rotary dimension is missing, never fails on them."""
+    cos, sin = caches_of(SMALL_LLAMA3, 2048)
+    pair = {"lengths differ": (cos, sin[:1024]), "empty": (cos[:0], sin[:0]), "one row": (cos[0], sin[0])}[case]
+    result = audit_file(_rotary_pair(tmp_path, *pair, "pair.onnx"), config=SMALL_LLAMA3)
+    facts = {fact.name: fact for fact in result.facts}
+    assert result.verdict == "wrong" and facts["rotary_dim"].verdict == "missing"
+
+
+def _edited(data: bytes, edit: Any) -> bytes:
+    import onnx
+
+    model = onnx.load_model_from_string(data)
+    edit(model)
+    return model.SerializeToString()
+
+
+def test_a_rotary_node_without_its_cache_inputs_is_skipped(tmp_path: Path) -> None:
+    cos, sin = caches_of(SMALL_LLAMA3, 2048)
+    short = _edited(genai_onnx(cos, sin, op="RotaryEmbedding"), lambda model: model.graph.node[0].input.pop())
+    result = audit_file(_write(tmp_path, short), config=SMALL_LLAMA3)
+    assert {fact.name: fact.verdict for fact in result.facts}["rotary_dim"] == "missing"
+
+
+def test_packed_batching_is_noted(tmp_path: Path) -> None:
+    from onnx import helper
+
+    cos, sin = caches_of(SMALL_LLAMA3, 2048)
+    packed = _edited(genai_onnx(cos, sin, op="RotaryEmbedding"),
+                     lambda model: model.graph.node[0].attribute.append(helper.make_attribute("is_packed_batching", 1)))
+    result = audit_file(_write(tmp_path, packed), config=SMALL_LLAMA3)
+    assert "is_packed_batching" in json.dumps(result.document())
+
+
+def test_nodes_and_nesting_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chain of 10 local functions (none recursive) nests past MAX_DEPTH; a graph of more nodes than MAX_NODES
+    is refused too."""
+    from onnx import TensorProto, helper
+
+    from posenc.service.errors import BadRequest
+
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    functions = [helper.make_function("local", f"f{i}", ["x"], ["y"],
+                                      [helper.make_node(f"f{i + 1}" if i < 10 else "Identity", ["x"], ["y"],
+                                                        domain="local" if i < 10 else "")], opsets)
+                 for i in range(11)]
+    graph = helper.make_graph([helper.make_node("f0", ["x"], ["y"], domain="local")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    chain = _write(tmp_path, helper.make_model(graph, functions=functions, opset_imports=opsets).SerializeToString())
+    with pytest.raises(BadRequest, match="nest deeper than 8 levels"):
+        audit_file(chain)
+    monkeypatch.setattr("posenc.service.audit.onnx_reader.MAX_DEPTH", 16)
+    assert audit_file(chain).verdict  # 10 levels are within 16
+    monkeypatch.setattr("posenc.service.audit.onnx_reader.MAX_NODES", 5)
+    with pytest.raises(BadRequest, match="more than 5 nodes"):
+        audit_file(chain)
