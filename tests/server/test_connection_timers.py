@@ -5,6 +5,7 @@ client that paused reading and resumed is not cut by the send timeout afterwards
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -104,3 +105,37 @@ def test_a_client_that_paused_and_resumed_reading_is_not_cut_later(server: Serve
         time.sleep(2 * SEND_TIMEOUT)
         sock.sendall(request_bytes("GET", URL))
         assert _status(sock) == 200
+
+
+def _answer_length(sock: socket.socket) -> tuple[int, int]:
+    """Status and body length of the next answer on `sock`, its body read to its Content-Length and no further."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(line.split(":")[1]) for line in lines if line.lower().startswith("content-length"))
+    received = 0
+    while received < length:
+        chunk = sock.recv(min(1 << 20, length - received))
+        if not chunk:
+            break
+        received += len(chunk)
+    return int(lines[0].split()[1]), received
+
+
+def test_a_pipelined_body_waiting_for_its_turn_is_not_timed_out() -> None:
+    """Request B's head and part of its body arrive behind request A, an uncached 128 MiB table that takes the
+    server several body timeouts to compute; the rest of B's body comes at once but waits in the socket, since
+    the server stops reading while A runs. That silence is the server's own: no 408, A arrives whole, then B's
+    own answer."""
+    body_timeout = 0.1
+    settings = {"body_timeout": body_timeout, "send_timeout": 60.0, "cache_bytes": 0, "log_level": "warning"}
+    table = "/v1/alibi/bias?num_heads=32&query_length=1024&key_length=1024&format=raw"  # 128 MiB
+    body = json.dumps({"inputs": [{"name": "query", "datatype": "FP32", "shape": [1], "data": [1.0]}]}).encode()
+    second = request_bytes("POST", "/v2/models/rope_attention/infer", body, {"Content-Type": "application/json"})
+    with ServerProcess(settings) as server, socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(request_bytes("GET", table) + second[:-20])
+        time.sleep(body_timeout / 5)
+        sock.sendall(second[-20:])
+        assert _answer_length(sock) == (200, 128 << 20)
+        assert _answer_length(sock)[0] == 400  # the inference's own answer (inputs missing), not a 408

@@ -7,9 +7,11 @@ around that."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,8 +25,10 @@ from posenc.service.testing import (
     RequestedOutput,
     ServerProcess,
     SharedMemory,
+    UnixHTTPConnection,
     http_request,
     kserve_request,
+    memfd_key,
     register_memfd,
     sealed_memfd,
     shared_memory_inputs,
@@ -172,4 +176,39 @@ def test_the_socket_speaks_the_whole_protocol(server: ServerProcess, socket_dir:
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=1e-5)
         assert unix_http_request(socket_path, "/v2/systemsharedmemory/region/mine/unregister", "POST", b"")[0] == 200
     finally:
+        os.close(fd)
+
+
+def _memfds_held(pid: int, name: str) -> int:
+    """How many descriptors of process `pid` are memfds named `name`."""
+    folder = Path(f"/proc/{pid}/fd")
+    held = 0
+    for entry in folder.iterdir():
+        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+            held += os.readlink(entry).startswith(f"/memfd:{name} ")
+    return held
+
+
+def test_descriptors_a_request_did_not_take_are_closed_after_its_answer(server: ServerProcess) -> None:
+    """Descriptors travel with the first request of a connection only: sent with one that takes none (a
+    readiness check), the server closes its copies once that request is answered, while the connection stays
+    open, and a register later on the same connection finds none."""
+    name = f"posenc-passed-{uuid.uuid4().hex[:8]}"
+    fd = sealed_memfd(16384, name)
+    connection = UnixHTTPConnection(server.env["POSENC_UDS"], 30, [fd])
+    try:
+        connection.request("GET", "/v2/health/ready")
+        response = connection.getresponse()
+        assert response.status == 200
+        response.read()
+        deadline = time.monotonic() + 5
+        while _memfds_held(server.pid, name) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _memfds_held(server.pid, name) == 0
+        body = json.dumps({"key": memfd_key(fd), "byte_size": 16384}).encode()
+        connection.request("POST", "/v2/systemsharedmemory/region/late/register", body=body)
+        response = connection.getresponse()
+        assert response.status == 400 and "no descriptor came with the request" in response.read().decode()
+    finally:
+        connection.close()
         os.close(fd)
