@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
 
 from posenc.models.dtypes import lookup
 from posenc.service.testing import attention_inputs as random_inputs
@@ -34,6 +35,15 @@ def session(path: Path) -> ort.InferenceSession:
 
 def run(sess: ort.InferenceSession, inputs: dict[str, np.ndarray]) -> np.ndarray:
     return sess.run(["output"], inputs)[0]
+
+
+def grpc_infer_request(inputs: dict[str, np.ndarray], model: str, request_id: str = "") -> pb.ModelInferRequest:
+    """A KServe v2 gRPC `ModelInferRequest` of these arrays, each in `raw_input_contents`, in order."""
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    for name, array in inputs.items():
+        request.inputs.add(name=name, datatype=lookup(array.dtype).kserve, shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    return request
 
 
 def triton_inputs(inputs: dict[str, np.ndarray], binary: bool) -> list[httpclient.InferInput]:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import numpy as np
 import pytest
 from grpc_health.v1 import health, health_pb2
 from tritonclient.grpc import service_pb2 as pb
@@ -24,7 +23,7 @@ from posenc.service.inference.grpc_servicer import STREAM_WINDOW, GrpcState, Ser
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
-from tests.onnx_models import REPOSITORY, random_inputs
+from tests.onnx_models import REPOSITORY, grpc_infer_request, random_inputs
 
 MODEL = "rope_attention"
 NOBODY = SharedMemoryCaller(None, False)
@@ -144,12 +143,11 @@ def _engine(max_queue_size: int = 8) -> Engine:
 
 
 def _infer_request(seq: int, model: str = MODEL) -> tuple[pb.ModelInferRequest, list[memoryview], int]:
-    request = pb.ModelInferRequest(model_name=model)
-    raw = []
-    for name, array in random_inputs(8, 8, 64, 4, seq).items():
-        request.inputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64", shape=array.shape)
-        raw.append(memoryview(array.tobytes()))
-    return request, raw, request.ByteSize() + sum(len(chunk) for chunk in raw)
+    request = grpc_infer_request(random_inputs(8, 8, 64, 4, seq), model)
+    size = request.ByteSize()
+    raw = [memoryview(chunk) for chunk in request.raw_input_contents]
+    del request.raw_input_contents[:]  # as the servicer gets it: the raw entries apart (`split_infer_request`)
+    return request, raw, size
 
 
 def test_an_inference_takes_a_place_in_the_models_queue() -> None:

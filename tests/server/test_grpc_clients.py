@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 from posenc.models.dtypes import lookup
 from posenc.service.inference import phases
 from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
-from tests.onnx_models import REPOSITORY, SHIPPED, random_inputs, run, session, triton_inputs
+from tests.onnx_models import REPOSITORY, SHIPPED, grpc_infer_request, random_inputs, run, session, triton_inputs
 
 MODEL = "rope_attention"
 
@@ -250,12 +250,8 @@ def test_metrics_count_grpc_calls_by_method_and_code(server: ServerProcess,
 def test_server_timing_in_the_trailing_metadata(server: ServerProcess) -> None:
     """POSENC_SERVER_TIMING: a ModelInfer ends with its phases as `server-timing` trailing metadata; a failed one
     and other methods carry none."""
-    from tritonclient.grpc import service_pb2 as pb
 
-    request = pb.ModelInferRequest(model_name=MODEL)
-    for name, array in random_inputs(8, 8, 64, 1, 16).items():
-        request.inputs.add(name=name, datatype=lookup(array.dtype).kserve, shape=array.shape)
-        request.raw_input_contents.append(array.tobytes())
+    request = grpc_infer_request(random_inputs(8, 8, 64, 1, 16), MODEL)
     with grpc.insecure_channel(server.grpc_address) as channel:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         _, call = infer.with_call(request.SerializeToString(), timeout=30)

@@ -14,7 +14,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.testing import ServerProcess
-from tests.onnx_models import random_inputs
+from tests.onnx_models import grpc_infer_request, random_inputs
 
 MODEL = "rope_attention"
 SERVICE = "/inference.GRPCInferenceService/"
@@ -41,11 +41,7 @@ def raw_call(channel: grpc.Channel, method: str, data: bytes, timeout: float = 3
 
 
 def infer_request(inputs: dict[str, np.ndarray], model: str = MODEL, request_id: str = "") -> pb.ModelInferRequest:
-    request = pb.ModelInferRequest(model_name=model, id=request_id)
-    for name, array in inputs.items():
-        request.inputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64", shape=array.shape)
-        request.raw_input_contents.append(array.tobytes())
-    return request
+    return grpc_infer_request(inputs, model, request_id)
 
 
 def status_of(channel: grpc.Channel, request: pb.ModelInferRequest) -> tuple[grpc.StatusCode, str]:

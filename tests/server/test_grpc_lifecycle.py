@@ -9,12 +9,11 @@ import threading
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.http.server import EXIT_STARTUP_FAILURE
 from posenc.service.testing import ServerProcess
-from tests.onnx_models import random_inputs
+from tests.onnx_models import grpc_infer_request, random_inputs
 
 SERVICE = "/inference.GRPCInferenceService/"
 
@@ -33,11 +32,7 @@ def test_a_taken_grpc_port_is_a_startup_failure_naming_it() -> None:
 
 
 def test_sigterm_drains_a_stream_in_flight_and_exits_0() -> None:
-    request = pb.ModelInferRequest(model_name="rope_attention")
-    for name, array in random_inputs(8, 8, 64, 4, 256).items():
-        request.inputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64", shape=array.shape)
-        request.raw_input_contents.append(array.tobytes())
-    data = request.SerializeToString()
+    data = grpc_infer_request(random_inputs(8, 8, 64, 4, 256), "rope_attention").SerializeToString()
     with ServerProcess({"log_level": "warning"}, grpc=True) as server, \
             grpc.insecure_channel(server.grpc_address) as channel:
         sent = threading.Event()

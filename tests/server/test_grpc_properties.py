@@ -7,14 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import grpc
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.testing import ServerProcess
-from tests.onnx_models import random_inputs
+from tests.onnx_models import grpc_infer_request, random_inputs
 
 SERVICE = "/inference.GRPCInferenceService/"
 DATATYPES = ["FP32", "FP16", "BF16", "FP64", "INT64", "INT32", "INT8", "UINT8", "UINT64", "BOOL", "BYTES", "FP8", ""]
@@ -95,10 +94,7 @@ def test_any_request_message_is_answered_without_a_server_error(channel: grpc.Ch
 
 
 def test_the_server_still_serves(channel: grpc.Channel) -> None:
-    request = pb.ModelInferRequest(model_name="rope_attention")
-    for name, array in random_inputs(8, 8, 64, 1, 2).items():
-        request.inputs.add(name=name, datatype="FP32" if array.dtype == np.float32 else "INT64", shape=array.shape)
-        request.raw_input_contents.append(array.tobytes())
+    request = grpc_infer_request(random_inputs(8, 8, 64, 1, 2), "rope_attention")
     response = pb.ModelInferResponse.FromString(
         channel.unary_unary(SERVICE + "ModelInfer")(request.SerializeToString(), timeout=30))
     assert list(response.outputs[0].shape) == [1, 8, 2, 64]
