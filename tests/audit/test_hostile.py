@@ -25,6 +25,21 @@ def _string(text: bytes) -> bytes:
     return struct.pack("<Q", len(text)) + text
 
 
+def _tensor_info(name: bytes, shape: list[int], kind: int = 0, offset: int = 0) -> bytes:
+    """A GGUF tensor info: name, dimensions, type (0: F32) and data offset."""
+    return _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack(
+        "<IQ", kind, offset)
+
+
+ARCHITECTURE = _string(b"general.architecture") + struct.pack("<I", 8) + _string(b"llama")  # a STRING entry
+
+
+def _safetensors(tensor: bytes, data: int = 16) -> bytes:
+    """A safetensors file of one tensor, `model.rotary_emb.inv_freq` (`tensor`: its header entry), and `data` bytes."""
+    header = b'{"model.rotary_emb.inv_freq": ' + tensor + b"}"
+    return struct.pack("<Q", len(header)) + header + bytes(data)
+
+
 def _refused(path: Path, *words: str) -> str:
     tracemalloc.start()
     before = bytes_read()
@@ -74,33 +89,18 @@ def test_tensor_data_past_the_end(tmp_path: Path) -> None:
 
 def test_lying_tensor_offset(tmp_path: Path) -> None:
     path = tmp_path / "offset.gguf"
-    info = _string(b"rope_freqs.weight") + struct.pack("<IQIQ", 1, 64, 0, 1 << 50)
-    path.write_bytes(_gguf_head(1, 1) + _string(b"general.architecture") + struct.pack("<I", 8) + _string(b"llama")
-                     + info + bytes(64))
+    path.write_bytes(_gguf_head(1, 1) + ARCHITECTURE + _tensor_info(b"rope_freqs.weight", [64], offset=1 << 50)
+                     + bytes(64))
     _refused(path, "past the end")
 
 
 def test_safetensors_lying_offsets(tmp_path: Path) -> None:
-    header = b'{"model.rotary_emb.inv_freq": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1099511627776]}}'
     path = tmp_path / "lie.safetensors"
-    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    path.write_bytes(_safetensors(b'{"dtype": "F32", "shape": [4], "data_offsets": [0, 1099511627776]}'))
     _refused(path)
     huge = tmp_path / "huge.safetensors"
     huge.write_bytes(struct.pack("<Q", 1 << 60) + b"{")
     _refused(huge, "the safetensors header declares 1152921504606846976 bytes")
-
-
-def _safetensors(tensor: bytes, data: int = 16) -> bytes:
-    header = b'{"model.rotary_emb.inv_freq": ' + tensor + b"}"
-    return struct.pack("<Q", len(header)) + header + bytes(data)
-
-
-def _tensor_info(name: bytes, shape: list[int], kind: int = 0) -> bytes:
-    return _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape) + struct.pack(
-        "<IQ", kind, 0)
-
-
-ARCHITECTURE = _string(b"general.architecture") + struct.pack("<I", 8) + _string(b"llama")
 
 
 @pytest.mark.parametrize(("name", "data", "words"), [
@@ -190,8 +190,7 @@ def test_mangled_files_are_refused_or_audited_never_a_500(tmp_path: Path) -> Non
 
     gguf = write_gguf(tmp_path / "good.gguf", "llama", llama_gguf_meta(8192, 500000.0),
                       {"rope_freqs.weight": llama3_rope_factors(500000.0, 128, 8, 1, 4, 8192)}).read_bytes()
-    header = b'{"model.rotary_emb.inv_freq": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'
-    safetensors = struct.pack("<Q", len(header)) + header + bytes(16)
+    safetensors = _safetensors(b'{"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}')
     cos, sin = caches_of(SMALL_LLAMA3, 64)
     extract = (b'{"posenc_audit_extract": 1, "source": "onnx", "context_length": 64, "rotary_dim": 64, '
                b'"scaling": {}, "inv_freq": {"dtype": "float32", "shape": [2], "data": "AACAPwAAAD8="}}')
