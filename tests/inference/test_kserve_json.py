@@ -3,6 +3,7 @@ arrays, the same 400s and byte-identical JSON as the generic path, and memory wi
 
 from __future__ import annotations
 
+import contextlib
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -226,14 +227,25 @@ def test_the_large_body_scan_is_linear(body: bytes) -> None:
     assert large <= 16 * max(small, 0.002), (small, large)
 
 
-def test_the_scan_stops_between_lists_when_the_client_has_left() -> None:
-    body = _request(",".join([FLOATS] * 400), more=',{"name":"y","datatype":"FP32","shape":[1],"data":[1]}')
-    token = kserve_json.CLIENT_GONE.set(lambda: True)
+LARGE_LIST = ",".join([FLOATS] * 400)  # one list of 2 MB: lifted, parsed a chunk at a time
+
+
+@contextlib.contextmanager
+def _client_gone(gone: Callable[[], bool]) -> Iterator[None]:
+    """Parses in this block ask `gone` whether their client has left, as the infer route sets it; each must stop
+    with a 499."""
+    token = kserve_json.CLIENT_GONE.set(gone)
     try:
         with pytest.raises(ClientClosedRequest):
-            lift_data(memoryview(body))
+            yield
     finally:
         kserve_json.CLIENT_GONE.reset(token)
+
+
+def test_the_scan_stops_between_lists_when_the_client_has_left() -> None:
+    body = _request(LARGE_LIST, more=',{"name":"y","datatype":"FP32","shape":[1],"data":[1]}')
+    with _client_gone(lambda: True):
+        lift_data(memoryview(body))
 
 
 def test_a_list_stops_being_parsed_when_its_client_leaves_during_it() -> None:
@@ -246,26 +258,18 @@ def test_a_list_stops_being_parsed_when_its_client_leaves_during_it() -> None:
         calls += 1
         return calls > 1
 
-    token = kserve_json.CLIENT_GONE.set(gone)
-    try:
-        with pytest.raises(ClientClosedRequest):
-            parse_infer_request(_request(",".join([FLOATS] * 400)), None)
-    finally:
-        kserve_json.CLIENT_GONE.reset(token)
+    with _client_gone(gone):
+        parse_infer_request(_request(LARGE_LIST), None)
 
 
 def test_placeholders_cannot_be_guessed() -> None:
     """A lifted list's placeholder holds a random nonce, so no string a client sends can name another list."""
-    body = memoryview(_request(",".join([FLOATS] * 400)))
+    body = memoryview(_request(LARGE_LIST))
     assert lift_data(body)[1].keys().isdisjoint(lift_data(body)[1].keys())
 
 
 def test_a_parse_stops_when_its_client_has_left() -> None:
-    body = _request(",".join([FLOATS] * 400))  # one list of 2 MB: lifted, parsed a chunk at a time
-    token = kserve_json.CLIENT_GONE.set(lambda: True)
-    try:
-        with pytest.raises(ClientClosedRequest):
-            parse_infer_request(body, None)
-    finally:
-        kserve_json.CLIENT_GONE.reset(token)
+    body = _request(LARGE_LIST)
+    with _client_gone(lambda: True):
+        parse_infer_request(body, None)
     assert parse_infer_request(body, None).inputs[0].array.size == 300 * 400
