@@ -124,17 +124,13 @@ def test_shipped_graphs_pass_against_their_config(model: str, form: str) -> None
     assert result.divergence is not None and result.divergence.within_contract
 
 
-def _rotary_pair(tmp_path: Path, cos: np.ndarray, sin: np.ndarray, name: str) -> Path:
-    return _write(tmp_path, genai_onnx(cos, sin, op="RotaryEmbedding"), name)
-
-
 @pytest.mark.parametrize("case", ["lengths differ", "empty", "one row"])
 def test_caches_that_are_no_pair_are_not_read_as_one(tmp_path: Path, case: str) -> None:
     """cos/sin initializers of different shapes, empty, or without rows are no cache pair: the audit says the
     rotary dimension is missing, never fails on them."""
     cos, sin = caches_of(SMALL_LLAMA3, 2048)
     pair = {"lengths differ": (cos, sin[:1024]), "empty": (cos[:0], sin[:0]), "one row": (cos[0], sin[0])}[case]
-    result = audit_file(_rotary_pair(tmp_path, *pair, "pair.onnx"), config=SMALL_LLAMA3)
+    result = audit_file(_write(tmp_path, genai_onnx(*pair, op="RotaryEmbedding")), config=SMALL_LLAMA3)
     facts = {fact.name: fact for fact in result.facts}
     assert result.verdict == "wrong" and facts["rotary_dim"].verdict == "missing"
 
