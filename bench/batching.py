@@ -5,11 +5,14 @@ onnxruntime by batch size (where batching pays).
     python -m bench batching --seq 64 --rounds 3 --replicas 1
 
 Two sides, default settings but POSENC_BATCHING=true / false, `--clients` (16) keep-alive connections
-each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off, target >= 0.97),
-median latency, and the mean rows per onnxruntime run (the model's statistics over the rounds). A third
-side with the same settings as the first, measured in the same rounds, is the control: its ratio to the
-first is what two equal sides differ by in that run: beyond 3 % the on/off row says NOISY (too noisy to
-judge). Each side is `--replicas` server processes (3; 1 with --quick) that take its rounds in turn: two
+each sending single-row rope_attention requests, rounds interleaved: req/s (ratio on/off from the paired
+rounds, target >= 0.97), median latency, and the mean rows per onnxruntime run (the model's statistics over the
+rounds). A third side with the same settings as the first, measured in the same rounds, is the control: its
+ratio to the first is what two equal sides differ by in that run: beyond 3 % the on/off row says NOISY (too noisy
+to judge). Rounds are added, one per server process at a time, until the on/off ratio and the control each have a
+standard error of 1.5 % or less (bench/isolation.py), up to `--most-rounds` (three times `--rounds`; none added
+with --quick); an on/off ratio still within two standard errors of 0.97 says NOISY.
+Each side is `--replicas` server processes (3; 1 with --quick) that take its rounds in turn: two
 processes of one server differ by up to 4 % in req/s on a VM (docs/performance.md), more than the rounds
 of one process do, so one process per side cannot resolve a 3 % target. With pinning (bench/isolation.py)
 the servers share one core set and the clients run on the other.
@@ -31,6 +34,7 @@ from bench.harness import (
     infer_target,
     inputs,
     interleaved,
+    interleaved_until,
     load_rounds,
     log,
     med,
@@ -39,7 +43,7 @@ from bench.harness import (
     spread,
 )
 from bench.inprocess import graph_path
-from bench.isolation import AnchorProcess, alone
+from bench.isolation import RESOLUTION, AnchorProcess, alone, paired
 from posenc.service.testing import ServerProcess
 
 SEQS = (16, 64, 256)
@@ -58,6 +62,22 @@ def rows_per_run(side: Sequence[ServerProcess], before: Mapping[str, tuple[int, 
         now = model_stats(server.port)
         rows, runs = rows + now[0] - before[server.name][0], runs + now[1] - before[server.name][1]
     return rows / max(1, runs)
+
+
+def precise(rounds: list[list[float]]) -> bool:
+    """Whether the on/off ratio and the control (req/s of on, off, on again, by round) each have a standard
+    error of RESOLUTION or less."""
+    on, off, twin = rounds
+    errors = paired(on, off).error, paired(twin, on).error
+    return all(error is not None and error <= RESOLUTION for error in errors)
+
+
+def most_rounds(args: object, rounds: int) -> int:
+    """The rounds per side a run may go to: --most-rounds, else three times its first rounds (none more with
+    --quick)."""
+    if getattr(args, "quick", False):
+        return rounds
+    return max(rounds, int(getattr(args, "most_rounds", None) or 3 * rounds))
 
 
 def on_off(bench: Bench, report: Report) -> None:
@@ -81,18 +101,22 @@ def on_off(bench: Bench, report: Report) -> None:
                 load.round(server.port, target, 1, clients)  # warm-up
             before = {server.name: model_stats(server.port) for server in (*on, *off, *twin)}
             one_round = partial(load.round, target=target, seconds=seconds, connections=clients)
-            a, b, c = interleaved(rounds, *(in_turn(side, one_round) for side in (on, off, twin)))
+            a, b, c = interleaved_until(lambda done: precise([[r.rps for r in side] for side in done]), rounds,
+                                        most_rounds(args, rounds), replicas,
+                                        *(in_turn(side, one_round) for side in (on, off, twin)))
             per_run = [rows_per_run(side, before) for side in (on, off, twin)]
             va, vb, vc = [r.rps for r in a], [r.rps for r in b], [r.rps for r in c]
             p50 = med([r.p50_ms for r in a]), med([r.p50_ms for r in b]), med([r.p50_ms for r in c])
+            on_off_ratio, control = paired(va, vb), paired(vc, va)
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, batching on vs off", med(va), med(vb),
-                                   "req/s", True, TARGET, f"{spread(va, vb)}; p50 {p50[0]:.2f}/{p50[1]:.2f} ms; "
-                                   f"{per_run[0]:.2f} rows/run batched", sum(r.errors for r in a + b),
-                                   control=med(vc) / med(va)))
-            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
+                                   "req/s", True, TARGET, f"{len(va)} {spread(va, vb)}; p50 {p50[0]:.2f}/"
+                                   f"{p50[1]:.2f} ms; {per_run[0]:.2f} rows/run batched", sum(r.errors for r in a + b),
+                                   control=control.ratio, paired=on_off_ratio))
+            log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f} ({len(va)} rounds)")
             report.rows.append(Row(f"infer {clients} clients B=1 S={seq}, control: batching on vs on (two equal "
                                    "sides)", med(vc), med(va), "req/s", True, None,
-                                   f"{spread(vc, va)}; the noise of this run", sum(r.errors for r in c)))
+                                   f"{spread(vc, va)}; the noise of this run", sum(r.errors for r in c),
+                                   paired=control))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
             for state, values, latency, rows in (("on", va, p50[0], per_run[0]), ("off", vb, p50[1], per_run[1]),
                                                  ("on (control)", vc, p50[2], per_run[2])):

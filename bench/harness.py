@@ -7,9 +7,12 @@
   can (closed loop): `wrk -t1` when installed, else the test kit's LoadGenerator. Both read every body in
   full and count non-2xx answers and socket errors.
 * `interleaved`: rounds of every side, the order reversed every other round, so that drift and noise hit
-  all sides alike; a side's value is the median of its rounds.
-* `Row` / `format_table`: one line per ratio (posenc value, anchor value, ratio, target, PASS/BELOW, or NOISY
-  where the run's control, two identical sides measured the same way, differs by more than 3 %).
+  all sides alike; a side's value is the median of its rounds. In the load benchmarks (batching, tables) a ratio
+  is read from the paired rounds instead (`paired`: the trimmed mean of round i's ratios, with a standard
+  error), and `interleaved_until` adds rounds until it is precise enough.
+* `Row` / `format_table`: one line per ratio (posenc value, anchor value, ratio ± its standard error, target,
+  PASS/BELOW, or NOISY where the run's control, two identical sides measured the same way, differs by more than
+  3 %, or where the ratio lies within two standard errors of its target).
 Cores, anchors in their own processes and the control: bench/isolation.py.
 """
 
@@ -34,7 +37,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from bench.isolation import Cores, cpu_lines, noisy, on_cores
+from bench.isolation import Cores, Paired, cpu_lines, noisy, on_cores, unresolved
 from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, describe
 from posenc.service.testing import (
     HttpRequest,
@@ -81,14 +84,27 @@ def med(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
-def interleaved(rounds: int, *sides: Callable[[], T]) -> list[list[T]]:
-    """`rounds` rounds of every side, the order reversed every other round (AB, BA, AB, ...); one list of
-    results per side."""
+def interleaved(rounds: int, *sides: Callable[[], T], first: int = 0) -> list[list[T]]:
+    """`rounds` rounds of every side, the order reversed every other round (AB, BA, AB, ...; `first`: the index
+    of the first round, for rounds that go on from earlier ones); one list of results per side."""
     results: list[list[T]] = [[] for _ in sides]
-    for i in range(rounds):
+    for i in range(first, first + rounds):
         order = list(enumerate(sides))
         for k, side in order if i % 2 == 0 else order[::-1]:
             results[k].append(side())
+    return results
+
+
+def interleaved_until(settled: Callable[[list[list[T]]], bool], rounds: int, most: int, step: int,
+                      *sides: Callable[[], T]) -> list[list[T]]:
+    """`interleaved(rounds, ...)`, then `step` rounds more at a time until `settled(results)` or `most` rounds.
+    Whether to go on must not depend on where the ratios lie (only on how precise they are), or stopping would
+    favour a verdict."""
+    results = interleaved(rounds, *sides)
+    while len(results[0]) < most and not settled(results):
+        more = interleaved(min(step, most - len(results[0])), *sides, first=len(results[0]))
+        for side, extra in zip(results, more, strict=True):
+            side.extend(extra)
     return results
 
 
@@ -329,7 +345,10 @@ class Row:
     """One ratio. `ratio` is oriented so that higher is better for posenc (posenc/anchor for rates,
     anchor/posenc for times) unless `at_most` (then the target is a ceiling: a ratio of costs);
     `target` None means informational (no PASS/BELOW). `control`: the ratio of two identical sides measured
-    the same way in the same run (1.0 on a quiet machine); outside 1 ± 3 % a row with a target says NOISY."""
+    the same way in the same run (1.0 on a quiet machine); outside 1 ± 3 % a row with a target says NOISY.
+    `paired`: the ratio read from paired rounds with its standard error (`bench.isolation.paired`, posenc over
+    anchor), where it replaces value / anchor (the columns then show each side's median); a ratio within two
+    standard errors of its target says NOISY as well."""
 
     what: str
     value: float
@@ -341,12 +360,19 @@ class Row:
     errors: int = 0
     at_most: bool = False
     control: float | None = None
+    paired: Paired | None = None
 
     @property
     def ratio(self) -> float:
+        if self.paired is not None:
+            return self.paired.ratio if self.higher_is_better else 1 / self.paired.ratio
         if not self.value or not self.anchor:
             return float("nan")
         return self.value / self.anchor if self.higher_is_better else self.anchor / self.value
+
+    @property
+    def error(self) -> float | None:
+        return None if self.paired is None else self.paired.error
 
     @property
     def status(self) -> str:
@@ -354,7 +380,7 @@ class Row:
             return "ERROR"
         if self.target is None:
             return "info"
-        if noisy(self.control):
+        if noisy(self.control) or unresolved(self.ratio, self.target, self.error):
             return "NOISY"
         passed = self.ratio <= self.target if self.at_most else self.ratio >= self.target
         return "PASS" if passed else "BELOW"
@@ -376,7 +402,8 @@ def _num(x: float) -> str:
 def format_table(rows: list[Row]) -> str:
     """A fixed-width table; a failing row says BELOW (or ERROR when any request failed)."""
     head = ["what", "posenc", "anchor", "ratio", "target", "control", "status", "note"]
-    body = [[r.what, f"{_num(r.value)} {r.unit}", f"{_num(r.anchor)} {r.unit}", f"{r.ratio:.3f}",
+    body = [[r.what, f"{_num(r.value)} {r.unit}", f"{_num(r.anchor)} {r.unit}",
+             f"{r.ratio:.3f}" + ("" if r.error is None else f" ±{r.error:.1%}"),
              "-" if r.target is None else f"{'<=' if r.at_most else '>='} {r.target:.2f}",
              "-" if r.control is None else f"{r.control:.3f}", r.status, r.note]
             for r in rows]

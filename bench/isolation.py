@@ -12,17 +12,22 @@
 * The control: two identical sides measured the same way must agree within `NOISE_LIMIT`; where they do not,
   the rows that depend on them say NOISY and `--check` fails with "too noisy to judge" instead of a
   PASS or BELOW the run cannot back.
+* The rounds' own spread: a control is one draw of the noise, and lands near 1.0 by chance in a run whose rounds
+  range over ±20 %. A ratio read from paired rounds (round i of each side measured back to back: `paired`)
+  carries its standard error, and a row whose ratio lies within two of them of its target says NOISY too
+  (`unresolved`): the run cannot tell on which side of the target it lies.
 * `cpu_lines`: the CPU model, its vector ISA (AVX2, AVX-512, AMX, from /proc/cpuinfo's flags) and the thread
   counts, printed above every table.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +35,8 @@ from typing import Any
 from posenc.service.inference.calibration import Machine
 
 NOISE_LIMIT = 0.03  # two identical sides may differ by this much before a run is too noisy to judge
+TRIM = 0.2  # the share of a paired ratio's rounds left out at each end (`paired`)
+RESOLUTION = NOISE_LIMIT / 2  # the standard error a load benchmark adds rounds for: a 3 % margin is two of them
 SETTLE_S = 0.15  # the pause before each side: long enough for the previous side's thread pool to stop spinning
 
 
@@ -107,6 +114,38 @@ def cpu_summary(cores: Cores, threads: int) -> str:
 def noisy(control: float | None) -> bool:
     """Whether a control ratio (two identical sides) is outside 1 ± NOISE_LIMIT."""
     return control is not None and abs(control - 1.0) > NOISE_LIMIT
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One side's value over another's, read from rounds measured back to back (round i of each side): `ratio`,
+    the trimmed mean of the rounds' ratios on a log scale (a drift between rounds cancels in each round's ratio; a
+    stalled round, a quarter of its side's rate, is among those trimmed), and `error`, the standard error of its
+    log (None below 3 rounds: no spread to read)."""
+
+    ratio: float
+    error: float | None
+
+
+def paired(mine: Sequence[float], theirs: Sequence[float]) -> Paired:
+    """`Paired` from two sides' rounds (rates or times; rounds where either side read 0 are left out). The
+    error is Tukey and McLaughlin's for a trimmed mean: the winsorized standard deviation over (1 - 2g/n)·√n."""
+    logs = sorted(math.log(m / t) for m, t in zip(mine, theirs, strict=True) if m > 0 and t > 0)
+    n = len(logs)
+    if not n:
+        return Paired(math.nan, None)
+    cut = int(TRIM * n)  # rounds left out at each end
+    ratio = math.exp(statistics.fmean(logs[cut:n - cut]))
+    if n < 3:
+        return Paired(ratio, None)
+    low, high = logs[cut], logs[n - cut - 1]
+    winsorized = [min(max(x, low), high) for x in logs]
+    return Paired(ratio, statistics.stdev(winsorized) / ((1 - 2 * cut / n) * math.sqrt(n)))
+
+
+def unresolved(ratio: float, target: float | None, error: float | None) -> bool:
+    """Whether `ratio` lies within two standard errors (`error`, of its log) of `target`."""
+    return target is not None and error is not None and ratio > 0 and abs(math.log(ratio / target)) < 2 * error
 
 
 def burst_ms(fn: Callable[[], object], calls: int) -> list[float]:

@@ -5,7 +5,8 @@ FastAPI app on the same uvicorn, loop and HTTP implementation, access log off, s
 bytes and headers captured from posenc: bench/anchor.py), each on a free loopback port, measured in
 interleaved rounds, with a second anchor measured in the same rounds as the control (two identical sides;
 beyond 3 % apart a row says NOISY, bench/isolation.py). Each side is `--replicas` server processes (3; 1 with
---quick) taking its rounds in turn (nine by default), as in `bench batching`:
+--quick) taking its rounds in turn (nine by default), as in `bench batching`; each ratio is read from the paired
+rounds, and one within two standard errors of its target says NOISY as well:
   small    req/s of the cached `/v1/alibi/slopes?num_heads=32` (16 connections), target >= 1.0
   healthz  req/s of `/healthz` vs the anchor returning the same JSON (16 connections), target >= 0.85
   large    GB/s of the cached 64 MiB `/v1/rope?max_position=65536&head_dim=128` safetensors table, whole
@@ -49,7 +50,7 @@ from bench.harness import (
     replicas_of,
     spread,
 )
-from bench.isolation import on_cores
+from bench.isolation import on_cores, paired
 from posenc.service.budget import configure_malloc
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
@@ -117,7 +118,7 @@ def run(bench: Bench) -> Report:
             report.rows.append(Row(
                 f"{what}, {conns} conn", med(va), med(vb), "GB/s" if gbps else "req/s", True, goal,
                 f"{spread(va, vb)}; p50 {med([r.p50_ms for r in a]):.2f}/{med([r.p50_ms for r in b]):.2f} ms",
-                sum(r.errors for r in a + b), control=med(vc) / med(vb)))
+                sum(r.errors for r in a + b), control=paired(vc, vb).ratio, paired=paired(va, vb)))
             log(f"{report.rows[-1].what}: {report.rows[-1].ratio:.3f}")
     with on_cores(bench.cores.serve | bench.cores.load):  # in this process, on every core: no load generator runs
         compute_rows(bench, report, args.rounds or 5)

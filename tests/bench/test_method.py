@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import bench.batching as batching
 from bench import harness
 from bench.harness import Report, Row, inputs
 from bench.inprocess import graph_path, ort_session_at
-from bench.isolation import AnchorProcess, cpu_isa, cpu_lines, plan_cores
+from bench.isolation import RESOLUTION, AnchorProcess, Paired, cpu_isa, cpu_lines, paired, plan_cores
 from bench.peers import kserve_python
 from posenc.service.inference.calibration import ISA_FLAGS
 
@@ -28,6 +29,68 @@ def test_a_row_is_judged_only_when_its_control_agrees_within_3_percent(control: 
     row = Row("x", ratio, 1.0, "req/s", True, target=1.0, control=control)
     assert row.status == status
     assert Row("x", ratio, 1.0, "req/s", True, control=1.5).status == "info"  # no target, nothing to judge
+
+
+@pytest.mark.parametrize(("ratio", "error", "status"), [
+    (0.98, 0.02, "NOISY"), (0.98, 0.004, "PASS"), (0.90, 0.02, "BELOW"), (1.00, 0.02, "NOISY"), (1.05, 0.02, "PASS"),
+    (0.96, None, "BELOW"),
+])
+def test_a_row_is_judged_only_when_its_ratio_is_two_standard_errors_from_its_target(ratio: float,
+                                                                                     error: float | None,
+                                                                                     status: str) -> None:
+    """A control is one draw of the noise: it can land near 1.0 in a run whose rounds range over ±20 %. A ratio
+    that its own rounds cannot place on one side of the target is not judged either."""
+    row = Row("x", 500.0, 600.0, "req/s", True, target=0.97, control=1.0, paired=Paired(ratio, error))
+    assert (row.ratio, row.error, row.status) == (ratio, error, status)
+    assert Row("x", 5.0, 6.0, "ms", False, paired=Paired(1.25, 0.01)).ratio == 0.8  # times: anchor over posenc
+
+
+def test_a_paired_ratio_is_what_the_rounds_ratios_say_not_what_the_machine_drifts() -> None:
+    drift = [700.0, 900.0, 520.0, 860.0, 610.0, 1000.0]  # a machine whose speed swings by half between rounds
+    steady = paired([v * 0.98 for v in drift], drift)
+    assert steady.ratio == pytest.approx(0.98)
+    assert steady.error == pytest.approx(0.0, abs=1e-12)
+    ratios = [1.05, 0.95, 1.02, 0.98, 1.0, 1.01]
+    logs = np.sort(np.log(ratios))
+    # six rounds: one left out at each end; the error from the winsorized spread (Tukey and McLaughlin)
+    winsorized = np.clip(logs, logs[1], logs[4])
+    noisy = paired([v * r for v, r in zip(drift, ratios, strict=True)], drift)
+    assert noisy.ratio == pytest.approx(np.exp(logs[1:5].mean()))
+    assert noisy.error == pytest.approx(np.std(winsorized, ddof=1) / ((1 - 2 / 6) * np.sqrt(6)))
+    stalled = paired([v * r for v, r in zip(drift, [0.25, *ratios[1:]], strict=True)], drift)
+    assert stalled.ratio == pytest.approx(noisy.ratio, rel=0.02)  # a stalled round is trimmed, not averaged in
+    assert paired([1.0, 2.0], [1.0, 1.0]).error is None  # two rounds: no spread to read
+    assert paired([1.0, 0.0, 2.0, 1.5], [1.0, 1.0, 1.0, 1.0]).error is not None  # a failed round is left out
+
+
+def test_rounds_are_added_until_settled_or_at_most_and_the_order_keeps_alternating() -> None:
+    calls: list[str] = []
+
+    def side(name: str) -> Callable[[], str]:
+        return lambda: calls.append(name) or name
+
+    results = harness.interleaved_until(lambda done: len(done[0]) >= 5, 3, 9, 1, side("a"), side("b"))
+    assert [len(r) for r in results] == [5, 5]
+    assert "".join(calls) == "ab" "ba" "ab" "ba" "ab"  # the fourth round goes on from the third
+    calls.clear()
+    results = harness.interleaved_until(lambda done: False, 3, 8, 3, side("a"), side("b"))
+    assert [len(r) for r in results] == [8, 8]  # never settled: stops at most, the last step cut to fit
+
+
+def test_batching_goes_on_for_precision_never_for_the_verdict() -> None:
+    """Whether `bench batching` adds rounds depends on how precise its ratios are, not on where they lie:
+    stopping as soon as a ratio passes would favour a pass."""
+    steady = [1000.0, 1010.0, 990.0, 1005.0, 995.0, 1000.0]
+    swinging = [1000.0, 800.0, 1200.0, 900.0, 1150.0, 950.0]
+    for on_over_off in (0.90, 1.0, 1.10):
+        assert batching.precise([[v * on_over_off for v in steady], steady, [v * on_over_off for v in steady]])
+        assert not batching.precise([[v * on_over_off for v in swinging], steady, [v * on_over_off for v in steady]])
+    assert (paired(swinging, steady).error or 0) > RESOLUTION
+    args = types.SimpleNamespace(quick=False, most_rounds=None)
+    assert batching.most_rounds(args, 9) == 27
+    assert batching.most_rounds(types.SimpleNamespace(quick=False, most_rounds=12), 9) == 12
+    assert batching.most_rounds(types.SimpleNamespace(quick=False, most_rounds=4), 9) == 9  # never below --rounds
+    assert batching.most_rounds(types.SimpleNamespace(quick=True, most_rounds=None), 2) == 2  # CI's quick run
 
 
 def _run_with(monkeypatch: pytest.MonkeyPatch, rows: list[Row], *argv: str) -> int:
@@ -47,6 +110,11 @@ def test_check_fails_as_too_noisy_rather_than_passing_or_failing(monkeypatch: py
     assert _run_with(monkeypatch, [below], "--check") == 1
     passing = Row("small table", 1.5, 1.0, "req/s", True, target=1.0, control=1.01)
     assert _run_with(monkeypatch, [passing], "--check") == 0
+    capsys.readouterr()
+    unresolved = Row("batching", 980, 1000, "req/s", True, target=0.97, control=1.0, paired=Paired(0.98, 0.03))
+    assert _run_with(monkeypatch, [unresolved], "--check") == 3
+    assert "two standard errors" in capsys.readouterr().out
+    assert "0.980 ±3.0%" in harness.format_table([unresolved])
 
 
 def test_a_sides_rounds_go_to_its_server_processes_in_turn(monkeypatch: pytest.MonkeyPatch) -> None:
