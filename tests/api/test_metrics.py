@@ -3,6 +3,9 @@
 import json
 import logging
 import logging.config
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from posenc.service.http.app import create_app
 from posenc.service.http.logs import JsonFormatter, log_config
+from posenc.service.http.metrics import MULTIPROCESS_ENV, shared_metrics_dir
 from posenc.service.settings import Settings
 from tests.conftest import running_client
 from tests.onnx_models import random_inputs
@@ -155,3 +159,63 @@ def test_v2_model_names_do_not_become_labels(client: TestClient) -> None:
     routes = {dict(labels).get("route") for name, labels in got if name == "posenc_http_requests_total"}
     assert "/v2/models/{name}" in routes
     assert not routes & {"/v2/models/a", "/v2/models/b", "/v2/models/c"}
+
+
+def test_a_full_path_request_is_timed_and_its_client_logged(caplog: pytest.LogCaptureFixture) -> None:
+    """A request FastAPI answers (not the fast path) is timed from its first message to its last: the access log's
+    duration and the latency histogram's sum lie between the route's own sleep and the call's wall time."""
+    app = create_app(Settings())
+
+    @app.get("/slow")
+    def slow() -> dict[str, bool]:
+        time.sleep(0.05)
+        return {"ok": True}
+
+    client = TestClient(app)
+    with caplog.at_level(logging.INFO, logger="posenc.access"):
+        start = time.perf_counter()
+        assert client.get("/slow").status_code == 200
+        wall = time.perf_counter() - start
+    (record,) = [r for r in caplog.records if r.name == "posenc.access"]
+    assert 50 <= record.access["duration_ms"] <= 1000 * wall
+    assert record.access["client"] == "testclient"  # TestClient's peer address
+    got = samples(client)
+    assert 0.05 <= got[("posenc_http_request_duration_seconds_sum",
+                        frozenset({"route": "/slow", "method": "GET"}.items()))] <= wall
+
+
+def test_an_unexpected_error_is_counted_as_a_500_with_no_bytes() -> None:
+    """The route raised before answering: the outermost error middleware writes the 500, after the metrics layer,
+    which records the status and no bytes of its own."""
+    app = create_app(Settings())
+
+    @app.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("boom")
+
+    with TestClient(app, raise_server_exceptions=False) as client:
+        assert client.get("/boom").status_code == 500
+        got = samples(client)
+    status = frozenset({"route": "/boom", "method": "GET", "status": "500"}.items())
+    assert got[("posenc_http_requests_total", status)] == 1
+    assert got.get(("posenc_http_response_bytes_total", frozenset({"route": "/boom"}.items())), 0) == 0
+
+
+def test_shared_metrics_dir_given_is_created_and_emptied_of_stale_counts(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    given = tmp_path / "metrics" / "workers"  # its parent does not exist yet
+    monkeypatch.setenv(MULTIPROCESS_ENV, str(given))
+    with shared_metrics_dir() as path:
+        assert path == str(given) and given.is_dir()
+    given.joinpath("counter_1.db").write_bytes(b"stale")
+    given.joinpath("notes.txt").write_text("kept")
+    with shared_metrics_dir() as path:
+        assert sorted(p.name for p in given.iterdir()) == ["notes.txt"]  # an earlier run's counts would be added
+    assert given.is_dir() and os.environ[MULTIPROCESS_ENV] == str(given)  # the caller's own: kept
+
+
+def test_shared_metrics_dir_of_its_own_is_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(MULTIPROCESS_ENV, raising=False)
+    with shared_metrics_dir() as path:
+        assert os.environ[MULTIPROCESS_ENV] == path and Path(path).is_dir()
+    assert MULTIPROCESS_ENV not in os.environ and not Path(path).exists()
