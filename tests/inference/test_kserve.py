@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -92,12 +93,21 @@ CASES = [
      "parameters": {"classification": 2}}]}).encode(), None, "classification"),
     (json.dumps({"inputs": [_tensor("a", A, binary=False)], "parameters": {"binary_data_output": "yes"}}).encode(),
      None, "must be true or false"),
+    (json.dumps({"inputs": [_tensor("a", A, binary=False), 5]}).encode(), None, "inputs[1] must be an object"),
+    (json.dumps({"inputs": [_tensor("a", A, binary=False)], "outputs": 5}).encode(), None,
+     "'outputs' must be a list"),
+    (json.dumps({"inputs": [_tensor("a", A, binary=False)], "outputs": [{"name": "o"}, {"name": "o"}]}).encode(),
+     None, "duplicate output names in ['o', 'o']"),
+    (json.dumps({"inputs": [_tensor("a", A, binary=False)], "outputs": [{"name": "o", "datatype": "FP32"}]}).encode(),
+     None, "output 'o': unknown keys ['datatype']"),
+    *[(json.dumps({"inputs": [{**_tensor("a", A), "parameters": {"binary_data_size": size}}]}).encode(), None,
+       f"binary_data_size must be a non-negative integer (got {size!r})") for size in ("16", 16.0, True, -1)],
 ]
 
 
 @pytest.mark.parametrize(("body", "length", "message"), CASES, ids=[c[2] for c in CASES])
 def test_malformed_json_requests_are_400(body: bytes, length: str | None, message: str) -> None:
-    with pytest.raises(BadRequest, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(BadRequest, match=re.escape(message)):
         parse_infer_request(body, length)
 
 
@@ -149,3 +159,46 @@ def test_response_json_and_binary() -> None:
     head = json.loads(body[:length])
     assert "id" not in head and head["outputs"][0]["parameters"] == {"binary_data_size": 16}
     np.testing.assert_array_equal(np.frombuffer(body[length:], np.float32).reshape(1, 2, 2), out[:, :, 1:])
+
+
+class _Region:
+    """A shared-memory source holding one array (the registry's lease, without a region)."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def input_array(self, ref: object, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+        return self.array.view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("also", [{"data": A.ravel().tolist()}, {"parameters": {"binary_data_size": A.nbytes}}],
+                         ids=["data", "binary_data_size"])
+def test_shared_memory_with_data_of_another_kind_is_400(also: dict) -> None:
+    shm = {"shared_memory_region": "r", "shared_memory_byte_size": A.nbytes}
+    entry = {**_tensor("a", A, binary=False), "parameters": shm}
+    entry.pop("data")
+    request = parse_infer_request(json.dumps({"inputs": [entry]}).encode(), None, _Region(A))
+    np.testing.assert_array_equal(request.inputs[0].array, A)  # alone, the region is read
+    parameters = {**shm, **also.get("parameters", {})}
+    body = json.dumps({"inputs": [{**entry, **also, "parameters": parameters}]}).encode()
+    binary = A.tobytes() if "parameters" in also else b""
+    with pytest.raises(BadRequest, match="input 'a': shared-memory parameters and 'data' or binary_data_size"):
+        parse_infer_request(body + binary, str(len(body)), _Region(A))
+
+
+@pytest.mark.parametrize("key", ["shared_memory_byte_size", "shared_memory_offset"])
+@pytest.mark.parametrize("value", ["16", 16.0, True, -1])
+def test_shared_memory_sizes_are_non_negative_integers(key: str, value: object) -> None:
+    shm = {"shared_memory_region": "r", "shared_memory_byte_size": A.nbytes, key: value}
+    body = json.dumps({"inputs": [{"name": "a", "datatype": "FP32", "shape": [2, 2], "parameters": shm}]}).encode()
+    message = f"parameter '{key}' must be a non-negative integer (got {value!r})"
+    with pytest.raises(BadRequest, match=re.escape(message)):
+        parse_infer_request(body, None, _Region(A))
+
+
+def test_a_large_body_that_is_a_list_is_400() -> None:
+    """A body large enough for its data lists to be lifted out of the JSON (kserve_json.lift_data) that is no
+    JSON object: the generic parser's 400."""
+    body = b'[{"name": "a", "datatype": "FP32", "shape": [300000], "data": [' + b"0.5," * 299_999 + b"0.5]}]"
+    with pytest.raises(BadRequest, match="JSON object"):
+        parse_infer_request(body, None)
