@@ -12,10 +12,11 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from posenc.service.errors import Forbidden
 from posenc.service.http.app import create_app
 from posenc.service.request_kit.deps import engine_of, shared_memory_of
-from posenc.service.request_kit.restricted import GROUP_ROUTES, group_of
-from posenc.service.request_kit.unix import Peer
+from posenc.service.request_kit.restricted import GROUP_ROUTES, group_of, shared_memory_caller
+from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import AsPeer
@@ -110,3 +111,14 @@ def test_a_unix_socket_peer_needs_every_other_groups_header(group: str) -> None:
         answer = client.request(method, path, content=b"{}")
         assert answer.status_code == 403 and f"'{group}'" in answer.json()["error"], (path, answer.text)
         assert client.get("/v2/systemsharedmemory/status").status_code == 200  # the peer's credentials decide
+
+
+def test_a_request_the_middleware_never_saw_is_an_unknown_tcp_client() -> None:
+    """An app without RestrictedApi in front (none of posenc's; a user's own assembly) holds no key: it may not use
+    shared memory."""
+    caller = shared_memory_caller({"type": "http", "path": "/v2/systemsharedmemory/region/r/register"})
+    assert caller.peer is None and not caller.has_key
+    with pytest.raises(Forbidden, match="shared memory over TCP needs the header"):
+        caller.require("register")
+    peer = Peer(pid=1, uid=1000, gids=frozenset({1000}))
+    assert shared_memory_caller({"type": "http", PEER_SCOPE_KEY: peer}).owner == "uid 1000"
