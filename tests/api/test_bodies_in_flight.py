@@ -86,6 +86,28 @@ def test_small_bodies_are_not_counted_and_a_body_that_does_not_fit_waits() -> No
     asyncio.run(scenario())
 
 
+def test_a_body_of_the_small_bound_is_counted_and_one_byte_less_is_not() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(1 << 20, max_waiters=1, wait_seconds=5)
+        bodies = BodiesInFlight(budget, small_bytes=1000)
+        small, bound = b"s" * 999, b"b" * 1000
+        send_small = bodies.adopt(small, await budget.acquire(5000, "a small table"))
+        assert budget.reserved == 0 and bodies.bytes_held == 0  # all given back before it is sent
+        send_bound = bodies.adopt(bound, await budget.acquire(5000, "a table"))
+        assert budget.reserved == 1000 == bodies.bytes_held  # the body's share, while it is sent
+        send_small()
+        send_bound()
+        assert budget.reserved == 0
+        shares = bodies.try_share(small), bodies.try_share(bound)
+        assert budget.reserved == 1000
+        for release in shares:
+            assert release is not None
+            release()
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_held_response_releases_when_sent_or_dropped() -> None:
     released: list[str] = []
     HeldResponse(BIG, release=lambda: released.append("dropped"))

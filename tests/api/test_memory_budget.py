@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import posenc.service.budget
-from posenc.service.budget import MemoryBudget, Reservation, release_free_memory
+from posenc.service.budget import MemoryBudget, Reservation, configure_malloc, release_free_memory
 from posenc.service.errors import Unavailable
 from posenc.service.http.app import create_app
 from posenc.service.settings import Settings
@@ -61,8 +61,24 @@ def test_full_line_or_long_wait_is_503(waiters: int, wait_seconds: float, messag
             async with budget.reserve(1, "a test"):
                 pass
         assert info.value.headers["Retry-After"] == "1"
+        assert info.value.overloaded  # gRPC's RESOURCE_EXHAUSTED, not UNAVAILABLE (not ready)
         await holder
         assert budget.reserved == 0 and budget.waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_fills_the_budget_exactly_fits() -> None:
+    async def scenario() -> None:
+        budget = MemoryBudget(100, max_waiters=0, wait_seconds=0.01)  # no line: waiting would be a 503
+        first = await budget.acquire(40, "a test")
+        second = budget.try_acquire(60)
+        assert second is not None and budget.reserved == 100
+        assert budget.try_acquire(1) is None
+        second.release()
+        (await budget.acquire(60, "a test")).release()
+        first.release()
+        assert budget.reserved == 0
 
     asyncio.run(scenario())
 
@@ -175,6 +191,37 @@ def test_release_free_memory_gives_freed_heap_back_and_keeps_live_blocks() -> No
         for block in live.values():
             libc.free(block)
     assert released >= 32 << 20, released  # of the 63 MiB freed
+
+
+class _RecordingLibc:
+    """glibc's malloc tuning calls, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, ...]] = []
+
+    def mallopt(self, parameter: int, value: int) -> int:
+        self.calls.append(("mallopt", parameter, value))
+        return 1
+
+    def malloc_trim(self, pad: int) -> int:
+        self.calls.append(("malloc_trim", pad))
+        return 1
+
+
+# malloc.h: M_TRIM_THRESHOLD -1, M_MMAP_THRESHOLD -3, M_ARENA_MAX -8
+@pytest.mark.parametrize(("arenas", "keep_bytes", "calls"), [
+    (0, 0, []),  # glibc's defaults
+    (2, 0, [("mallopt", -8, 2)]),
+    (0, 1 << 20, [("mallopt", -3, 1 << 19), ("mallopt", -1, 1 << 20)]),
+    (1, 1 << 30, [("mallopt", -8, 1), ("mallopt", -3, 32 << 20), ("mallopt", -1, 1 << 30)]),  # glibc's 32 MiB cap
+])
+def test_configure_malloc_sets_glibcs_parameters(monkeypatch: pytest.MonkeyPatch, arenas: int, keep_bytes: int,
+                                                 calls: list[tuple[object, ...]]) -> None:
+    libc = _RecordingLibc()
+    monkeypatch.setattr(posenc.service.budget, "_LIBC", libc)
+    configure_malloc(arenas, keep_bytes)
+    release_free_memory()
+    assert libc.calls == [*calls, ("malloc_trim", 0)]  # pad 0: everything above the heap's top is given back
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallopt is glibc's")
