@@ -3,6 +3,9 @@ and never serves a request that the full path would refuse."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -114,11 +117,16 @@ def test_an_evicted_table_takes_the_full_path_again(prepared: list[str]) -> None
 
 
 def test_fast_path_requests_are_counted_under_their_route(client: TestClient) -> None:
+    start = time.perf_counter()
     for _ in range(3):
         client.get(TABLE_REQUESTS[3])
+    wall = time.perf_counter() - start
     metrics = client.get("/metrics").text
     assert 'posenc_http_requests_total{method="GET",route="/v1/alibi/slopes",status="200"} 3.0' in metrics
     assert "posenc_table_cache_hits_total 2.0" in metrics
+    timed = re.search(r'^posenc_http_request_duration_seconds_sum\{method="GET",route="/v1/alibi/slopes"\} (\S+)',
+                      metrics, re.M)
+    assert timed is not None and 0 < float(timed.group(1)) <= wall  # the miss and the two hits, each timed
 
 
 def test_liveness_is_answered_before_routing_and_counted(client: TestClient) -> None:
@@ -197,3 +205,36 @@ def test_hits_are_answered_outside_the_middleware_stack(caplog: pytest.LogCaptur
     assert 'posenc_http_requests_total{method="GET",route="/v1/alibi/slopes",status="200"} 3.0' in metrics
     logged = [(r.access["route"], r.access["status"]) for r in caplog.records if hasattr(r, "access")]  # type: ignore[attr-defined]
     assert logged[:4] == [("/v1/alibi/slopes", 200)] * 3 + [("/healthz", 200)]
+
+
+def test_the_hit_headers_are_made_once_per_cache_entry() -> None:
+    with running_client() as client:
+        client.get(TABLE_REQUESTS[3])
+        ((key, slot),) = client.app.state.table_cache._slots.items()  # type: ignore[attr-defined]
+        fast_path = client.app.fast_path  # type: ignore[attr-defined]
+    made = fast_path._hit_headers(key, slot.entry)
+    assert fast_path._hit_headers(key, slot.entry) is made
+    again = dataclasses.replace(slot.entry)  # the entry computed again after an eviction: its headers made anew
+    assert fast_path._hit_headers(key, again) is not made
+
+
+@pytest.mark.parametrize(("extra", "remembered"), [(0, True), (1, False)])
+def test_spellings_up_to_the_bound_are_remembered(extra: int, remembered: bool) -> None:
+    from posenc.service.http.fastpath import MAX_SPELLING, spelling
+
+    path = "/v1/alibi/slopes"
+    head = f"{path}?format=json&num_heads=8&pad="
+    query = head[len(path) + 1:] + "a" * (MAX_SPELLING - len(head) + extra)
+    scope = {"type": "http", "method": "GET", "path": path, "query_string": query.encode(), "headers": []}
+    assert (spelling(scope) is not None) == remembered
+
+
+def test_the_hit_headers_kept_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import posenc.service.http.fastpath
+
+    monkeypatch.setattr(posenc.service.http.fastpath, "MAX_HIT_HEADERS", 2)
+    with running_client() as client:
+        for heads in range(1, 6):
+            url = f"/v1/alibi/slopes?num_heads={heads}"
+            assert [client.get(url).headers["X-Cache"] for _ in range(2)] == ["miss", "hit"]
+            assert len(client.app.fast_path.hit_headers) <= 2  # type: ignore[attr-defined]
