@@ -78,7 +78,10 @@ GOOD_NPY = npy_bytes(np.arange(12, dtype=np.float32).reshape(3, 4))
 
 @pytest.mark.parametrize(("body", "words"), [
     (GOOD_NPY[:5], "magic"),
-    (GOOD_NPY[:8], "truncated"),
+    (GOOD_NPY[:6], "truncated: 6 bytes, the fixed prelude alone is 10"),
+    (GOOD_NPY[:8], "truncated: 8 bytes, the fixed prelude alone is 10"),
+    (b"\x93NUMPY\x02\x00\x00\x00", "truncated: 10 bytes, the version 2.0 prelude is 12"),
+    (b"\x93NUMPY\x01\x00\x00\x00", "literal"),  # the prelude and an empty header
     (GOOD_NPY[:40], "truncated header"),
     (GOOD_NPY[:-1], "48 bytes"),
     (GOOD_NPY + b"\0", "48 bytes"),
