@@ -82,6 +82,9 @@ GOOD_NPY = npy_bytes(np.arange(12, dtype=np.float32).reshape(3, 4))
     (GOOD_NPY[:8], "truncated: 8 bytes, the fixed prelude alone is 10"),
     (b"\x93NUMPY\x02\x00\x00\x00", "truncated: 10 bytes, the version 2.0 prelude is 12"),
     (b"\x93NUMPY\x01\x00\x00\x00", "literal"),  # the prelude and an empty header
+    (b"\x93NUMPY\x03\x00" + struct.pack("<I", 4) + b"{\xff\xfe}", "header is not valid utf-8"),
+    (npy_with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (" + "1, " * 33 + "), }", b"\0" * 4),
+     "at most 32"),
     (GOOD_NPY[:40], "truncated header"),
     (GOOD_NPY[:-1], "48 bytes"),
     (GOOD_NPY + b"\0", "48 bytes"),
@@ -135,6 +138,7 @@ F32x4 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
 
 @pytest.mark.parametrize(("body", "words"), [
     (b"\x01\x00", "truncated"),
+    (b"\0" * 8, "JSON"),  # the length field alone, declaring an empty header
     (safetensors_with_header({"weight": F32x4}, b"\0" * 16, header_len=10**6), "exceeds the body"),
     (safetensors_with_header({"weight": F32x4}, b"\0" * 16, header_len=2**63), "exceeds the body"),
     (safetensors_with_header(b"[1, 2]", b""), "JSON object"),
