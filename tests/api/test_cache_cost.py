@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tracemalloc
 
-from posenc.service.tables.cache import SPELLINGS_PER_ENTRY, ByteLRUCache, CachedBody
+from posenc.service.tables.cache import ENTRY_OVERHEAD, SPELLING_OVERHEAD, SPELLINGS_PER_ENTRY, ByteLRUCache, CachedBody
 from tests.conftest import running_client
 
 
@@ -60,3 +60,36 @@ def test_a_flood_of_distinct_long_accept_headers_holds_nothing() -> None:
         for index in range(200):  # short ones are remembered, charged to the entry, at most 64 of them
             client.get("/v1/alibi/slopes?num_heads=8", headers={"Accept": f"x/{index}, */*"})
         assert cache.size_bytes <= counted + SPELLINGS_PER_ENTRY * 300
+
+
+def test_an_entrys_cost_counts_its_body_key_media_type_and_every_header() -> None:
+    key, entry = _entry(7)
+    strings = 64 + len("application/octet-stream") + sum(len(name) + len(value) for name, value in entry.headers)
+    assert entry.cost(key) == ENTRY_OVERHEAD + 4 + strings
+    assert ByteLRUCache(1 << 20).size_bytes == 0
+
+
+def test_entries_and_a_spelling_that_fill_the_capacity_exactly_all_stay() -> None:
+    (first, one), (second, two), (third, three) = (_entry(index) for index in range(3))
+    spelled = "/v1/alibi/slopes?num_heads=1"
+    cache = ByteLRUCache(one.cost(first) + two.cost(second) + SPELLING_OVERHEAD + len(spelled))
+    cache.put(first, one)
+    cache.put(second, two)
+    cache.remember_spelling(spelled, second)
+    assert len(cache) == 2 and cache.spelling(spelled) == second and cache.size_bytes == cache.capacity
+    cache.put(third, three)  # no room for a third: the least recently used goes
+    assert cache.peek(first) is None and cache.peek(second) is two and cache.size_bytes <= cache.capacity
+    other = "/v1/alibi/slopes?num_heads=2"
+    cache.remember_spelling(other, third)  # makes room by evicting the entry used least recently, never its own
+    assert cache.peek(second) is None and cache.spelling(spelled) is None and cache.spelling(other) == third
+    cache.remember_spelling("x" * cache.capacity, third)  # can never fit: refused, the entry stays
+    assert cache.spelling("x" * cache.capacity) is None and cache.peek(third) is three
+    assert cache.size_bytes <= cache.capacity
+
+
+def test_an_entry_costing_the_whole_capacity_is_kept_and_a_hit_counts_once() -> None:
+    key, entry = _entry(1)
+    cache = ByteLRUCache(entry.cost(key))
+    cache.put(key, entry)
+    assert cache.get(key) is entry and cache.get("absent") is None
+    assert (cache.hits, cache.misses) == (1, 1)
