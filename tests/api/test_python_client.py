@@ -22,6 +22,7 @@ from posenc.client import (
     PayloadTooLargeError,
     PosencError,
     Table,
+    UnavailableError,
     families,
 )
 from posenc.models.rope import make_rope_parameters, rope_cos_sin
@@ -179,6 +180,8 @@ def test_check_my_port(client: Client) -> None:
         client.check("/v1/sinusoidal", {"pe": np.zeros((2, 4), np.float32)}, max_position=4, dim=4)
     with pytest.raises(ValueError, match="has no check"):
         client.check("/v1/properties/rope", {"distance": np.zeros(3)})
+    with pytest.raises(ValueError, match="give at least one tensor"):
+        client.check("/v1/rope", {}, max_position=32, head_dim=16)
 
 
 def test_an_answer_that_is_no_table(app_client: TestClient) -> None:
@@ -188,6 +191,51 @@ def test_an_answer_that_is_no_table(app_client: TestClient) -> None:
     with (httpx2.Client(transport=httpx2.MockTransport(not_safetensors), base_url="http://x") as http,
           pytest.raises(InvalidResponseError, match="not a table")):
         Client(http=http).alibi_slopes(num_heads=4)
+
+
+def test_an_answer_that_is_no_json(app_client: TestClient) -> None:
+    def html(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=b"<html></html>")
+
+    with (httpx2.Client(transport=httpx2.MockTransport(html), base_url="http://x") as http,
+          pytest.raises(InvalidResponseError, match="not JSON")):
+        Client(http=http).check("/v1/rope", {"cos": np.ones((4, 8), np.float32)}, max_position=4, head_dim=8)
+
+
+def test_a_changed_table_replaces_the_cached_one(app_client: TestClient) -> None:
+    """A 200 to a conditional request (the table changed: another server version behind the same address) is
+    the new table, never the one kept."""
+    tables = iter([app_client.get("/v1/alibi/slopes?num_heads=4"), app_client.get("/v1/alibi/slopes?num_heads=8")])
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        served = next(tables)
+        return httpx2.Response(served.status_code, content=served.content, headers=served.headers)
+
+    with httpx2.Client(transport=httpx2.MockTransport(answer), base_url="http://x") as http:
+        client = Client(http=http)
+        first = client.alibi_slopes(num_heads=4)
+        second = client.alibi_slopes(num_heads=4)
+    assert first["slopes"].shape == (4,) and second["slopes"].shape == (8,) and second.etag != first.etag
+
+
+def test_a_table_of_the_whole_cache_size_is_kept(app_client: TestClient, statuses: list[int]) -> None:
+    client = Client(http=app_client, cache_bytes=16)  # the 4 slopes, float32
+    client.alibi_slopes(num_heads=4)
+    client.alibi_slopes(num_heads=4)
+    assert statuses == [200, 304]
+
+
+@pytest.mark.parametrize(("headers", "retry_after"), [({}, None), ({"retry-after": "3"}, 3),
+                                                      ({"retry-after": "Wed, 21 Oct 2026 07:28:00 GMT"}, None)])
+def test_retry_after_is_read_when_it_is_seconds(headers: dict[str, str], retry_after: int | None) -> None:
+    error = error_from_answer(503, b'{"type": "unavailable", "error": "busy"}', headers)
+    assert isinstance(error, UnavailableError) and error.retry_after == retry_after
+
+
+def test_the_clients_own_headers_go_with_every_request() -> None:
+    headers = {"X-Key": "secret"}
+    for client in (Client("http://x", headers=headers), AsyncClient("http://x", headers=headers)):
+        assert client.http.headers["X-Key"] == "secret"
 
 
 def test_the_async_client_in_process(app_client: TestClient) -> None:
