@@ -3,10 +3,13 @@ arrays, the same 400s and byte-identical JSON as the generic path, and memory wi
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import math
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,7 +21,14 @@ from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest, ClientClosedRequest
 from posenc.service.inference import kserve_json
-from posenc.service.inference.answer import JSON_NUMBER_BYTES, memory_needed
+from posenc.service.inference.answer import (
+    JSON_NUMBER_BYTES,
+    OFFLOAD_BYTES,
+    PartsResponse,
+    _answer_work,
+    memory_needed,
+    parse_watched,
+)
 from posenc.service.inference.kserve_json import json_data, lift_data
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
@@ -184,6 +194,35 @@ def test_a_request_holds_no_more_than_it_reserves(kind: str, model: LoadedModel)
     assert peak <= reserved - len(body), (peak, reserved, len(body))
 
 
+@pytest.mark.parametrize(("binary", "binary_output"), [(False, False), (True, False), (False, True), (True, True)])
+def test_memory_needed_counts_the_body_the_decoded_inputs_the_outputs_and_their_json(
+        model: LoadedModel, binary: bool, binary_output: bool) -> None:
+    arrays = _inputs()
+    request = kserve_request(arrays, binary=binary, binary_output=binary_output)
+    header_length = request.headers.get("Inference-Header-Content-Length")
+    # the binary section on a 64-byte boundary, as the server reads it (an unaligned input would be copied)
+    buffer = np.empty(len(request.body) + 64, np.uint8)
+    shift = -(buffer.ctypes.data + int(header_length or 0)) % 64
+    body = buffer[shift:shift + len(request.body)]
+    body[:] = np.frombuffer(request.body, np.uint8)
+    parsed = parse_infer_request(memoryview(body), header_length)
+    inputs = {t.name: t.array for t in parsed.inputs}
+    elements = [math.prod(model.output_shape(out.name, inputs) or ()) for out in model.config.outputs]
+    decoded = 0 if binary else sum(array.nbytes for array in arrays.values())  # binary inputs: views of the body
+    text = 0 if binary_output else sum(elements) * JSON_NUMBER_BYTES
+    assert memory_needed(memoryview(body), model, parsed, inputs) == len(body) + decoded + 4 * sum(elements) + text
+
+
+@pytest.mark.parametrize("binary_output", [False, True])
+def test_only_outputs_encoded_as_json_are_answer_work(binary_output: bool) -> None:
+    """What `maybe_offload` weighs: JSON encoding grows with the outputs, binary outputs are sent as views."""
+    arrays = _inputs()
+    request = kserve_request(arrays, binary_output=binary_output)
+    parsed = parse_infer_request(request.body, request.headers.get("Inference-Header-Content-Length"))
+    outputs = {"output": np.zeros((4, 256, 64), np.float32)}
+    assert _answer_work(parsed, outputs, [], ["output"]) == (0 if binary_output else outputs["output"].nbytes)
+
+
 def test_json_data_memory_before_and_after_the_chunks() -> None:
     """The generic path held 32 bytes per number in Python objects; a chunk at a time holds the text."""
     array = np.full(1 << 20, 0.1234567, np.float32)  # [1 Mi] numbers, about 20 bytes each as JSON
@@ -273,3 +312,41 @@ def test_a_parse_stops_when_its_client_has_left() -> None:
     with _client_gone(lambda: True):
         parse_infer_request(body, None)
     assert parse_infer_request(body, None).inputs[0].array.size == 300 * 400
+
+
+@pytest.mark.parametrize(("size", "stopped"), [(OFFLOAD_BYTES + 1, True), (OFFLOAD_BYTES, False)])
+def test_a_large_parse_stops_once_the_client_has_left(size: int, stopped: bool) -> None:
+    """A parse of more than OFFLOAD_BYTES runs in a worker thread, watched: the client's disconnect (the next ASGI
+    message once the body is read) stops it with a 499. A small one runs on the event loop, unwatched."""
+    async def scenario() -> str:
+        messages: asyncio.Queue[dict[str, str]] = asyncio.Queue()
+        request = SimpleNamespace(receive=messages.get)
+        asyncio.get_running_loop().call_later(0.05, messages.put_nowait, {"type": "http.disconnect"})
+
+        def parse() -> str:
+            deadline = time.monotonic() + (2 if stopped else 0.2)
+            while time.monotonic() < deadline:
+                kserve_json.stop_if_client_gone()
+                time.sleep(0.005)
+            return "parsed"
+
+        try:
+            return await parse_watched(request, size, parse)  # type: ignore[arg-type]
+        except ClientClosedRequest:
+            return "stopped"
+
+    assert asyncio.run(scenario()) == ("stopped" if stopped else "parsed")
+
+
+def test_an_answer_in_parts_ends_with_its_last_part() -> None:
+    sent: list[dict[str, object]] = []
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    parts = [b'{"outputs": []}', memoryview(b"abcd"), b"efgh"]
+    response = PartsResponse(parts, {"content-length": "23"}, release=lambda: None)
+    asyncio.run(response.send_body({"type": "http"}, None, send))  # type: ignore[arg-type]
+    assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 3
+    assert [m["more_body"] for m in sent[1:]] == [True, True, False]
+    assert [bytes(m["body"]) for m in sent[1:]] == [bytes(part) for part in parts]  # type: ignore[call-overload]
