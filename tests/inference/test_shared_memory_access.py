@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from posenc.service.errors import BadRequest, Forbidden, PayloadTooLarge
 from posenc.service.inference.kserve_request import ShmRef
-from posenc.service.inference.shared_memory import Region, SharedMemoryRegistry
+from posenc.service.inference.shared_memory import Region, SharedMemoryRegistry, shm_file
 from posenc.service.inference.shared_memory_guard import may_access
 from posenc.service.request_kit.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
 from posenc.service.request_kit.unix import Peer
@@ -310,3 +310,19 @@ def test_an_unsealed_object_is_copied_and_a_shrink_is_a_400(shm_path: Path, monk
         monkeypatch.undo()
         os.truncate(shm_path, 16384)
         assert client.post(URL, content=body).status_code == 200
+
+
+NAME_MAX = "k" * 255
+
+
+@pytest.mark.parametrize(("key", "name"), [("a", "a"), ("/a", "a"), ("a.b-c_1", "a.b-c_1"), (NAME_MAX, NAME_MAX),
+                                           ("/" + NAME_MAX, NAME_MAX)])
+def test_shared_memory_object_names_up_to_name_max_are_files_under_dev_shm(key: str, name: str) -> None:
+    assert shm_file(key) == "/dev/shm/" + name
+
+
+@pytest.mark.parametrize("key", ["", "/", NAME_MAX + "k", "/" + NAME_MAX + "k", ".hidden", "/.x", "a/b", "../a", "a b",
+                                 7])
+def test_anything_else_is_no_shared_memory_object_name(key: object) -> None:
+    with pytest.raises(BadRequest, match="'key'"):
+        shm_file(key)
