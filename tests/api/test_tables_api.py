@@ -84,6 +84,16 @@ def test_tensor_selection(client: TestClient) -> None:
     assert r.status_code == 422 and "tensor" in r.json()["error"] and "pe" in r.json()["error"]
 
 
+@pytest.mark.parametrize("fmt", ["npy", "raw"])
+def test_a_single_tensor_format_of_two_tensors_needs_the_choice(client: TestClient, fmt: str) -> None:
+    """/v1/rope/mrope/positions answers two tensors (position_ids, rope_deltas): one of them, or safetensors."""
+    url, body = "/v1/rope/mrope/positions?mrope_section=1,1,2", {"segments": [{"type": "text", "length": 3}]}
+    r = client.post(f"{url}&format={fmt}", json=body)
+    assert r.status_code == 400 and "carries one tensor" in r.json()["error"]
+    assert "position_ids, rope_deltas" in r.json()["error"]
+    assert client.post(f"{url}&format={fmt}&tensor=rope_deltas", json=body).status_code == 200
+
+
 @pytest.mark.parametrize(("query", "accept"), [("&format=xml", None), ("", "text/html"), ("&format=", None)])
 def test_unknown_format_is_406(client: TestClient, query: str, accept: str | None) -> None:
     r = client.get(URL + query, headers={"Accept": accept} if accept else {})
