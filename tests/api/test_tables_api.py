@@ -184,3 +184,14 @@ def test_json_is_limited_to_small_tables() -> None:
         r = c.get("/v1/sinusoidal?max_position=11&dim=10&format=json")
         assert r.status_code == 413 and "format=safetensors" in r.json()["error"]
         assert c.get("/v1/sinusoidal?max_position=11&dim=10").status_code == 200
+
+
+@pytest.mark.parametrize(("query", "disposition"), [
+    ("/v1/rope?max_position=4&head_dim=8", 'attachment; filename="rope.safetensors"'),
+    ("/v1/rope?max_position=4&head_dim=8&format=npy&tensor=cos", 'attachment; filename="rope-cos.npy"'),
+    ("/v1/sinusoidal?max_position=4&dim=8&format=raw", 'attachment; filename="sinusoidal-pe.bin"'),
+    ("/v1/rope?max_position=4&head_dim=8&format=png&tensor=sin", 'inline; filename="rope-sin.png"'),  # shown, not saved
+])
+def test_the_download_is_named_after_the_endpoint_and_its_one_tensor(client: TestClient, query: str,
+                                                                     disposition: str) -> None:
+    assert client.get(query).headers["Content-Disposition"] == disposition
