@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
+from posenc.service.inference import calibration
+from posenc.service.inference.repository import ConfigError, ModelConfig, _calibration_cache_path
 from tests.conftest import running_client
 from tests.onnx_models import REPOSITORY, SHIPPED
 
@@ -95,3 +98,41 @@ def test_repository_index_takes_only_a_json_boolean(body: dict) -> None:
         not_json = client.post("/v2/repository/index", content=b"\xff", headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and "ready" in r.json()["error"]
     assert not_json.status_code == 400 and set(not_json.json()) == {"error", "type"}
+
+
+TENSOR = {"name": "x", "datatype": "FP32", "shape": [-1, -1, 8]}
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ([TENSOR], "config.json must hold a JSON object"),
+    ({"outputs": [TENSOR]}, "'inputs' must be a non-empty list"),
+    ({"inputs": [], "outputs": [TENSOR]}, "'inputs' must be a non-empty list"),
+    ({"inputs": [TENSOR], "outputs": {"y": TENSOR}}, "'outputs' must be a non-empty list"),
+    ({"inputs": [{"name": "x", "datatype": "FP32"}], "outputs": [TENSOR]}, "'inputs' entries need name, datatype"),
+    ({"inputs": [{**TENSOR, "shape": [-1, "n"]}], "outputs": [TENSOR]}, "'inputs' entries need name, datatype"),
+    ({"inputs": [{**TENSOR, "shape": [4, -1]}], "outputs": [TENSOR]}, "a dynamic batch dim 0 required"),
+    ({"inputs": [{**TENSOR, "shape": []}], "outputs": [TENSOR]}, "a dynamic batch dim 0 required"),
+    ({"inputs": [{**TENSOR, "datatype": "FP99"}], "outputs": [TENSOR]}, "inputs 'x': known datatype"),
+    ({"inputs": [TENSOR], "outputs": [TENSOR], "max_batch_size": 0}, "max_batch_size must be an integer >= 1"),
+    ({"inputs": [TENSOR], "outputs": [TENSOR], "max_batch_size": "8"}, "max_batch_size must be an integer >= 1"),
+    ({"inputs": [TENSOR], "outputs": [TENSOR], "max_position": 0}, "max_position must be an integer >= 1"),
+    ({"inputs": [TENSOR], "outputs": [TENSOR], "max_position": "4096"}, "max_position must be an integer >= 1"),
+])
+def test_a_config_json_the_service_cannot_rely_on_is_refused_with_the_reason(data: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ModelConfig.parse("m", data)
+
+
+def test_config_json_defaults_and_the_sequence_axis() -> None:
+    config = ModelConfig.parse("m", {"inputs": [TENSOR, {**TENSOR, "name": "p", "shape": [-1, 8, -1]},
+                                                {**TENSOR, "name": "s", "shape": [-1, 8]}], "outputs": [TENSOR]})
+    assert (config.max_batch_size, config.causal, config.max_position, config.sha256) == (1, False, None, None)
+    assert [tensor.sequence_axis() for tensor in config.inputs] == [1, 2, None]  # axis 0 is the batch
+    causal = ModelConfig.parse("m", {"inputs": [TENSOR], "outputs": [TENSOR], "causal": True, "max_position": 8})
+    assert causal.causal and causal.max_position == 8
+
+
+def test_the_calibration_cache_setting() -> None:
+    assert _calibration_cache_path("off") is None
+    assert _calibration_cache_path("") == calibration.default_cache_path()
+    assert _calibration_cache_path("~/rules.json") == Path.home() / "rules.json"
