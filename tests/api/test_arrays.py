@@ -40,6 +40,9 @@ def test_npy_roundtrip_with_numpy(shape: tuple[int, ...], dtype: type) -> None:
     np.testing.assert_array_equal(loaded, array)
     header_len = struct.unpack("<H", body[8:10])[0]
     assert (10 + header_len) % 64 == 0  # data 64-byte aligned, as numpy writes it
+    saved = io.BytesIO()
+    np.save(saved, array, allow_pickle=False)
+    assert body == saved.getvalue()  # byte for byte what numpy writes ('|' only for one-byte types)
 
 
 def test_npy_header_switches_to_v2_when_large() -> None:
