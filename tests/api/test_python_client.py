@@ -232,10 +232,16 @@ def test_retry_after_is_read_when_it_is_seconds(headers: dict[str, str], retry_a
     assert isinstance(error, UnavailableError) and error.retry_after == retry_after
 
 
-def test_the_clients_own_headers_go_with_every_request() -> None:
+def test_the_clients_own_headers_are_their_http_clients_defaults() -> None:
     headers = {"X-Key": "secret"}
-    for client in (Client("http://x", headers=headers), AsyncClient("http://x", headers=headers)):
+    with Client("http://x", headers=headers) as client:
         assert client.http.headers["X-Key"] == "secret"
+
+    async def in_async() -> str:
+        async with AsyncClient("http://x", headers=headers) as client:
+            return client.http.headers["X-Key"]
+
+    assert asyncio.run(in_async()) == "secret"
 
 
 def test_the_async_client_in_process(app_client: TestClient) -> None:
