@@ -8,7 +8,7 @@ import contextlib
 import math
 import time
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,6 +33,7 @@ from posenc.service.inference.kserve_json import json_data, lift_data
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response_parts
 from posenc.service.inference.repository import LoadedModel
+from posenc.service.request_kit.bodies import read_aligned_body
 from posenc.service.testing import attention_inputs, kserve_request
 from tests.conftest import running_client
 
@@ -200,17 +201,18 @@ def test_memory_needed_counts_the_body_the_decoded_inputs_the_outputs_and_their_
     arrays = _inputs()
     request = kserve_request(arrays, binary=binary, binary_output=binary_output)
     header_length = request.headers.get("Inference-Header-Content-Length")
-    # the binary section on a 64-byte boundary, as the server reads it (an unaligned input would be copied)
-    buffer = np.empty(len(request.body) + 64, np.uint8)
-    shift = -(buffer.ctypes.data + int(header_length or 0)) % 64
-    body = buffer[shift:shift + len(request.body)]
-    body[:] = np.frombuffer(request.body, np.uint8)
-    parsed = parse_infer_request(memoryview(body), header_length)
+
+    async def sent() -> AsyncIterator[bytes]:
+        yield request.body
+
+    # read as the server reads it: the binary section on a boundary (an unaligned input would be copied)
+    body = asyncio.run(read_aligned_body(str(len(request.body)), sent(), len(request.body), int(header_length or 0)))
+    parsed = parse_infer_request(body, header_length)
     inputs = {t.name: t.array for t in parsed.inputs}
     elements = [math.prod(model.output_shape(out.name, inputs) or ()) for out in model.config.outputs]
     decoded = 0 if binary else sum(array.nbytes for array in arrays.values())  # binary inputs: views of the body
     text = 0 if binary_output else sum(elements) * JSON_NUMBER_BYTES
-    assert memory_needed(memoryview(body), model, parsed, inputs) == len(body) + decoded + 4 * sum(elements) + text
+    assert memory_needed(body, model, parsed, inputs) == len(body) + decoded + 4 * sum(elements) + text
 
 
 @pytest.mark.parametrize("binary_output", [False, True])
