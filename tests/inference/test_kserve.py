@@ -175,8 +175,7 @@ class _Region:
                          ids=["data", "binary_data_size"])
 def test_shared_memory_with_data_of_another_kind_is_400(also: dict) -> None:
     shm = {"shared_memory_region": "r", "shared_memory_byte_size": A.nbytes}
-    entry = {**_tensor("a", A, binary=False), "parameters": shm}
-    entry.pop("data")
+    entry = {"name": "a", "datatype": "FP32", "shape": [2, 2], "parameters": shm}
     request = parse_infer_request(json.dumps({"inputs": [entry]}).encode(), None, _Region(A))
     np.testing.assert_array_equal(request.inputs[0].array, A)  # alone, the region is read
     parameters = {**shm, **also.get("parameters", {})}
