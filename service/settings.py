@@ -228,6 +228,13 @@ class Settings(BaseSettings):
         description="Cap of onnxruntime's CUDA memory arena per session (`gpu_mem_limit`; it grows only as requested). "
         "0 = 3/4 of the device's memory.",
     )
+    cuda_pin_shared_memory: bool = Field(
+        True,
+        description="On CUDA, page-lock (cudaHostRegister) the shared-memory regions the server maps (sealed memfds) "
+        "while they are registered: inputs go to the device and outputs come back by DMA, one copy each, "
+        "instead of through the driver's staging buffer. The locked bytes are bounded by "
+        "POSENC_SHARED_MEMORY_MAX_BYTES.",
+    )
     shared_memory: bool = Field(
         False,
         description="Triton/KServe system shared-memory extension: clients on this host may register POSIX "

@@ -20,6 +20,7 @@ from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
+from posenc.service.inference.devices import HostPinning
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastA
         problems = await asyncio.to_thread(engine.load)
         app.state.engine = engine
         app.state.readiness_problems = problems
+        if engine.on_cuda and settings.cuda_pin_shared_memory:
+            app.state.shared_memory.pinning = HostPinning.open()
         if problems:
             log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
         else:

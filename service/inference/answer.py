@@ -220,14 +220,18 @@ async def _run_infer(request: Request, engine: Engine, model: LoadedModel, limit
                                    align_at=json_length, receive_into=receive_into_of(request.scope))
     phases.lap("read")
     shm = registry.for_caller(shared_memory_caller(request.scope)) if registry.enabled else None
-    parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
-    phases.lap("parse")
-    outputs, written = await run_parsed(engine, model, parsed, body, shm, reservation)
-    phases.lap("queue")
-    del body  # the inputs were views of it, not needed any more
-    order = model.config.output_names
-    copies = copied_to_shm(parsed, outputs, written, order)
-    answer = await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
-                                 parsed, outputs, copies, order)
+    try:
+        parsed = await parse_watched(request, json_length or len(body), parse_infer_request, body, header_length, shm)
+        phases.lap("parse")
+        outputs, written = await run_parsed(engine, model, parsed, body, shm, reservation)
+        phases.lap("queue")
+        del body  # the inputs were views of it, not needed any more
+        order = model.config.output_names
+        copies = copied_to_shm(parsed, outputs, written, order)
+        answer = await maybe_offload(_answer_work(parsed, outputs, copies, order), _answer, model.name, shm,
+                                     parsed, outputs, copies, order)
+    finally:
+        if shm is not None:
+            shm.release()
     phases.lap("encode")
     return answer

@@ -57,15 +57,16 @@ def run_model(model: LoadedModel, inputs: Mapping[str, np.ndarray],
     """Synchronous onnxruntime run returning every output in model order (call from a worker thread).
 
     `out`: arrays some outputs are written into (each of the output's shape and dtype, C-contiguous, not
-    overlapping the inputs), returned as themselves (an output of another shape is returned as it is). On CPU
-    onnxruntime writes into them directly (bound as its output buffers); elsewhere they are copied in.
+    overlapping the inputs), returned as themselves (an output of another shape is returned as it is).
+    onnxruntime writes into them directly, bound as its output buffers: on CPU the run writes there, on CUDA
+    the output is copied there from the device (one copy; a pinned region's by DMA).
     An allocation that fails inside onnxruntime is a 507 (`InsufficientStorage`); the session keeps working."""
     names = model.config.output_names
     bound = model.io_binding if model.io_binding is not None else CUDA in model.providers
     session = model.forms.pick(inputs)[1] if model.forms is not None else model.session
     try:
         result = _run_bfloat16(model, session, inputs) if _has_bfloat16(model, inputs) else None
-        if result is None and out and CUDA not in model.providers:
+        if result is None and out:
             result = _run_into(model, session, inputs, out)
         if result is None:
             outputs = _run_bound(model, session, inputs) if bound else session.run(names, dict(inputs))
@@ -103,8 +104,9 @@ def _run_bound(model: LoadedModel, session: ort.InferenceSession,
 
 def _run_into(model: LoadedModel, session: ort.InferenceSession, inputs: Mapping[str, np.ndarray],
               out: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
-    """CPU run with the outputs of `out` bound to those arrays (onnxruntime's output buffers: no copy); None
-    when onnxruntime refuses them (an output whose real shape differs from its declared symbolic dims)."""
+    """A run with the outputs of `out` bound to those host arrays (onnxruntime's output buffers: written in place
+    on CPU, copied into from the device on CUDA), the others returned in host memory; None when onnxruntime
+    refuses them (an output whose real shape differs from its declared symbolic dims)."""
     binding = _binding(session, inputs)
     names = model.config.output_names
     for name in names:
@@ -193,7 +195,7 @@ class Engine:
             self.models[folder.name] = load_model(folder.name, folder, self.settings, deadline)
         loaded = [model for model in self.models.values() if isinstance(model, LoadedModel)]
         if not self.settings.max_run_bytes:
-            self.run_budget.capacity = default_run_bytes(on_cuda=any(CUDA in m.providers for m in loaded))
+            self.run_budget.capacity = default_run_bytes(on_cuda=self.on_cuda)
         for model in loaded:
             if (cost := attention_cost(model.config.raw)) is not None:
                 self.costs[model.name] = cost
@@ -219,6 +221,11 @@ class Engine:
             max_runs=settings.inference_threads,
             batch_below_us=0 if CUDA in model.providers else settings.batch_below_us,
         )
+
+    @property
+    def on_cuda(self) -> bool:
+        """Whether a loaded model runs on the CUDA provider."""
+        return any(isinstance(m, LoadedModel) and CUDA in m.providers for m in self.models.values())
 
     def get(self, name: str, version: str | None = None) -> RepositoryEntry:
         model = self.models.get(name)

@@ -374,8 +374,8 @@ class Servicer:
         model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
         with state.engine.admission(model):
             reservation = await state.budget.acquire(3 * size, f"an inference on '{model.name}'")
+            shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
             try:
-                shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
                 raw = sum(len(chunk) for chunk in raw_inputs)
                 parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm,
                                                    raw_inputs)
@@ -392,6 +392,8 @@ class Servicer:
                 phases.lap("encode")
                 return answer
             finally:
+                if shm is not None:
+                    shm.release()
                 reservation.release()
 
 

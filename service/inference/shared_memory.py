@@ -34,7 +34,7 @@ import os
 import re
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from posenc.service.inference.shared_memory_guard import (
 from posenc.service.inference.shared_memory_region import Region, check_room, map_region
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
+
+if TYPE_CHECKING:
+    from posenc.service.inference.devices import HostPinning
 
 log = logging.getLogger("posenc.inference.shared_memory")
 
@@ -121,12 +124,14 @@ class SharedMemoryRegistry:
     Every call names its caller, and sees only that caller's owner's regions (`SharedMemoryCaller.owner`):
     two owners may register the same name without meeting. `for_caller` gives the `TensorSource` an infer
     request reads its shared-memory inputs from: the caller's regions as it may use them.
+    `pinning` (set once a model runs on CUDA): mapped regions are pinned for the device while registered.
     """
 
     def __init__(self, enabled: bool, max_regions: int = MAX_REGIONS, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.enabled = enabled
         self.max_regions = max_regions
         self.max_bytes = max_bytes
+        self.pinning: HostPinning | None = None
         self._regions: dict[tuple[str, str], Region] = {}  # (owner, name) -> region
         self._retired: list[Region] = []  # unregistered, still viewed by a request in flight
         self._lock = threading.Lock()
@@ -152,10 +157,12 @@ class SharedMemoryRegistry:
                                       f"{format_bytes(registered + byte_size)} of registered shared memory; this "
                                       f"server allows {format_bytes(self.max_bytes)} (POSENC_SHARED_MEMORY_MAX_BYTES)")
             region = map_region(name, key, offset, byte_size, open_key(key, caller), caller.owner)
+            if self.pinning is not None:
+                region.pin(self.pinning)
             self._regions[caller.owner, name] = region
-        log.info("shared-memory region %r of %s registered: key %r, offset %d, %d bytes, %s%s", name, caller.owner,
+        log.info("shared-memory region %r of %s registered: key %r, offset %d, %d bytes, %s%s%s", name, caller.owner,
                  key, offset, byte_size, "zero-copy" if region.mapping is not None else "copied",
-                 "" if region.writable else ", read-only")
+                 ", pinned" if region.unpin is not None else "", "" if region.writable else ", read-only")
 
     def unregister(self, caller: SharedMemoryCaller, name: str | None = None) -> None:
         """Unregister the caller's region `name` (unknown: nothing happens, as in Triton), or every region of
@@ -213,20 +220,33 @@ class SharedMemoryRegistry:
 class RegionsFor:
     """The caller's registered regions as it may use them (the `TensorSource` of its infer request). A
     region it names must be its owner's, and one the caller could open itself (peers of one uid may differ
-    in groups)."""
+    in groups). Every region it hands bytes of is leased to the request until `release` (call it when the
+    request's run is over): a region unregistered meanwhile stays mapped and pinned until then."""
 
     def __init__(self, registry: SharedMemoryRegistry, caller: SharedMemoryCaller) -> None:
         self.registry, self.caller = registry, caller
         self.enabled = registry.enabled
+        self._leased: list[Region] = []
 
     def _region(self, ref: ShmRef, where: str, output: bool) -> Region:
+        """The region `ref` names, leased to this request (call with the registry's lock held)."""
         self.caller.require(where)
         region = self.registry.region(self.caller.owner, ref, where)
         if output:
             require_output_access(self.caller, region.info, region.refusal, region.name, where)
         else:
             require_input_access(self.caller, region.info, region.name, where)
+        region.leases += 1
+        self._leased.append(region)
         return region
+
+    def release(self) -> None:
+        """End this request's leases (its run is over: nothing copies from or into its regions any more)."""
+        with self.registry._lock:
+            for region in self._leased:
+                region.leases -= 1
+            self._leased.clear()
+            self.registry._sweep()  # an unregistered region this request held unmaps (and unpins) now
 
     def input_array(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
         """Read-only [shape] `dtype` array of the region: a view of the mapping (zero-copy regions, unless the

@@ -8,17 +8,22 @@ The registry of regions is `posenc.service.inference.shared_memory`; who may ope
 from __future__ import annotations
 
 import fcntl
+import functools
 import math
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from posenc.service.errors import BadRequest, echo
 from posenc.service.inference.kserve_request import ShmRef
 from posenc.service.inference.shared_memory_guard import OpenedObject, WriteRefusal, mapping_failed, write_refusal
+
+if TYPE_CHECKING:
+    from posenc.service.inference.devices import HostPinning
 
 
 @dataclass(eq=False)
@@ -34,6 +39,9 @@ class Region:
       with pwrite after it: a truncation is then a short read, answered 400.
     Either way the region keeps `fd`, the descriptor it was opened with (a mapping holds a second one): the
     object's seals are read from it before every write, since a client may seal a memfd after registering it.
+    On a CUDA server a mapping is also pinned (`pin`): the device copies from and into it directly. `leases`
+    counts the requests whose runs may still be copying from or into it; it is unpinned and unmapped only at
+    none.
     """
 
     name: str
@@ -47,6 +55,8 @@ class Region:
     mapping: mmap.mmap | None = None
     start: int = 0
     closed: bool = field(default=False)
+    unpin: Callable[[], None] | None = None  # set while the mapping is pinned for the CUDA device
+    leases: int = 0
 
     @property
     def writable(self) -> bool:
@@ -132,8 +142,25 @@ class Region:
         return (self.file_id == other.file_id and start < other_start + other_size
                 and other_start < start + size)
 
+    def pin(self, pinning: HostPinning) -> None:
+        """Page-lock the whole mapping for the CUDA device (nothing for a copied region, or when the driver
+        refuses: copies then go through its staging buffer)."""
+        if self.mapping is None or self.unpin is not None:
+            return
+        view = np.frombuffer(self.mapping, dtype=np.uint8)
+        address = view.ctypes.data
+        del view  # an exported buffer would keep the mapping from closing
+        if pinning.pin(address, len(self.mapping), read_only=not self.writable):
+            self.unpin = functools.partial(pinning.unpin, address)
+
     def close(self) -> bool:
-        """Unmap and close; False while arrays still view the mapping (a request in flight): try again later."""
+        """Unpin, unmap and close; False while a request holds a lease or arrays still view the mapping (a
+        request in flight): try again later."""
+        if self.leases:
+            return False
+        if self.unpin is not None:
+            self.unpin()  # while still mapped; no run copies from or into it any more (no lease)
+            self.unpin = None
         if not self.closed:
             if self.mapping is not None:
                 try:

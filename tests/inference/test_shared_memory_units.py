@@ -244,8 +244,10 @@ def test_registry_checks_every_range(memfd: tuple[str, int]) -> None:
     assert np.frombuffer(os.pread(fd, 24, 4100 + 32), np.int64).tolist() == [7, 7, 7]
     with pytest.raises(BadRequest, match="shared_memory_byte_size is 16 bytes, the output \\[3\\] int64 needs 24"):
         regions.write_output(ShmRef("r", 32, 16), np.full(3, 7, np.int64), "output 'y'")
-    registry.unregister(SELF_PEER, "r")  # the view above still exports the mapping: closed once it is gone
+    registry.unregister(SELF_PEER, "r")  # the request still holds it: closed once its run is over
     assert len(registry._retired) == 1 and view[1, 1] == 3
+    regions.release()  # the run is over, but the view above still exports the mapping: closed once it is gone
+    assert len(registry._retired) == 1
     del view
     registry.unregister(SELF_PEER, "r")
     assert registry._retired == [] and registry.status(SELF_PEER) == []
