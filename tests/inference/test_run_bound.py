@@ -4,10 +4,12 @@ under the bound, allocation failures as 507 with the session still usable, provi
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,7 +17,7 @@ import pytest
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.inference.batcher import Batcher
-from posenc.service.inference.devices import CPU, CUDA, process_memory_bytes
+from posenc.service.inference.devices import CPU, CUDA, cuda_memory_info, process_memory_bytes
 from posenc.service.inference.engine import Engine, run_model
 from posenc.service.inference.repository import LoadedModel, _with_options
 from posenc.service.inference.run_bound import AttentionCost, default_run_bytes
@@ -203,3 +205,52 @@ def test_on_cuda_io_binding_agrees_with_cpu_and_llama3_1_at_8192_is_never_500() 
         assert r.status_code in (200, 413), r.text[:300]
         again = client.post("/v2/models/llama3_1_attention/infer", content=body, headers=headers)
         assert again.status_code == r.status_code  # the arena did not grow into a failure
+
+
+# (model, B, S) of the mixed large requests: each model's 413 (one row over the run bound), runs split into chunks
+# under it, and runs that fit whole
+MIXED_LARGE = [("llama3_1_attention", 1, 8192), ("llama3_1_attention", 8, 2048), ("rope_attention", 8, 2048),
+               ("llama3_1_attention", 2, 4096), ("rope_attention", 4, 4080), ("rope_attention", 16, 1024),
+               ("llama3_1_attention", 4, 1024)]
+
+
+def test_on_cuda_device_memory_stays_within_the_arena_caps_after_mixed_large_requests(tmp_path: Path) -> None:
+    """GPU only: after 20 mixed large requests (200 or 413, never a 5xx), the device memory the process took after
+    its warm-up (CUDA context, libraries, both models on the device) grew by at most POSENC_CUDA_ARENA_BYTES per
+    session. Device memory is read for the whole device (cudaMemGetInfo), so nothing else may run on it."""
+    from tests.inference.test_engine import require_cuda_device
+
+    require_cuda_device()
+    for model in HEADS:
+        shutil.copytree(REPOSITORY / model, tmp_path / model)
+    cap = 8 << 30
+    before = _device_bytes_used()
+    with running_client(model_repository=tmp_path, providers="cuda", cuda_arena_bytes=cap, max_run_bytes=4 << 30,
+                        max_request_bytes=512 << 20, memory_budget_bytes=4 << 30) as client:
+        for model, (hq, hkv, dim) in HEADS.items():  # warm-up: one small run per model
+            body, headers = _binary(random_inputs(hq, hkv, dim, 1, 16))
+            assert client.post(f"/v2/models/{model}/infer", content=body, headers=headers).status_code == 200
+        warm = _device_bytes_used()
+        statuses, peak = [], warm
+        for index in range(20):
+            model, batch, seq = MIXED_LARGE[index % len(MIXED_LARGE)]
+            hq, hkv, dim = HEADS[model]
+            body, headers = _binary(random_inputs(hq, hkv, dim, batch, seq))
+            answer = client.post(f"/v2/models/{model}/infer", content=body, headers=headers)
+            assert answer.status_code in (200, 413), f"{model} B={batch} S={seq}: {answer.text[:300]}"
+            statuses.append(answer.status_code)
+            peak = max(peak, _device_bytes_used())
+        end = _device_bytes_used()
+    sessions = len(HEADS)
+    print(f"device memory used: before {before / 2**30:.2f} GiB, after warm-up {warm / 2**30:.2f}, peak "
+          f"{peak / 2**30:.2f}, after 20 requests {end / 2**30:.2f} (cap {cap / 2**30:.0f} GiB x {sessions} sessions); "
+          f"statuses {statuses}")
+    assert statuses.count(413) >= 2 and statuses.count(200) >= 10
+    assert peak - warm <= sessions * cap
+
+
+def _device_bytes_used() -> int:
+    info = cuda_memory_info()
+    assert info is not None
+    free, total = info
+    return total - free
