@@ -29,7 +29,8 @@ Ratios and their targets, by B·S (`targets`): overhead = (HTTP binary − onnxr
 onnxruntime / HTTP binary ≥ 0.5 (half the in-process throughput) in between (B·S ≥ 1024); torch eager /
 onnxruntime ≥ 1.0 at every case (the ONNX path is to be the fast one; llama3_1_attention B=1 S=1024, where
 torch's fused CPU attention comes closest, is among the CPU cases). The ratio table also gets the copied shared
-memory (informational).
+memory (informational). With --device cuda: onnxruntime with I/O binding / HTTP shm zero-copy ≥ 0.8 at
+B·S ≥ 16384 (the server's copies to and from the pinned regions against a run whose tensors are on the device).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ SHM_TARGET, SMALL_SHM_TARGET = 0.9, 0.6  # onnxruntime / HTTP shm zero-copy: lar
 BINARY_TARGET = 0.5  # onnxruntime / HTTP binary for mid-size requests
 TORCH_TARGET = 1.0  # torch eager / onnxruntime, at every shape: the ONNX path is to be the fast one
 KSERVE_TARGET = 1.0  # KServe ModelServer / posenc, HTTP binary: posenc ahead at every shape
+GPU_SHM_ROWS, GPU_SHM_TARGET = 16384, 0.8  # --device cuda: onnxruntime I/O binding / HTTP shm zero-copy from B·S
 BURST_MS, QUICK_BURST_MS, MOST_CALLS = 600.0, 250.0, 5  # a side's burst per round: its calls fit this, 1 to 5
 
 
@@ -114,7 +116,14 @@ class Raw:
                                  concurrency=1)
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        response = self.client.post(path, body=body, headers=headers)
+        from geventhttpclient.response import HTTPConnectionClosed
+
+        try:
+            response = self.client.post(path, body=body, headers=headers)
+        except (HTTPConnectionClosed, BrokenPipeError, ConnectionResetError):
+            # the server closed the kept-alive connection while other columns ran (its keep-alive timeout): again,
+            # on a new one
+            response = self.client.post(path, body=body, headers=headers)
         data = response.read()
         if response.status_code != 200:
             raise RuntimeError(f"{path}: HTTP {response.status_code}: {data[:300]!r}")
@@ -267,8 +276,10 @@ def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], t
                 held.get("binary"), f"{spread(binary, ort, False)}; ratio = onnxruntime's share of the HTTP latency",
                 control=control)]
     if "torch" in times:
-        rows.append(Row(f"onnxruntime vs torch eager {where}", med(ort), med(times["torch"]), "ms", False, TORCH_TARGET,
-                        f"{spread(ort, times['torch'], False)}; torch {torch_version()}, each alone, "
+        # torch's tensors stay on the device: on the GPU it is held to the run with I/O binding, whose do too
+        mine, label = (times["binding"], "onnxruntime I/O binding") if "binding" in times else (ort, "onnxruntime")
+        rows.append(Row(f"{label} vs torch eager {where}", med(mine), med(times["torch"]), "ms", False, TORCH_TARGET,
+                        f"{spread(mine, times['torch'], False)}; torch {torch_version()}, each alone, "
                         f"{threads} threads", control=control))
     if "kserve" in times:
         rows.append(Row(f"HTTP binary infer: posenc vs KServe ModelServer {where}", med(binary), med(times["kserve"]),
@@ -279,6 +290,14 @@ def case_rows(model: str, batch: int, seq: int, times: dict[str, list[float]], t
                     "pread/pwrite"))
     rows.append(Row(f"HTTP shm zero-copy (sealed memfd, Unix socket) vs in-process onnxruntime {where}", med(shm),
                     med(ort), "ms", False, held.get("shm"), spread(shm, ort, False), control=control))
+    if "binding" in times:  # on the GPU: against the run alone, inputs and output already on the device
+        rows.append(Row(f"HTTP shm zero-copy vs onnxruntime I/O binding {where}", med(shm), med(times["binding"]), "ms",
+                        False, GPU_SHM_TARGET if batch * seq >= GPU_SHM_ROWS else None,
+                        f"{spread(shm, times['binding'], False)}; the region pinned, one DMA per tensor each way",
+                        control=control))
+        rows.append(Row(f"HTTP shm zero-copy: pinned vs pageable regions {where}", med(shm),
+                        med(times["shm pageable"]), "ms", False, None,
+                        f"{spread(shm, times['shm pageable'], False)}; POSENC_CUDA_PIN_SHARED_MEMORY true vs false"))
     rows.append(Row(f"(HTTP binary - onnxruntime) / echo {where}", med(binary) - med(ort), med(echo), "ms", True,
                     held.get("overhead"), "overhead: what posenc adds to the run, in echoes", at_most=True,
                     control=control))
@@ -308,10 +327,11 @@ def run(bench: Bench) -> Report:
         import torch
         notes.append(f"# GPU {torch.cuda.get_device_name(0)}")
     table = ["| model | B | S | in / out MB | echo | HTTP binary | HTTP shm zero-copy | HTTP shm copied | onnxruntime"
-             " | onnxruntime (control) | " + ("onnxruntime I/O binding | " if binding_column else "")
+             " | onnxruntime (control) | "
+             + ("onnxruntime I/O binding | HTTP shm zero-copy, not pinned | " if binding_column else "")
              + "torch eager | KServe ModelServer | overhead / echo (≤ 1.3 at B·S ≤ 128 and ≥ 4096) "
              "| onnxruntime / shm (≥ 0.6 at B·S ≤ 128, ≥ 0.9 at B·S ≥ 4096)" + grpc_columns.HEADER + " |",
-             "|---" * (14 + grpc_columns.COLUMNS + binding_column) + "|"]
+             "|---" * (14 + grpc_columns.COLUMNS + 2 * binding_column) + "|"]
     report = Report(notes=notes)
     profile: list[str] = []
     settings: dict[str, object] = {
@@ -325,6 +345,10 @@ def run(bench: Bench) -> Report:
         server = servers.start("posenc + echo", {**settings, **grpc_columns.server_settings()}, command=command)
         # the zero-copy column: `posenc serve` itself, whose Unix socket tells it who the client is
         servers.start("posenc serve (unix socket)", {**settings, "uds": socket_path})
+        pageable_path = str(bench.work_dir / "posenc-pageable.sock")
+        if binding_column:  # on the GPU, the same with the regions left pageable: what pinning them saves
+            servers.start("posenc serve (unix socket, not pinned)",
+                          {**settings, "uds": pageable_path, "cuda_pin_shared_memory": False})
         # the transport's anchor, a process alone (the gRPC one too)
         echo_server = servers.start("echo", settings, command=command + grpc_columns.echo_arguments())
         peer = start_kserve(servers, kserve, sorted({c[0] for c in cases}), threads) if kserve else None
@@ -351,11 +375,15 @@ def run(bench: Bench) -> Report:
                 shared = SharedMemoryCase(server, arrays, str(index))
                 zero_copy = ZeroCopyCase(socket_path, arrays, str(index))
                 zero_copy_call = zero_copy.call(model)
+                pageable = ZeroCopyCase(pageable_path, arrays, str(index)) if binding_column else None
                 try:
                     calls: dict[str, Callable[[], Any]] = {
                         "echo": partial(echo_raw.post, ECHO_PATH, echo_body, echo_headers),
                         "socket echo": socket_echo.call,
                         "binary": binary, "shm": zero_copy_call, "shm copied": shared.call(raw, model)}
+                    if pageable is not None:
+                        calls["shm pageable"] = pageable.call(model)
+                        np.testing.assert_allclose(calls["shm pageable"](), expected, atol=1e-4, rtol=1e-4)
                     if peer_raw is not None:
                         calls["kserve"] = binary_call(peer_raw, model, arrays)[0]
                         np.testing.assert_allclose(calls["kserve"](), expected, atol=1e-4, rtol=1e-4)
@@ -372,6 +400,8 @@ def run(bench: Bench) -> Report:
                 finally:
                     shared.close()
                     zero_copy.close()
+                    if pageable is not None:
+                        pageable.close()
                     socket_echo.close()
                 ms = {name: med(values) for name, values in times.items()}
                 overhead, shm_ratio = (ms["binary"] - ms["ort"]) / ms["echo"], ms["ort"] / ms["shm"]
@@ -380,7 +410,7 @@ def run(bench: Bench) -> Report:
                 table.append(f"| {model} | {batch} | {seq} | {request_bytes / 1e6:.1f} / {response_bytes / 1e6:.1f} "
                              f"| {ms['echo']:.2f} ms | {ms['binary']:.2f} ms | {ms['shm']:.2f} ms "
                              f"| {ms['shm copied']:.2f} ms | {ms['ort']:.2f} ms | {ms['ort twin']:.2f} ms"
-                             + (f" | {ms['binding']:.2f} ms" if binding_column else "")
+                             + (f" | {ms['binding']:.2f} ms | {ms['shm pageable']:.2f} ms" if binding_column else "")
                              + (f" | {ms['torch']:.2f} ms" if has_torch else " | n/a")
                              + (f" | {ms['kserve']:.2f} ms" if "kserve" in ms else " | n/a")
                              + f" | {overhead:.2f}{overhead_note} | {shm_ratio:.2f}{shm_note}"
