@@ -145,7 +145,7 @@ class Region:
     def pin(self, pinning: HostPinning) -> None:
         """Page-lock the whole mapping for the CUDA device (nothing for a copied region, or when the driver
         refuses: copies then go through its staging buffer)."""
-        if self.mapping is None or self.unpin is not None:
+        if self.mapping is None:
             return
         view = np.frombuffer(self.mapping, dtype=np.uint8)
         address = view.ctypes.data

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import posenc.service.inference.engine as engine_module
 from posenc.models.dtypes import lookup
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest
@@ -27,7 +28,7 @@ from posenc.service.inference.repository import CUDA, LoadedModel
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.settings import Settings
 from posenc.service.testing import memfd_key, sealed_memfd
-from tests.conftest import SELF_PEER, TRUSTED, peer_sending, shared_memory_client
+from tests.conftest import SELF_PEER, TRUSTED, peer_sending, running_client, shared_memory_client
 from tests.inference.test_engine import require_cuda_device
 from tests.onnx_models import REPOSITORY, grpc_infer_request, random_inputs, run, session
 
@@ -133,6 +134,57 @@ def test_a_region_a_request_holds_is_unpinned_only_when_its_run_is_over(memfd: t
     assert pins.events == [("pin", address), ("unpin", address)] and registry._retired == []
     regions.release()  # twice is harmless
     registry.close()
+
+
+def test_a_region_still_viewed_after_its_request_is_unpinned_once(memfd: tuple[str, int]) -> None:
+    key, fd = memfd
+    registry, pins = _pinning_registry()
+    registry.register("r", key, 0, 2 * TENSOR_BYTES, caller=peer_sending(fd))
+    region = registry._regions[SELF_PEER.owner, "r"]
+    address = _address(registry, "r")
+    regions = registry.for_caller(SELF_PEER)
+    view = regions.input_array(ShmRef("r", 0, 16), np.dtype(np.float32), (4,), "input 'x'")
+    regions.release()
+    regions.release()  # a second release takes nothing more
+    assert region.leases == 0
+    registry.unregister(SELF_PEER, "r")  # no run copies from it: unpinned, but the view keeps it mapped
+    assert pins.events == [("pin", address), ("unpin", address)] and registry._retired == [region]
+    del view
+    registry.unregister(SELF_PEER)  # the next sweep unmaps it, without unpinning it again
+    assert pins.events == [("pin", address), ("unpin", address)] and registry._retired == [] and region.closed
+    registry.close()
+
+
+@pytest.mark.parametrize(("on_cuda", "pin_setting", "pinned"), [(False, True, False), (True, False, False),
+                                                                 (True, True, True)])
+def test_the_server_pins_only_when_a_model_runs_on_cuda_and_the_setting_allows(
+        monkeypatch: pytest.MonkeyPatch, on_cuda: bool, pin_setting: bool, pinned: bool) -> None:
+    pinning = Pins()
+    monkeypatch.setattr(HostPinning, "open", classmethod(lambda cls: pinning))
+    monkeypatch.setattr(Engine, "on_cuda", property(lambda self: on_cuda))
+    with running_client(shared_memory=True, cuda_pin_shared_memory=pin_setting) as client:
+        assert client.app.state.shared_memory.pinning is (pinning if pinned else None)  # type: ignore[attr-defined]
+
+
+def test_a_cuda_run_binds_the_output_arrays_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the output goes straight into the array given (onnxruntime copies it there from the device), not
+    through a host array of onnxruntime's first. Run here on a CPU session labelled CUDA: the path taken is the
+    same."""
+    engine = Engine(Settings(model_repository=str(REPOSITORY), intra_op_num_threads=1))
+    assert engine.load() == []
+    loaded = engine.models[MODEL]
+    assert isinstance(loaded, LoadedModel)
+    on_cuda = LoadedModel(loaded.name, loaded.config, loaded.session, [CUDA, *loaded.providers])
+
+    def copied(*args: object) -> None:
+        raise AssertionError("the output came back through a host array of onnxruntime's own")
+
+    monkeypatch.setattr(engine_module, "_run_bound", copied)
+    arrays = random_inputs(8, 8, 64, 1, 2)
+    out = np.empty(SHAPE, np.float32)
+    assert run_model(on_cuda, arrays, {"output": out})["output"] is out
+    np.testing.assert_allclose(out, run(session(REPOSITORY / MODEL / "model.onnx"), arrays), atol=1e-5, rtol=1e-5)
+    asyncio.run(engine.close())
 
 
 def test_an_http_request_releases_its_regions_whether_it_succeeds_or_fails(memfd: tuple[str, int]) -> None:
