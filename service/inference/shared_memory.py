@@ -19,9 +19,9 @@ The server opens memory that another process controls, so:
 * a region must lie inside the object when registered, and every tensor inside its region; an output is
   written only while the object accepts writes (a seal added later is a 400); each region holds one
   descriptor (a mapped one two), and POSENC_SHARED_MEMORY_MAX_BYTES bounds the bytes of all regions together;
-* unregistering removes the name at once and closes the region; a mapping that a request in flight still
-  views (mmap refuses to close while arrays export its buffer) is closed at the next register or unregister
-  after that, and every mapping at shutdown.
+* unregistering removes the name at once and closes the region; a region a request in flight still uses
+  (its lease, or arrays viewing the mapping: mmap refuses to close while they export its buffer) is closed
+  when that request ends or at the next register or unregister after that, and every mapping at shutdown.
 
 Triton's behaviour is followed where the protocol leaves room: registering a name twice is a 400, the
 status of an unknown name a 404, unregistering an unknown name succeeds and changes nothing.
@@ -133,7 +133,7 @@ class SharedMemoryRegistry:
         self.max_bytes = max_bytes
         self.pinning: HostPinning | None = None
         self._regions: dict[tuple[str, str], Region] = {}  # (owner, name) -> region
-        self._retired: list[Region] = []  # unregistered, still viewed by a request in flight
+        self._retired: list[Region] = []  # unregistered, still used by a request in flight
         self._lock = threading.Lock()
 
     def require_enabled(self) -> None:
