@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import posenc.service.inference.engine as engine_module
-from posenc.models.dtypes import lookup
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest
 from posenc.service.inference.devices import HostPinning
@@ -27,7 +26,15 @@ from posenc.service.inference.kserve_request import ShmRef
 from posenc.service.inference.repository import CUDA, LoadedModel
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.settings import Settings
-from posenc.service.testing import memfd_key, sealed_memfd
+from posenc.service.testing import (
+    KServeRequest,
+    RequestedOutput,
+    SharedMemory,
+    SharedMemoryInput,
+    kserve_request,
+    memfd_key,
+    sealed_memfd,
+)
 from tests.conftest import SELF_PEER, TRUSTED, peer_sending, running_client, shared_memory_client
 from tests.inference.test_engine import require_cuda_device
 from tests.onnx_models import REPOSITORY, grpc_infer_request, random_inputs, run, session
@@ -189,25 +196,25 @@ def test_a_cuda_run_binds_the_output_arrays_it_is_given(monkeypatch: pytest.Monk
 
 def test_an_http_request_releases_its_regions_whether_it_succeeds_or_fails(memfd: tuple[str, int]) -> None:
     key, fd = memfd
-    query = random_inputs(8, 8, 64, 1, 2)["query"]
-    os.pwrite(fd, query.tobytes(), 0)
-    rest = {name: array for name, array in random_inputs(8, 8, 64, 1, 2).items() if name != "query"}
-    shm_query = {"name": "query", "datatype": "FP32", "shape": list(SHAPE),
-                 "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": TENSOR_BYTES}}
-    inputs = [shm_query, *({"name": name, "datatype": lookup(array.dtype).kserve, "shape": list(array.shape),
-                            "data": array.ravel().tolist()} for name, array in rest.items())]
-    output = {"name": "output", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": TENSOR_BYTES,
-                                               "shared_memory_offset": TENSOR_BYTES}}
+    arrays = random_inputs(8, 8, 64, 1, 2)
+    os.pwrite(fd, arrays["query"].tobytes(), 0)
+    inputs = {**arrays, "query": SharedMemoryInput(np.dtype(np.float32), SHAPE, SharedMemory("r", TENSOR_BYTES, 0))}
+
+    def request(output_bytes: int) -> KServeRequest:
+        output = RequestedOutput("output", shared_memory=SharedMemory("r", output_bytes, TENSOR_BYTES))
+        return kserve_request(inputs, outputs=[output])
+
     with shared_memory_client(peer=peer_sending(fd)) as client:
         registry: SharedMemoryRegistry = client.app.state.shared_memory  # type: ignore[attr-defined]
         register = {"key": key, "offset": 0, "byte_size": 2 * TENSOR_BYTES}
         assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
         region = registry._regions[SELF_PEER.owner, "r"]
-        ok = client.post(f"/v2/models/{MODEL}/infer", json={"inputs": inputs, "outputs": [output]})
+        fits = request(TENSOR_BYTES)
+        ok = client.post(f"/v2/models/{MODEL}/infer", content=fits.body, headers=fits.headers)
         assert ok.status_code == 200, ok.text
         assert region.leases == 0
-        wrong = {**output, "parameters": {**output["parameters"], "shared_memory_byte_size": 16}}  # too small: 400
-        refused = client.post(f"/v2/models/{MODEL}/infer", json={"inputs": inputs, "outputs": [wrong]})
+        too_small = request(16)
+        refused = client.post(f"/v2/models/{MODEL}/infer", content=too_small.body, headers=too_small.headers)
         assert refused.status_code == 400 and "shared_memory_byte_size is 16 bytes" in refused.text
         assert region.leases == 0
 
