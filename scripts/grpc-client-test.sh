@@ -9,9 +9,8 @@
 #    (scripts/grpc_descriptors.py): no copy of the .proto files is kept;
 # 3. scripts/client_fixtures.py writes the HTTP clients' fixture cases; one server starts on free loopback
 #    ports (HTTP and gRPC); 4. `go test` runs offline (GOPATH mode on /usr/share/gocode, GOPROXY=off);
-# 5. a command-line gRPC client that knows nothing of the protocol asks the server through reflection: `buf curl`
-#    (npm's @bufbuild/buf; grpcurl's Go module proxy is not reachable from CI) lists the services and methods and
-#    makes unary calls whose schema it downloads (scripts/reflection_cli_check.sh).
+# 5. grpcurl, which knows nothing of the protocol, asks the server through reflection: it lists the services and
+#    methods, describes a message and makes unary calls whose schema it downloads (scripts/reflection_cli_check.sh).
 NAME=grpc-client-test
 source "$(dirname "${BASH_SOURCE[0]}")/live-server.sh"
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
@@ -48,8 +47,8 @@ else
   server_log_tail
   exit 1
 fi
-if ! "$REPO/scripts/reflection_cli_check.sh" "127.0.0.1:$POSENC_GRPC_PORT" "$WORK/buf"; then
-  say "FAILED: reflection through buf curl; server log tail:"
+if ! PYTHON="$PYTHON" "$REPO/scripts/reflection_cli_check.sh" "127.0.0.1:$POSENC_GRPC_PORT" "$WORK/grpcurl"; then
+  say "FAILED: reflection through grpcurl; server log tail:"
   server_log_tail
   exit 1
 fi
