@@ -1,19 +1,20 @@
 """Where one inference's time goes, per case of `python -m bench infer`: the server's own phases beside the
 transport and the client.
 
-    | model | B | S | path | latency | client library | transport | parse | queue | run | encode | other |
+    | model | B | S | path | latency | client library | transport | route | parse | queue | run | encode | other |
 
 * latency: the column's median in the latency table (HTTP binary, HTTP shm zero-copy);
-* parse, queue, run, encode: the median of each phase over calls of that path, from the answers' `Server-Timing`
-  header (the bench's servers run with POSENC_SERVER_TIMING on; `posenc.service.inference.phases` says what
-  each phase holds: queue is everything between the parsed request and its run, run is onnxruntime's);
+* route, parse, queue, run, encode: the median of each phase over calls of that path, from the answers'
+  `Server-Timing` header (the bench's servers run with POSENC_SERVER_TIMING on; `posenc.service.inference.phases`
+  says what each phase holds: route is the request's head parsed to the handler's start, routing, middleware and
+  dependencies; queue is everything between the parsed request and its run, run is onnxruntime's);
 * transport: the echo with a bare socket for a client (`SocketEcho`: the request written with sendall, the
   answer read with recv_into into one buffer): the kernel's copies and posenc's server reading and writing
   these bytes, with no HTTP client library;
 * client library: the echo with the HTTP binary column's client (geventhttpclient, what tritonclient.http runs)
   less the socket echo: what the client library itself adds (its 4 KiB reads, the request joined to its head);
-* other: latency less all of the above: the framework (HTTP parsing, routing, middleware, the response's
-  messages) and, for the zero-copy path, its client and Unix socket (a small request: no echo to compare with).
+* other: latency less all of the above: the response's messages, what the echo does not do on its way in, and,
+  for the zero-copy path, its client and Unix socket (a small request: no echo to compare with).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
 from bench.harness import med
 from posenc.service.inference import phases
 
-PHASES = ("parse", "queue", "run", "encode")
-HEADER = ("| model | B | S | path | latency | client library | transport | parse | queue | run | encode | other |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|---|")
-NOTE = ("# where the time goes: latency from the table above; parse/queue/run/encode: the server's Server-Timing "
-        "(median); transport: the echo over a bare socket; client library: the echo with geventhttpclient less "
-        "that; other: the rest (framework; for zero-copy also its client): bench/profile.py")
+PHASES = ("route", "parse", "queue", "run", "encode")
+HEADER = ("| model | B | S | path | latency | client library | transport | route | parse | queue | run | encode | "
+          "other |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+NOTE = ("# where the time goes: latency from the table above; route/parse/queue/run/encode: the server's "
+        "Server-Timing (median); transport: the echo over a bare socket; client library: the echo with "
+        "geventhttpclient less that; other: the rest (the response; for zero-copy also its client): bench/profile.py")
 
 
 class SocketEcho:

@@ -194,7 +194,8 @@ class Settings(BaseSettings):
     server_timing: bool = Field(
         False,
         description="Answer every inference with where its time went on the server: a `Server-Timing` header over "
-        "HTTP, `server-timing` trailing metadata over gRPC (read, parse, queue, run, encode, total; milliseconds).",
+        "HTTP (route, admit, read, parse, queue, run, encode, total; milliseconds), `server-timing` trailing "
+        "metadata over gRPC (parse, queue, run, encode, total).",
     )
     batching: bool = Field(
         True, description="Dynamic batching per model; false runs every request on its own (still in a worker thread)."

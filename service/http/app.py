@@ -3,6 +3,7 @@
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,6 +23,7 @@ from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
 from posenc.service.inference.devices import HostPinning
 from posenc.service.inference.engine import Engine
+from posenc.service.inference.phases import HEAD_AT
 from posenc.service.inference.shared_memory import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
 from posenc.service.properties.routes import properties_router
@@ -132,6 +134,8 @@ class PosencApp(FastAPI):
     fast_path: FastPath | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":  # under another server than posenc's, Server-Timing starts here
+            scope.setdefault(HEAD_AT, time.perf_counter())
         if self.fast_path is None:
             await self.full_path(scope, receive, send)
         else:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +47,7 @@ from uvicorn.server import ServerState
 
 from posenc.service.errors import HeadersTooLarge
 from posenc.service.http.metrics import count_send_timeout
+from posenc.service.inference.phases import HEAD_AT
 from posenc.service.request_kit.bodies import RECEIVE_INTO
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
@@ -177,6 +179,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.scope[SEND_HOLD_SCOPE] = self.hold_until_sent  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
+        self.scope[HEAD_AT] = time.perf_counter()  # type: ignore[literal-required]  # where Server-Timing starts
         self.in_head = False
         self.heads_completed += 1
         # a head that arrived in one read was not counted as it grew: its size, from what was parsed

@@ -77,7 +77,8 @@ async def maybe_offload(size: int, fn: Callable[..., T], *args: Any) -> T:
 
 async def infer(request: Request, entry: RepositoryEntry, context: InferContext) -> Response:
     """Admit, read, parse and validate everything, run through the model's batcher, encode the outputs."""
-    timed = phases.started(context.settings.server_timing)
+    timed = phases.started(context.settings.server_timing, request.scope.get(phases.HEAD_AT))
+    phases.lap("route")
     model = ensure_ready(entry)  # 503 before reading a body that cannot be served
     engine, limit = context.engine, context.settings.max_request_bytes
     # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding

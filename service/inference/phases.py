@@ -3,6 +3,8 @@ and the `server-timing` trailing metadata of a gRPC one, when POSENC_SERVER_TIMI
 
 Phases, in milliseconds of wall-clock time (W3C Server Timing syntax, `name;dur=ms`):
 
+    route   HTTP: from the request's head parsed to the handler's start: the event loop's backlog, routing,
+            middleware and dependencies (`HEAD_AT`, stamped by posenc's server; under another, the app's first look)
     admit   HTTP: the model's queue and the memory budget, before the body is read (waiting for memory included)
     read    HTTP: the body, to its last byte (the client's upload included)
     parse   the JSON header or the protobuf, into views of the inputs
@@ -10,7 +12,8 @@ Phases, in milliseconds of wall-clock time (W3C Server Timing syntax, `name;dur=
             the batcher (a free slot, a batch, the hand-off to a worker thread)
     run     onnxruntime's run (for a batch, the batch's run, which its requests share)
     encode  the outputs into the answer (the copies into shared memory included)
-    total   from the handler's start to the answer made; what follows (sending it) is the client's to measure
+    total   from the request's head parsed (HTTP; gRPC: the handler's start) to the answer made; what follows
+            (sending it) is the client's to measure
 
 The request's `Phases` travels in a context variable (`started` sets it): the handlers' laps and the batcher's
 run, a few calls below them, reach it without a parameter through every layer.
@@ -23,8 +26,9 @@ from contextvars import ContextVar
 
 HEADER = "Server-Timing"
 TRAILER = "server-timing"  # gRPC metadata keys are lower case
+HEAD_AT = "posenc.head_at"  # ASGI scope key: time.perf_counter() when the request's head was parsed
 
-ORDER = ("admit", "read", "parse", "queue", "run", "encode")
+ORDER = ("route", "admit", "read", "parse", "queue", "run", "encode")
 CURRENT: ContextVar[Phases | None] = ContextVar("posenc_phases", default=None)
 
 
@@ -34,8 +38,8 @@ class Phases:
 
     __slots__ = ("inner", "mark", "spans", "started")
 
-    def __init__(self) -> None:
-        self.started = self.mark = time.perf_counter()
+    def __init__(self, since: float | None = None) -> None:
+        self.started = self.mark = time.perf_counter() if since is None else since
         self.inner = 0.0  # seconds `add`ed since the last lap
         self.spans: dict[str, float] = {}
 
@@ -50,15 +54,16 @@ class Phases:
         self.inner += seconds
 
     def value(self) -> str:
-        """`admit;dur=0.012, read;dur=0.034, ..., total;dur=0.9`: the phases in the order of ORDER."""
+        """`route;dur=0.08, admit;dur=0.012, ..., total;dur=0.9`: the phases in the order of ORDER."""
         total = time.perf_counter() - self.started
         spans = sorted(self.spans.items(), key=lambda span: ORDER.index(span[0]) if span[0] in ORDER else len(ORDER))
         return ", ".join(f"{name};dur={seconds * 1e3:.3f}" for name, seconds in [*spans, ("total", total)])
 
 
-def started(enabled: bool) -> Phases | None:
-    """A new `Phases`, current for this task (None, and nothing recorded, when not `enabled`)."""
-    phases = Phases() if enabled else None
+def started(enabled: bool, since: float | None = None) -> Phases | None:
+    """A new `Phases` counting from `since` (a `time.perf_counter()`; default now), current for this task (None,
+    and nothing recorded, when not `enabled`)."""
+    phases = Phases(since) if enabled else None
     CURRENT.set(phases)
     return phases
 

@@ -11,15 +11,18 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from posenc.service.http.app import create_app
 from posenc.service.inference import phases
 from posenc.service.inference.batcher import Batcher
+from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
 from tests.onnx_models import random_inputs
 
 MODEL = "rope_attention"
-HTTP_PHASES = ["admit", "read", "parse", "queue", "run", "encode", "total"]
+HTTP_PHASES = ["route", "admit", "read", "parse", "queue", "run", "encode", "total"]
 
 
 class Clock:
@@ -46,6 +49,16 @@ def test_a_lap_leaves_out_what_was_added_inside_it(monkeypatch: pytest.MonkeyPat
     assert phases.parse(timed.value()) == pytest.approx(
         {"parse": 10.0, "queue": 20.0, "run": 30.0, "encode": 5.0, "total": 65.0})
     assert timed.value().startswith("parse;dur=10.000, queue;dur=20.000, run;dur=30.000, encode;dur=5.000")
+
+
+def test_laps_count_from_since(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(phases.time, "perf_counter", clock)
+    timed = phases.Phases(since=clock.now - 0.004)  # the request's head was parsed 4 ms ago
+    timed.lap("route")
+    clock.now += 0.001
+    timed.lap("parse")
+    assert phases.parse(timed.value()) == pytest.approx({"route": 4.0, "parse": 1.0, "total": 5.0})
 
 
 def test_parse_reads_the_w3c_syntax_with_other_parameters() -> None:
@@ -81,6 +94,27 @@ def test_an_inference_answers_its_phases_when_on(timed_client: TestClient) -> No
     assert list(spans) == HTTP_PHASES
     assert all(ms >= 0 for ms in spans.values())
     assert spans["run"] > 0 and spans["total"] >= sum(ms for name, ms in spans.items() if name != "total") - 0.01
+
+
+class Delay:
+    """Middleware that holds every request `seconds` before passing it on (inside the app, before routing)."""
+
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await asyncio.sleep(self.seconds)
+        await self.app(scope, receive, send)
+
+
+def test_route_is_the_time_before_the_handler() -> None:
+    app = create_app(Settings(server_timing=True, max_queue_delay_us=0))
+    app.add_middleware(Delay, seconds=0.03)
+    with TestClient(app) as client:  # type: ignore[arg-type]
+        status, headers = _post(client, random_inputs(8, 8, 64, 1, 4))
+    spans = phases.parse(headers["server-timing"])
+    assert status == 200 and 30 <= spans["route"] < 1000
+    assert spans["total"] >= spans["route"] + spans["run"]
 
 
 def test_errors_and_other_routes_carry_no_timing(timed_client: TestClient) -> None:
