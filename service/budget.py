@@ -25,6 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from posenc.service.errors import Unavailable
+from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.budget")
 
@@ -32,6 +33,18 @@ RETRY_AFTER_SECONDS = 1
 # glibc mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
 MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's ceiling for M_MMAP_THRESHOLD on 64-bit (HEAP_MAX_SIZE / 2)
+# The process with its models loaded and its threads started, beside what the settings bound: Python, numpy,
+# onnxruntime, the shipped models' sessions (measured 129 MiB idle on 2 cores), with room for the stacks of the
+# worker threads and the event loop's buffers.
+BASE_BYTES = 256 * 1024 * 1024
+
+
+def memory_bound(settings: Settings) -> int:
+    """The peak resident size the settings bound (docs/operations.md "Memory"): the memory budget (every request's
+    working set and a calibration child's), the table cache, what glibc's heaps may keep, and the base. The
+    deployment manifests' memory requests are this figure (tests/deploy checks them)."""
+    kept = settings.malloc_arenas * settings.malloc_keep_bytes
+    return settings.memory_budget_bytes + settings.cache_bytes + kept + BASE_BYTES
 
 
 class MemoryBudget:
@@ -65,6 +78,21 @@ class MemoryBudget:
             await self._wait(amount, what)
         self.reserved += amount
         return Reservation(self, amount)
+
+    @asynccontextmanager
+    async def hold(self, nbytes: int, what: str) -> AsyncIterator[None]:
+        """Hold `nbytes` while the block runs, waiting as long as it takes (the server's own work, such as a
+        calibration child, which must count in the bound but must not fail because clients filled the budget)."""
+        while True:
+            try:
+                reservation = await self.acquire(nbytes, what)
+                break
+            except Unavailable:
+                await asyncio.sleep(RETRY_AFTER_SECONDS)
+        try:
+            yield
+        finally:
+            reservation.release()
 
     def try_acquire(self, nbytes: int) -> Reservation | None:
         """Hold `nbytes` if they are free now and nobody waits for memory; else None (no waiting)."""

@@ -169,7 +169,8 @@ class Settings(BaseSettings):
         "calibrate", pattern=r"^(calibrate|config|never|[1-9][0-9]{0,8})$",
         description="Which of a model's CPU graphs (model.onnx and its CPU forms: model.cpu.onnx, "
         "model.blocked<N>.onnx) runs each sequence length: `calibrate` = the fastest measured on this machine at "
-        "start-up, before ready (cached: POSENC_CALIBRATION_CACHE); `config` = config.json's cpu_rule (measured "
+        "start-up (in a child process, beside serving: the model is not ready until it is chosen; cached: "
+        "POSENC_CALIBRATION_CACHE, or known: POSENC_CALIBRATION_RULES); `config` = config.json's cpu_rule (measured "
         "where the model was exported); `never` = model.onnx only; a number N = model.cpu.onnx from N on, "
         "model.onnx below, for every model.",
     )
@@ -180,7 +181,15 @@ class Settings(BaseSettings):
     )
     calibration_cache: str = Field(
         "", description="JSON file of calibrated rules, by CPU, ISA, cores, onnxruntime version, threads and model "
-        "hashes; empty = $XDG_CACHE_HOME/posenc/calibration.json (~/.cache/...); `off` = measure at every start.",
+        "hashes; empty = $XDG_CACHE_HOME/posenc/calibration.json (~/.cache/...); `off` = measure at every start. "
+        "Used only when the file and its folder are the server user's (or root's, read only) and writable by no one "
+        "else (the folder is created 0700, the file written 0600), within 1 MiB, 1024 entries and 64 rule steps; "
+        "else measured again (logged once).",
+    )
+    calibration_rules: str = Field(
+        "", description="A read-only JSON file of calibrated rules in the cache's format (`posenc calibrate "
+        "--print`), read before POSENC_CALIBRATION_CACHE and never written: a cluster measures once per node "
+        "type and mounts the file in every pod (a ConfigMap: docs/deployment.md); empty = none.",
     )
     inference_threads: int = Field(
         4, ge=1, le=256, description="Worker threads that call onnxruntime `run` (it releases the GIL)."

@@ -21,6 +21,7 @@ from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
+from posenc.service.inference.calibration_child import CHILD_BYTES
 from posenc.service.inference.devices import HostPinning
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.phases import HEAD_AT
@@ -45,28 +46,42 @@ def _registry_routers() -> tuple[APIRouter, APIRouter, APIRouter]:
     return table_router(), properties_router(), check_router()
 
 
-def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastAPI:
+def create_app(settings: Settings | None = None, *, grpc: bool = False, load_in_background: bool = False) -> FastAPI:
     """Build the service with `settings` (default: read from `POSENC_*` now, at call time). `grpc`: its lifespan
-    also runs the gRPC server on POSENC_GRPC_PORT (what `posenc serve` does; in-process apps leave it off)."""
+    also runs the gRPC server on POSENC_GRPC_PORT; `load_in_background`: the app serves while its models load,
+    each model not ready until loaded (both what `posenc serve` does; an in-process app, as in tests, leaves them
+    off and has every model loaded when its lifespan has started)."""
     settings = settings if settings is not None else Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = Engine(settings, observer=app.state.metrics)
-        # Sessions are built before the first request is served; problems make /readyz fail with the reason.
-        problems = await asyncio.to_thread(engine.load)
         app.state.engine = engine
-        app.state.readiness_problems = problems
-        if engine.on_cuda and settings.cuda_pin_shared_memory:
-            app.state.shared_memory.pinning = HostPinning.open()
-        if problems:
-            log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
-        else:
-            log.info("posenc %s ready (%d models)", __version__, len(engine.models))
+        problems: list[str] = app.state.readiness_problems  # one list, kept current: gRPC's readiness reads it too
         grpc_server = await _start_grpc(app, settings, engine, problems) if grpc and settings.grpc_port else None
+
+        async def on_change() -> None:
+            problems[:] = engine.problems() if engine.loaded or engine.models else ["starting"]
+            if grpc_server is not None:
+                from posenc.service.inference.grpc_server import update_health
+
+                await update_health(grpc_server, problems, engine.models)
+            if engine.loaded:
+                _loaded(app, engine, problems)
+
+        if load_in_background:
+            # The port opens now: tables, checks and the audit answer at once, each model once it is loaded.
+            loader = asyncio.create_task(engine.load_in_background(
+                lambda: app.state.memory_budget.hold(CHILD_BYTES, "the CPU-graph calibration of a model"),
+                on_change))
+        else:
+            await asyncio.to_thread(engine.load)
+            await on_change()
         try:
             yield
         finally:
+            if load_in_background and not loader.done():
+                loader.cancel()
             if grpc_server is not None:
                 from posenc.service.inference.grpc_server import stop
 
@@ -115,6 +130,16 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False) -> FastA
     return app
 
 
+def _loaded(app: FastAPI, engine: Engine, problems: list[str]) -> None:
+    """Every model loaded (or failed): pin shared memory on CUDA, say so in the log."""
+    if engine.on_cuda and app.state.settings.cuda_pin_shared_memory and app.state.shared_memory.pinning is None:
+        app.state.shared_memory.pinning = HostPinning.open()
+    if problems:
+        log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
+    else:
+        log.info("posenc %s ready (%d models)", __version__, len(engine.models))
+
+
 async def _start_grpc(app: FastAPI, settings: Settings, engine: Engine, problems: list[str]) -> Any:
     """The gRPC server on the app's own engine, budget, shared memory and recorder."""
     from posenc.service.inference.grpc_server import start_grpc_server
@@ -147,4 +172,4 @@ class PosencApp(FastAPI):
 
 def app_from_env() -> FastAPI:
     """uvicorn factory (`posenc.service.http.app:app_from_env`): settings from the environment of the worker."""
-    return create_app(Settings(), grpc=True)
+    return create_app(Settings(), grpc=True, load_in_background=True)

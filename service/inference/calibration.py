@@ -3,19 +3,21 @@
 A model exported with CPU forms (`posenc.models.export.cpu_forms`: GroupQueryAttention, query blocks) has several
 CPU sessions, and which is fastest at which length depends on the CPU: on a 2-core AMD EPYC VM GroupQueryAttention
 won from S=512 at llama3_1_attention, while on a 2-core Intel Xeon (AVX-512, AMX) it lost everywhere to the
-blocked forms. So the service measures on its own machine: at start-up, before it reports ready, each such
-model's sessions run B=1 at growing sequence lengths (the best of interleaved rounds per length: other load only
-ever adds time), and each length's fastest graph runs the lengths nearest to it (`fastest_by_size`): the model's
-rule (`GraphForms`) for the life of the process, so one request always runs on the graph its rule names and gets
-the same bits. The whole calibration is bounded by POSENC_CALIBRATION_SECONDS; a model it cannot finish keeps
-config.json's rule. Results are cached in a JSON file keyed by the CPU model, its ISA, the usable cores,
-onnxruntime's version, the intra-op threads and every graph's sha256, so the same wheel decides anew on another
-CPU and only once on each. POSENC_CPU_FORM_FROM pins the rule instead (`config`, `never`, a length).
+blocked forms. So the service measures on its own machine: while the server already listens, each such model's
+graphs run B=1 at growing sequence lengths in a child process (`calibration_child`: the serving process keeps
+none of the buffers the timings grow; the model is not ready until it is done), the best of interleaved rounds
+per length (other load only ever adds time), and each length's fastest graph runs the lengths nearest to it
+(`fastest_by_size`): the model's rule (`GraphForms`) for the life of the process, so one request always runs on
+the graph its rule names and gets the same bits. The whole calibration is bounded by POSENC_CALIBRATION_SECONDS;
+a model it cannot finish keeps config.json's rule. Results are cached (`calibration_cache`) keyed by the CPU
+model, its ISA, the usable cores, onnxruntime's version, the intra-op threads and every graph's sha256, so the
+same wheel decides anew on another CPU and only once on each; POSENC_CALIBRATION_RULES names a read-only file of
+rules measured elsewhere (`posenc calibrate --print`). POSENC_CPU_FORM_FROM pins the rule instead (`config`,
+`never`, a length).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -31,7 +33,9 @@ import onnxruntime as ort
 
 from posenc.models.crossover import fastest_by_size
 from posenc.models.dtypes import BY_KSERVE
-from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, one_form_rule, valid_rule
+from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, one_form_rule
+from posenc.service.inference.calibration_cache import CalibrationCache
+from posenc.service.inference.sessions import session_options
 from posenc.service.settings import usable_cores
 
 log = logging.getLogger("posenc.inference.calibration")
@@ -84,40 +88,6 @@ def cache_key(machine: Machine, threads: int, sha256s: Sequence[str]) -> str:
 def default_cache_path() -> Path:
     """$XDG_CACHE_HOME/posenc/calibration.json (~/.cache when unset)."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posenc" / "calibration.json"
-
-
-class CalibrationCache:
-    """Crossovers by `cache_key` in one JSON file; a file that cannot be read or written is no cache (logged)."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-
-    def _entries(self) -> dict[str, Any]:
-        if self.path is None or not self.path.is_file():
-            return {}
-        try:
-            entries = json.loads(self.path.read_text())
-        except (OSError, ValueError) as exc:
-            log.warning("calibration cache %s unreadable (%s): measuring again", self.path, exc)
-            return {}
-        return entries if isinstance(entries, dict) else {}
-
-    def get(self, key: str, files: Sequence[str]) -> Rule | None:
-        """The rule cached for `key`, if it is one over `files`."""
-        entry = self._entries().get(key)
-        return valid_rule(entry.get("rule"), files) if isinstance(entry, dict) else None
-
-    def put(self, key: str, entry: Mapping[str, Any]) -> None:
-        if self.path is None:
-            return
-        entries = {**self._entries(), key: dict(entry)}
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            partial.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
-            partial.replace(self.path)  # atomic: a concurrent start reads the old file or the new one
-        except OSError as exc:
-            log.warning("calibration cache %s not written (%s)", self.path, exc)
 
 
 def calibration_inputs(inputs: Sequence[InputShape], seq: int,
@@ -198,11 +168,11 @@ def pinned_rule(setting: str, files: Sequence[str]) -> Rule:
 
 
 def choose_rule(setting: str, configured: Rule | None, files: Sequence[str], measure: Callable[[], Timings | None],
-                key: str, cache: CalibrationCache) -> Choice:
+                key: str, rules: CalibrationCache, cache: CalibrationCache) -> Choice:
     """The rule for one model over its graph `files` (model.onnx first): POSENC_CPU_FORM_FROM pins it (`config`:
-    config.json's `configured`, model.onnx only when null; `never`; a length), else `calibrate`: the cache's
-    entry for `key`, or `measure()` (a `Timings`, or None when out of time: config.json's rule then, not
-    cached)."""
+    config.json's `configured`, model.onnx only when null; `never`; a length), else `calibrate`: the entry for
+    `key` in the read-only `rules` (POSENC_CALIBRATION_RULES) or in `cache`, or `measure()` (a `Timings`, put in
+    `cache`; None when out of time: config.json's rule then, not cached)."""
     from_config = configured if configured is not None else [(1, STANDARD_FILE)]
     if setting == "config":
         return Choice(from_config, "config.json")
@@ -210,14 +180,20 @@ def choose_rule(setting: str, configured: Rule | None, files: Sequence[str], mea
         return Choice([(1, STANDARD_FILE)], "POSENC_CPU_FORM_FROM=never")
     if setting != "calibrate":
         return Choice(pinned_rule(setting, files), f"POSENC_CPU_FORM_FROM={setting}")
+    if (known := rules.get(key, files)) is not None:
+        return Choice(known, "calibrated for this machine (POSENC_CALIBRATION_RULES)")
     if (cached := cache.get(key, files)) is not None:
         return Choice(cached, "calibrated earlier on this machine (cache)")
     timings = measure()
     if timings is None:
         return Choice(from_config, "config.json (calibration ran out of time: POSENC_CALIBRATION_SECONDS)")
-    rule = timings.rule()
-    cache.put(key, {"rule": [list(step) for step in rule], **timings.document(), "measured_at": time.time()})
-    return Choice(rule, "calibrated on this machine")
+    cache.put(key, cache_entry(timings))
+    return Choice(timings.rule(), "calibrated on this machine")
+
+
+def cache_entry(timings: Timings) -> dict[str, Any]:
+    """What the cache keeps of a measurement: the rule, the lengths and times, when."""
+    return {"rule": [list(step) for step in timings.rule()], **timings.document(), "measured_at": time.time()}
 
 
 def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
@@ -232,11 +208,9 @@ def config_inputs(config: Mapping[str, Any]) -> list[InputShape]:
 
 
 def measuring_sessions(graphs: Mapping[str, bytes | str], threads: int = 0) -> dict[str, ort.InferenceSession]:
-    """CPU sessions of graphs (bytes or paths, by file) with onnxruntime's defaults but `threads` intra-op threads
-    (0: one per usable core) and spinning off, as the service runs them."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads or usable_cores()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    """CPU sessions of graphs (bytes or paths, by file) with the service's options (`sessions.session_options`)
+    and `threads` intra-op threads (0: one per usable core)."""
+    options = session_options(threads or usable_cores())
     return {file: ort.InferenceSession(graph, sess_options=options, providers=["CPUExecutionProvider"])
             for file, graph in graphs.items()}
 

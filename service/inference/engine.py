@@ -10,15 +10,16 @@ protocol: the KServe v2 view of a model (metadata, request checks) is `posenc.se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import functools
 import logging
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,17 @@ import onnxruntime as ort
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import InsufficientStorage, NotFound, PayloadTooLarge
 from posenc.service.inference.batcher import Batcher, BatchObserver
+from posenc.service.inference.calibration_child import stop_children
 from posenc.service.inference.devices import CUDA
 from posenc.service.inference.repository import (
     ORT_ERRORS,
     VERSION,
     FailedModel,
     LoadedModel,
+    LoadingModel,
     RepositoryEntry,
     load_model,
+    loading,
     model_folders,
 )
 from posenc.service.inference.run_bound import AttentionCost, attention_cost, default_run_bytes
@@ -184,24 +188,67 @@ class Engine:
         self.run_budget = MemoryBudget(settings.max_run_bytes or default_run_bytes(on_cuda=False), max_waiters=1 << 30,
                                        wait_seconds=None, setting="POSENC_MAX_RUN_BYTES")
         self.executor = ThreadPoolExecutor(max_workers=settings.inference_threads, thread_name_prefix="posenc-infer")
+        self.loaded = False  # every model loaded (or failed): `load_in_background` has finished
 
     def load(self) -> list[str]:
-        """Load every model of the repository; returns the readiness problems (empty: ready)."""
+        """Load every model of the repository, one after the other; returns the readiness problems (empty: ready)."""
+        folders = self.begin_loading()
+        deadline = time.monotonic() + self.settings.calibration_seconds  # the CPU-form calibration of every model
+        for folder in folders:
+            self.install(load_model(folder.name, folder, self.settings, deadline))
+        self.loaded = True
+        return self.problems()
+
+    async def load_in_background(self, hold_memory: Callable[[], AbstractAsyncContextManager[None]],
+                                 on_change: Callable[[], Awaitable[None]]) -> None:
+        """`load` beside serving: every model is listed at once as loading (503 with Retry-After), then each is
+        installed as soon as it is loaded, `on_change` called after each. A model whose CPU graphs are calibrated
+        runs its timings in a child process (`calibration_child`) inside `hold_memory()`, the child's share of
+        the memory budget."""
+        folders = self.begin_loading()
+        await on_change()
+        deadline = time.monotonic() + self.settings.calibration_seconds
+        for folder in folders:
+            async with hold_memory() if self._may_calibrate(folder) else contextlib.nullcontext():
+                entry = await asyncio.to_thread(load_model, folder.name, folder, self.settings, deadline)
+            self.install(entry)
+            await on_change()
+        self.loaded = True
+        await on_change()
+
+    def _may_calibrate(self, folder: Path) -> bool:
+        """Whether loading this model may time its graphs (it has CPU forms and the rule is calibrated; the cache
+        may still answer): cheap, read before the load."""
+        return self.settings.cpu_form_from == "calibrate" and any(folder.glob("model.*.onnx"))
+
+    def begin_loading(self) -> list[Path]:
+        """The repository's model folders, each model listed as loading (none when the repository is no folder)."""
+        root = Path(self.settings.model_repository)
+        folders = list(model_folders(root)) if root.is_dir() else []
+        self.models = {folder.name: loading(folder.name) for folder in folders}
+        return folders
+
+    def install(self, entry: RepositoryEntry) -> None:
+        """Serve a model just loaded (its batcher and run cost), or record why it cannot be served."""
+        if isinstance(entry, LoadedModel):
+            if not self.settings.max_run_bytes:
+                self.run_budget.capacity = default_run_bytes(on_cuda=self.on_cuda or CUDA in entry.providers)
+            if (cost := attention_cost(entry.config.raw)) is not None:
+                self.costs[entry.name] = cost
+            self.batchers[entry.name] = self._batcher(entry)
+        self.models[entry.name] = entry
+
+    def problems(self) -> list[str]:
+        """Why the service is not ready (empty: every model loaded)."""
         root = Path(self.settings.model_repository)
         if not root.is_dir():
             return [f"model repository {root} is not a folder"]
-        deadline = time.monotonic() + self.settings.calibration_seconds  # the CPU-form calibration of every model
-        for folder in model_folders(root):
-            self.models[folder.name] = load_model(folder.name, folder, self.settings, deadline)
-        loaded = [model for model in self.models.values() if isinstance(model, LoadedModel)]
-        if not self.settings.max_run_bytes:
-            self.run_budget.capacity = default_run_bytes(on_cuda=self.on_cuda)
-        for model in loaded:
-            if (cost := attention_cost(model.config.raw)) is not None:
-                self.costs[model.name] = cost
-            self.batchers[model.name] = self._batcher(model)
         if not self.models:
             return [f"model repository {root} holds no <model>/model.onnx"]
+        loading_now = [name for name, model in self.models.items() if isinstance(model, LoadingModel)]
+        if loading_now:
+            return [f"loading models: {len(self.models) - len(loading_now)} of {len(self.models)} ready, "
+                    f"waiting for {', '.join(loading_now)}"]
         return [m.problem for m in self.models.values() if isinstance(m, FailedModel)]
 
     def _batcher(self, model: LoadedModel) -> Batcher:
@@ -280,5 +327,6 @@ class Engine:
                 "execution_count": batcher.execution_count if batcher else 0}
 
     async def close(self) -> None:
+        stop_children()  # a calibration still running when the server stops
         await asyncio.gather(*(batcher.close() for batcher in self.batchers.values()))
         self.executor.shutdown(wait=False, cancel_futures=True)

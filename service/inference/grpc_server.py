@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -51,7 +51,7 @@ def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 
-def health_statuses(problems: list[str] | tuple[str, ...], models: Mapping[str, RepositoryEntry]) -> dict[str, int]:
+def health_statuses(problems: Sequence[str], models: Mapping[str, RepositoryEntry]) -> dict[str, int]:
     """Service name -> health status: the server and the inference service, and every model by name."""
     serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
     overall = not_serving if problems else serving
@@ -110,3 +110,13 @@ async def stop(server: grpc.aio.Server, grace: float) -> None:
     """Stop `server` (after `drain`: wait for the stop it began) and forget it."""
     await server.stop(grace)
     _SERVING.pop(server, None)
+
+
+async def update_health(server: grpc.aio.Server, problems: Sequence[str],
+                        models: Mapping[str, RepositoryEntry]) -> None:
+    """Set the health statuses of `server` anew (a model loaded or failed): ignored once it drains."""
+    checker = _SERVING.get(server)
+    if checker is None:
+        return
+    for name, status in health_statuses(list(problems), models).items():
+        await checker.set(name, status)

@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,13 +24,14 @@ import numpy as np
 import onnxruntime as ort
 
 from posenc.models.dtypes import BY_KSERVE, BY_ONNX
-from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of
+from posenc.models.graph_rule import STANDARD_FILE, CpuForm, cpu_forms_of
 from posenc.service.errors import Unavailable
 from posenc.service.inference import calibration
+from posenc.service.inference.calibration_child import measure_apart
 from posenc.service.inference.devices import CPU, CUDA
 from posenc.service.inference.graph_forms import GraphForms
 from posenc.service.inference.run_bound import cuda_arena_limit
-from posenc.service.inference.sessions import new_session
+from posenc.service.inference.sessions import new_session, session_options
 from posenc.service.settings import Settings, usable_cores
 
 log = logging.getLogger("posenc.inference.repository")
@@ -157,12 +158,28 @@ class FailedModel:
     providers: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class LoadingModel(FailedModel):
+    """A repository entry whose sessions are being built and whose CPU graphs are being chosen (the server listens
+    before its models are loaded): not ready yet, answered 503 with Retry-After."""
+
+    problem: str = "loading"
+
+
 VERSION = "1"  # every model has one version
 RepositoryEntry = LoadedModel | FailedModel
+LOADING_RETRY_SECONDS = 2  # Retry-After of a request for a model still loading (calibration takes seconds)
+
+
+def loading(name: str) -> LoadingModel:
+    return LoadingModel(name, f"model '{name}' is loading (its sessions are built and its CPU graphs chosen)")
 
 
 def ensure_ready(model: RepositoryEntry) -> LoadedModel:
     """The loaded model, or 503 naming why it cannot be served."""
+    if isinstance(model, LoadingModel):
+        raise Unavailable(f"model '{model.name}' is not ready yet: {model.problem}",
+                          retry_after=LOADING_RETRY_SECONDS)
     if isinstance(model, FailedModel):
         raise Unavailable(f"model '{model.name}' is not ready: {model.problem}", retry_after=5)
     return model
@@ -248,12 +265,7 @@ def _model_bytes(folder: Path, file: str, sha256: str | None) -> bytes:
 
 
 def _session_options(settings: Settings) -> ort.SessionOptions:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = intra_op_threads(settings.intra_op_num_threads)
-    options.inter_op_num_threads = 1  # the graph is a chain of fused nodes: nothing to overlap
-    # Idle intra-op threads would otherwise spin and steal CPU from the event loop and other models.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return options
+    return session_options(intra_op_threads(settings.intra_op_num_threads))
 
 
 def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.InferenceSession:
@@ -268,38 +280,55 @@ def _session(config: ModelConfig, folder: Path, settings: Settings) -> ort.Infer
 
 def _graph_forms(config: ModelConfig, folder: Path, settings: Settings, session: ort.InferenceSession,
                  deadline: float) -> GraphForms | None:
-    """Every CPU graph of a model that has CPU forms and runs on the CPU only, and the rule that picks one by
-    sequence length (calibrated on this machine by `deadline` (time.monotonic), or pinned: POSENC_CPU_FORM_FROM)."""
+    """The CPU graphs a model with CPU forms runs on the CPU only, and the rule that picks one by sequence length
+    (calibrated on this machine by `deadline` (time.monotonic), in a child process, or pinned:
+    POSENC_CPU_FORM_FROM). Only the graphs the rule names get a session here: the others are never run."""
     try:
         forms, configured = cpu_forms_of(config.raw)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if not forms or session.get_providers() != [CPU]:
         return None
-    sessions = {STANDARD_FILE: session}
-    sha256s = [config.sha256 or hashlib.sha256(_model_bytes(folder, STANDARD_FILE, None)).hexdigest()]
-    for form in forms:
-        graph = _model_bytes(folder, form.file, form.sha256)
-        sessions[form.file] = new_session(graph, _session_options(settings), [CPU])
-        _check_session(config, sessions[form.file])
-        sha256s.append(hashlib.sha256(graph).hexdigest())
-    axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
+    graphs = cpu_graphs(config, folder, forms)
     threads = session.get_session_options().intra_op_num_threads
-    key = calibration.cache_key(calibration.Machine.here(), threads, sha256s)
+    key = calibration_key(graphs, threads)
     shapes = [(t.name, t.datatype, t.shape, t.sequence_axis()) for t in config.inputs]
-    choice = calibration.choose_rule(
-        settings.cpu_form_from, configured, list(sessions),
-        lambda: calibration.time_graphs(sessions, shapes, deadline), key,
-        calibration.CalibrationCache(_calibration_cache_path(settings.calibration_cache)))
+
+    def measure() -> calibration.Timings | None:
+        return measure_apart({file: folder / file for file in graphs}, shapes, threads, deadline)
+
+    choice = calibration.choose_rule(settings.cpu_form_from, configured, list(graphs), measure, key,
+                                     *calibration_caches(settings))
+    sessions = {STANDARD_FILE: session}
+    for file in {file for _, file in choice.rule} - {STANDARD_FILE}:
+        sessions[file] = new_session(graphs[file], _session_options(settings), [CPU])
+        _check_session(config, sessions[file])
+    axes = {t.name: axis for t in config.inputs if (axis := t.sequence_axis()) is not None}
     forms_of = GraphForms(sessions, choice.rule, axes, choice.how)
     log.info("model %s: %s (%s)", config.name, forms_of.describe(), choice.how)
     return forms_of
 
 
-def _calibration_cache_path(setting: str) -> Path | None:
-    if setting == "off":
-        return None
-    return Path(setting).expanduser() if setting else calibration.default_cache_path()
+def cpu_graphs(config: ModelConfig, folder: Path, forms: Sequence[CpuForm]) -> dict[str, bytes]:
+    """model.onnx and each CPU form's file, by file, each checked against its sha256 in config.json."""
+    graphs = {STANDARD_FILE: _model_bytes(folder, STANDARD_FILE, config.sha256)}
+    graphs.update({form.file: _model_bytes(folder, form.file, form.sha256) for form in forms})
+    return graphs
+
+
+def calibration_key(graphs: Mapping[str, bytes], threads: int) -> str:
+    """The cache key of a model's CPU graphs (model.onnx first) timed with `threads` intra-op threads here."""
+    return calibration.cache_key(calibration.Machine.here(), threads,
+                                 [hashlib.sha256(graph).hexdigest() for graph in graphs.values()])
+
+
+def calibration_caches(settings: Settings) -> tuple[calibration.CalibrationCache, calibration.CalibrationCache]:
+    """(the read-only rules POSENC_CALIBRATION_RULES names, the writable cache POSENC_CALIBRATION_CACHE); a file
+    not set or `off` is an empty cache."""
+    cache = settings.calibration_cache
+    cache_path = None if cache == "off" else Path(cache).expanduser() if cache else calibration.default_cache_path()
+    rules_path = Path(settings.calibration_rules).expanduser() if settings.calibration_rules else None
+    return (calibration.CalibrationCache(rules_path, writable=False), calibration.CalibrationCache(cache_path))
 
 
 def load_model(name: str, folder: Path, settings: Settings, deadline: float | None = None) -> LoadedModel | FailedModel:

@@ -10,7 +10,7 @@ from typing import Any
 
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service.inference.devices import CUDA
-from posenc.service.inference.repository import VERSION, LoadedModel, ModelTensor, RepositoryEntry
+from posenc.service.inference.repository import VERSION, LoadedModel, LoadingModel, ModelTensor, RepositoryEntry
 from posenc.service.settings import Settings
 
 
@@ -41,11 +41,13 @@ def triton_config(model: LoadedModel, settings: Settings) -> dict[str, Any]:
 
 
 def repository_index(models: Mapping[str, RepositoryEntry], ready_only: bool) -> list[dict[str, str]]:
-    """Every model with its state, `READY` or `UNAVAILABLE` and the reason (`ready_only`: the ready ones), by name."""
+    """Every model with its state, `READY`, `LOADING` or `UNAVAILABLE` and the reason (`ready_only`: the ready ones),
+    by name."""
     entries = []
     for name, model in sorted(models.items()):
         if model.ready:
             entries.append({"name": name, "version": VERSION, "state": "READY"})
         elif not ready_only:
-            entries.append({"name": name, "version": VERSION, "state": "UNAVAILABLE", "reason": str(model.problem)})
+            state = "LOADING" if isinstance(model, LoadingModel) else "UNAVAILABLE"
+            entries.append({"name": name, "version": VERSION, "state": state, "reason": str(model.problem)})
     return entries

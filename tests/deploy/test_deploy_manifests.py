@@ -87,7 +87,7 @@ def container(resources: dict[str, Resource]) -> Resource:
     return dict(containers[0])
 
 
-@pytest.mark.parametrize("overlay", ["cpu", "gpu", "custom-models"])
+@pytest.mark.parametrize("overlay", ["cpu", "gpu", "custom-models", "calibrated"])
 def test_every_rendered_manifest_validates_strictly(overlay: str) -> None:
     resources = render(overlay)
     assert {r["kind"] for r in resources} == {"ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler",

@@ -58,6 +58,9 @@ MEASURED = [(1, STANDARD), (65, "model.cpu.onnx"), (513, "model.blocked4.onnx")]
 CONFIGURED = [(1, STANDARD), (512, "model.cpu.onnx")]
 
 
+NO_RULES = CalibrationCache(None, writable=False)
+
+
 def _never() -> Timings:
     raise AssertionError("measured although the rule was pinned or cached")
 
@@ -67,39 +70,39 @@ def _never() -> Timings:
     ("1", [(1, "model.cpu.onnx")])])
 def test_a_pinned_rule_measures_nothing(tmp_path: Path, setting: str, expected: list) -> None:
     cache = CalibrationCache(tmp_path / "c.json")
-    assert choose_rule(setting, CONFIGURED, FILES, _never, "key", cache).rule == expected
+    assert choose_rule(setting, CONFIGURED, FILES, _never, "key", NO_RULES, cache).rule == expected
     assert not (tmp_path / "c.json").exists()
 
 
 def test_a_pinned_length_without_a_group_query_form_is_model_onnx() -> None:
     assert calibration.pinned_rule("64", [STANDARD, "model.blocked4.onnx"]) == [(1, STANDARD)]
-    assert choose_rule("config", None, FILES, _never, "key", CalibrationCache(None)).rule == [(1, STANDARD)]
+    assert choose_rule("config", None, FILES, _never, "key", NO_RULES, CalibrationCache(None)).rule == [(1, STANDARD)]
 
 
 def test_calibrate_measures_once_then_reads_the_cache(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "posenc" / "c.json")
-    first = choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache)
+    first = choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", NO_RULES, cache)
     assert (first.rule, first.how) == (MEASURED, "calibrated on this machine")
     saved = json.loads((tmp_path / "posenc" / "c.json").read_text())["key"]
     assert saved["rule"] == [list(step) for step in MEASURED] and saved["sequences"] == [16, 256, 1024]
     assert saved["ms"]["model.blocked4.onnx"] == [3000.0, 1800.0, 2500.0]
-    again = choose_rule("calibrate", CONFIGURED, FILES, _never, "key", cache)
+    again = choose_rule("calibrate", CONFIGURED, FILES, _never, "key", NO_RULES, cache)
     assert (again.rule, again.how) == (MEASURED, "calibrated earlier on this machine (cache)")
     slow = Timings((16,), {STANDARD: (1.0,), "model.cpu.onnx": (2.0,), "model.blocked4.onnx": (2.0,)})
-    other = choose_rule("calibrate", CONFIGURED, FILES, lambda: slow, "other key", cache)
+    other = choose_rule("calibrate", CONFIGURED, FILES, lambda: slow, "other key", NO_RULES, cache)
     assert other.rule == [(1, STANDARD)]  # no form faster here: model.onnx only, and that is cached too
     assert set(json.loads((tmp_path / "posenc" / "c.json").read_text())) == {"key", "other key"}
 
 
 def test_a_cached_rule_over_other_files_is_measured_again(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "c.json")
-    choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache)
+    choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", NO_RULES, cache)
     assert cache.get("key", [STANDARD, "model.cpu.onnx"]) is None  # names model.blocked4.onnx, gone
 
 
 def test_out_of_time_keeps_config_json_and_caches_nothing(tmp_path: Path) -> None:
     cache = CalibrationCache(tmp_path / "c.json")
-    choice = choose_rule("calibrate", CONFIGURED, FILES, lambda: None, "key", cache)
+    choice = choose_rule("calibrate", CONFIGURED, FILES, lambda: None, "key", NO_RULES, cache)
     assert choice.rule == CONFIGURED and "ran out of time" in choice.how
     assert cache.get("key", FILES) is None
 
@@ -111,13 +114,13 @@ def test_out_of_time_keeps_config_json_and_caches_nothing(tmp_path: Path) -> Non
 def test_a_broken_cache_is_measured_again(tmp_path: Path, content: str) -> None:
     (tmp_path / "c.json").write_text(content)
     cache = CalibrationCache(tmp_path / "c.json")
-    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache).rule == MEASURED
+    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", NO_RULES, cache).rule == MEASURED
 
 
 def test_an_unwritable_cache_is_no_cache(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     cache = CalibrationCache(tmp_path / "file" / "c.json")  # its folder is a file
-    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", cache).rule == MEASURED
+    assert choose_rule("calibrate", CONFIGURED, FILES, lambda: TIMINGS, "key", NO_RULES, cache).rule == MEASURED
 
 
 @pytest.mark.parametrize("value", ["sometimes", "0", "-5", "1.5", ""])

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from posenc.service.inference import calibration
-from posenc.service.inference.repository import ConfigError, ModelConfig, _calibration_cache_path
+from posenc.service.inference.repository import ConfigError, ModelConfig, calibration_caches
+from posenc.service.settings import Settings
 from tests.conftest import running_client
 from tests.onnx_models import REPOSITORY, SHIPPED
 
@@ -132,7 +133,13 @@ def test_config_json_defaults_and_the_sequence_axis() -> None:
     assert causal.causal and causal.max_position == 8
 
 
-def test_the_calibration_cache_setting() -> None:
-    assert _calibration_cache_path("off") is None
-    assert _calibration_cache_path("") == calibration.default_cache_path()
-    assert _calibration_cache_path("~/rules.json") == Path.home() / "rules.json"
+def test_the_calibration_cache_settings() -> None:
+    def paths(**values: str) -> tuple[Path | None, Path | None]:
+        rules, cache = calibration_caches(Settings(**values))
+        assert not rules.writable and cache.writable
+        return rules.path, cache.path
+
+    assert paths(calibration_cache="off") == (None, None)
+    assert paths(calibration_cache="") == (None, calibration.default_cache_path())
+    assert paths(calibration_cache="~/rules.json") == (None, Path.home() / "rules.json")
+    assert paths(calibration_rules="~/known.json", calibration_cache="off") == (Path.home() / "known.json", None)
