@@ -134,6 +134,11 @@ class Batcher:
         self.inference_count = 0
         self.execution_count = 0
 
+    @property
+    def busy(self) -> bool:
+        """Whether a request holds a place (from before its body is read to its answer) or a run is in flight."""
+        return self._waiting_requests > 0 or bool(self._runs)
+
     @contextlib.contextmanager
     def admission(self) -> Iterator[None]:
         """One of the model's `max_queue_size` places, held until the answer; 503 with Retry-After when

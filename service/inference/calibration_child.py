@@ -36,11 +36,12 @@ from typing import Any
 log = logging.getLogger("posenc.inference.calibration")
 
 # What one child may hold at its peak: Python, numpy and onnxruntime (about 95 MB), every CPU graph's session of
-# one model, and one run's buffers at S=1024 (the attention scores and their softmax, 2 × [1, H, S, S] float32:
-# 256 MiB for 32 heads). The serving process reserves it in the memory budget while the child runs, so the
-# process's bound (docs/operations.md) holds during a first start too. `peak_bytes` in each answer is checked
-# against it in the tests.
-CHILD_BYTES = 512 * 1024 * 1024
+# one model, and their arenas grown to the runs at S=1024 (the attention scores and their softmax, 2 × [1, H, S, S]
+# float32 in each graph that is still timed there): measured 250-700 MB for the shipped models with 2 intra-op
+# threads, the most for the 32-head ones. The serving process reserves it in the memory budget while the child
+# runs, so the process's bound (docs/operations.md) holds during a first start too; a child past it is logged,
+# and the tests check the shipped models against it.
+CHILD_BYTES = 768 * 1024 * 1024
 # The child's own start (Python, numpy, onnxruntime imports, the sessions) beyond the time given to its timings.
 START_SECONDS = 15.0
 PR_SET_PDEATHSIG = 1
@@ -102,7 +103,10 @@ def run_child(graphs: Mapping[str, Path], inputs: Sequence[InputShape], threads:
         return None
     if not isinstance(answer, dict):
         return None
-    log.info("calibration child %d: peak %.0f MiB", process.pid, answer.get("peak_bytes", 0) / 2**20)
+    peak = answer.get("peak_bytes", 0)
+    level = logging.WARNING if isinstance(peak, int) and peak > CHILD_BYTES else logging.INFO
+    log.log(level, "calibration child %d: peak %.0f MiB (%.0f MiB reserved for it)", process.pid,
+            peak / 2**20 if isinstance(peak, int) else 0, CHILD_BYTES / 2**20)
     return answer
 
 

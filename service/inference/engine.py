@@ -29,9 +29,10 @@ import onnxruntime as ort
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import InsufficientStorage, NotFound, PayloadTooLarge
+from posenc.service.inference.arena import IdleShrinker, one_position
 from posenc.service.inference.batcher import Batcher, BatchObserver
 from posenc.service.inference.calibration_child import stop_children
-from posenc.service.inference.devices import CUDA
+from posenc.service.inference.devices import CPU, CUDA
 from posenc.service.inference.repository import (
     ORT_ERRORS,
     VERSION,
@@ -189,6 +190,9 @@ class Engine:
                                        wait_seconds=None, setting="POSENC_MAX_RUN_BYTES")
         self.executor = ThreadPoolExecutor(max_workers=settings.inference_threads, thread_name_prefix="posenc-infer")
         self.loaded = False  # every model loaded (or failed): `load_in_background` has finished
+        # the CPU arenas of a model idle for a while handed back (`posenc.service.inference.arena`)
+        self.shrinker = IdleShrinker(self.executor, lambda name: self.batchers[name].busy)
+        self._arena_runs: dict[str, tuple[list[ort.InferenceSession], dict[str, np.ndarray]]] = {}
 
     def load(self) -> list[str]:
         """Load every model of the repository, one after the other; returns the readiness problems (empty: ready)."""
@@ -236,6 +240,10 @@ class Engine:
             if (cost := attention_cost(entry.config.raw)) is not None:
                 self.costs[entry.name] = cost
             self.batchers[entry.name] = self._batcher(entry)
+            if entry.providers == [CPU]:
+                sessions = list(entry.forms.sessions.values()) if entry.forms else [entry.session]
+                inputs = one_position({t.name: (t.datatype, t.shape) for t in entry.config.inputs})
+                self._arena_runs[entry.name] = (sessions, inputs)
         self.models[entry.name] = entry
 
     def problems(self) -> list[str]:
@@ -291,7 +299,11 @@ class Engine:
         """Run validated inputs of an admitted request through the model's batcher (413 when one row is over the
         run bound: checked before anything runs); the outputs named in `out` are written into those arrays."""
         self.check_run(model, inputs)
-        return await self.batchers[model.name].run_admitted(inputs, out)
+        try:
+            return await self.batchers[model.name].run_admitted(inputs, out)
+        finally:
+            if (arena := self._arena_runs.get(model.name)) is not None:
+                self.shrinker.ran(model.name, *arena)
 
     def run_memory(self, model: LoadedModel, inputs: Mapping[str, np.ndarray]) -> int:
         """Bytes the run of these inputs holds inside onnxruntime (the attention scores of all its rows; 0 for a
@@ -328,5 +340,6 @@ class Engine:
 
     async def close(self) -> None:
         stop_children()  # a calibration still running when the server stops
+        await self.shrinker.close()
         await asyncio.gather(*(batcher.close() for batcher in self.batchers.values()))
         self.executor.shutdown(wait=False, cancel_futures=True)

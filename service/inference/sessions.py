@@ -36,19 +36,14 @@ _limit = 0
 
 def session_options(threads: int) -> ort.SessionOptions:
     """The options of every session the service runs, and of the calibration that times them: `threads` intra-op
-    threads that never spin, one inter-op thread, and no CPU memory arena.
-
-    The graph is a chain of fused nodes: nothing for inter-op threads to overlap. Idle intra-op threads would
-    spin and steal CPU from the event loop and other models. onnxruntime's CPU arena keeps the largest run a
-    session has ever made for the life of the process: after 30 mixed requests over the shipped models the idle
-    process stayed at 749 MB (131 MB before them) and peaked at 1.58 GB; without it each run's buffers go back to
-    glibc's heaps, which POSENC_MALLOC_ARENAS and POSENC_MALLOC_KEEP_BYTES bound and `release_free_memory`
-    trims: 155 MB after the same burst, 663 MB at the peak (docs/operations.md)."""
+    threads that never spin, and one inter-op thread (the graph is a chain of fused nodes: nothing to overlap).
+    Idle intra-op threads would spin and steal CPU from the event loop and other models. onnxruntime's CPU arena
+    stays on (without it each large run faults its buffers' pages in again: 1.1-1.5 × the time of a run at
+    S=512-1024); what the arenas keep is handed back once a model is idle (`posenc.service.inference.arena`)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.enable_cpu_mem_arena = False
     return options
 
 
