@@ -113,7 +113,9 @@ def open_object(key: str, path: str, caller: SharedMemoryCaller, *, follow: bool
     write it (and the server can)."""
     caller.require("register")
     require_descriptor_room(f"register {echo(key)}")
-    flags = os.O_RDONLY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    # O_NONBLOCK: a FIFO planted as the object opens at once (and is refused below, not a regular file) instead of
+    # blocking the caller until a writer comes; on a regular file it changes nothing.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
@@ -171,7 +173,7 @@ def adopt_descriptor(key: str, caller: SharedMemoryCaller) -> OpenedObject:
 def _reopen_writable(fd: int) -> tuple[int, bool]:
     """(descriptor, writable): the same object reopened read-write, or `fd` itself when the server cannot."""
     try:
-        writable_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        writable_fd = os.open(f"/proc/self/fd/{fd}", os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     except PermissionError:
         return fd, False
     except OSError as exc:

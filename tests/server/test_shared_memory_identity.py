@@ -212,3 +212,31 @@ def test_descriptors_a_request_did_not_take_are_closed_after_its_answer(server: 
     finally:
         connection.close()
         os.close(fd)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="dropping to uid 65534 needs root")
+def test_a_fifo_registered_as_a_region_is_refused_at_once(server: ServerProcess) -> None:
+    """uid 65534 makes a FIFO under /dev/shm and registers it over the Unix socket, without the key: opening it
+    must not wait for a writer (it froze the event loop: /readyz timed out, SIGTERM ignored); a 400 at once."""
+    fifo = Path(f"/dev/shm/posenc_fifo_{os.getpid()}_{uuid.uuid4().hex[:8]}")
+    socket_path = str(server.env["POSENC_UDS"])
+
+    def probe() -> dict[str, Any]:
+        os.mkfifo(fifo, 0o600)
+        started = time.monotonic()
+        body = json.dumps({"key": fifo.name, "byte_size": 64}).encode()
+        status, _, answer = unix_http_request(socket_path, "/v2/systemsharedmemory/region/f/register", "POST",
+                                              body, timeout=10)
+        return {"status": status, "error": json.loads(answer).get("error", ""),
+                "seconds": time.monotonic() - started}
+
+    try:
+        seen = as_nobody(probe)
+    finally:
+        fifo.unlink(missing_ok=True)
+    assert seen["uid"] == NOBODY
+    assert seen["status"] == 400 and "not a regular shared-memory file" in seen["error"], seen
+    assert seen["seconds"] < 1.0
+    started = time.monotonic()
+    assert http_request(server.port, "/readyz", timeout=5)[0] == 200
+    assert time.monotonic() - started < 1.0
