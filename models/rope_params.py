@@ -95,14 +95,22 @@ class RopeParameters:
 
 def _number(name: str, value: Any, *, minimum: float | None = None, strict: bool = False,
             maximum: float = MAX_SCALE) -> float:
-    """A finite real number (bool rejected) <= maximum, optionally bounded below."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ParameterError(name, f"must be a finite number, got {value!r}")
+    """A finite real number (bool rejected) <= maximum, optionally bounded below. Integers are compared exactly
+    (a 4,000-digit one is out of range, not an OverflowError of its conversion to float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise ParameterError(name, f"must be a finite number, got {_shown(value)}")
     if minimum is not None and (value <= minimum if strict else value < minimum):
-        raise ParameterError(name, f"must be {'>' if strict else '>='} {minimum}, got {value!r}")
+        raise ParameterError(name, f"must be {'>' if strict else '>='} {minimum}, got {_shown(value)}")
     if value > maximum:
-        raise ParameterError(name, f"must be <= {maximum:g}, got {value!r}")
+        raise ParameterError(name, f"must be <= {maximum:g}, got {_shown(value)}")
     return float(value)
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to `limit` characters: a 4,000-digit integer is named, not echoed."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _integer(name: str, value: Any, *, minimum: int = 1, maximum: int = MAX_CONTEXT) -> int:

@@ -7,13 +7,18 @@ states them (None: the file does not say); arrays are the few small tensors that
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import numpy as np
 
+from posenc.models.rope_params import RopeParameters
+
 Verdict = Literal["ok", "wrong", "missing", "note", "unchecked"]
 FAILING: frozenset[str] = frozenset({"wrong", "missing"})
+# the keys `Found.scaling` may hold: RopeParameters fields but the sizes and base a Found states on its own
+SCALING_FIELDS: frozenset[str] = frozenset(f.name for f in fields(RopeParameters)) - {
+    "head_dim", "rotary_dim", "rope_theta", "partial_rotary_factor"}
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,15 @@ instead of the file, and what `POST /v1/audit` reads back (checked field by fiel
 from __future__ import annotations
 
 import base64
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
-from posenc.models.audit.found import Caches, Found
+from posenc.models.audit.found import SCALING_FIELDS, Caches, Found
+from posenc.service.audit import values
 from posenc.service.errors import BadRequest
 
 MARK = "posenc_audit_extract"
@@ -31,12 +33,17 @@ def _array(value: np.ndarray) -> dict[str, Any]:
 
 
 def _from_array(entry: Any, name: str) -> np.ndarray:
+    if not isinstance(entry, dict) or not isinstance(entry.get("data"), str) or entry.get("dtype") not in DTYPES:
+        raise BadRequest(f"extract: {name} must be an object of dtype ({', '.join(DTYPES)}), shape and base64 data")
+    dtype, shape = DTYPES[entry["dtype"]], values.shape(f"extract: {name}.shape", entry.get("shape"))
     try:
-        dtype, shape = DTYPES[entry["dtype"]], [int(d) for d in entry["shape"]]
         raw = base64.b64decode(entry["data"], validate=True)
-        return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-    except (KeyError, TypeError, ValueError) as exc:
-        raise BadRequest(f"extract: {name} is not an array of the extract's form ({type(exc).__name__})") from None
+    except ValueError:
+        raise BadRequest(f"extract: {name}.data is not base64") from None
+    if len(raw) != math.prod(shape) * dtype.itemsize:
+        raise BadRequest(f"extract: {name}.data holds {len(raw)} bytes; its shape {list(shape)} of {entry['dtype']} "
+                         f"needs {math.prod(shape) * dtype.itemsize}")
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
 def dump(found: Found) -> dict[str, Any]:
@@ -57,24 +64,20 @@ def dump(found: Found) -> dict[str, Any]:
 INTS = ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim")
 FLOATS = ("rope_theta", "theta_swa", "attention_factor")
 TEXT = ("architecture", "learned_name")
-# arrays by the ranks they may have: inv_freq [n] or a short/long pair [2, n]
-RANKS = {"inv_freq": (1, 2), "freq_factors": (1,), "long_factors": (1,), "short_factors": (1,), "alibi_slopes": (1,)}
 
 
 def _scalar(name: str, value: Any) -> Any:
     if value is None:
         return None
-    if name in INTS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if name in FLOATS and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+    if name in INTS:
+        return values.integer(f"extract: {name}", value)
+    if name in FLOATS:
+        return values.number(f"extract: {name}", value)
     if name in TEXT and isinstance(value, str):
         return value[:200]
     if name == "interleaved" and isinstance(value, bool):
         return value
-    kind = "a positive integer" if name in INTS else "a number" if name in FLOATS else "a string" \
-        if name in TEXT else "a boolean"
-    raise BadRequest(f"extract: {name} must be {kind}")
+    raise BadRequest(f"extract: {name} must be {'a string' if name in TEXT else 'a boolean'}")
 
 
 def _scaling(value: Any) -> dict[str, Any]:
@@ -82,6 +85,9 @@ def _scaling(value: Any) -> dict[str, Any]:
         raise BadRequest("extract: scaling must be an object")
     out: dict[str, Any] = {}
     for key, item in value.items():
+        if key not in SCALING_FIELDS:
+            raise BadRequest(f"extract: scaling.{str(key)[:40]} is not a scaling field (allowed: "
+                             f"{', '.join(sorted(SCALING_FIELDS))})")
         plain = isinstance(item, int | float | str | bool) or item is None
         numbers = isinstance(item, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in item)
         if not (plain or numbers):
@@ -102,16 +108,11 @@ def load(document: Mapping[str, Any]) -> Found:
     for name in ("sections", "learned_positions"):
         value = document.get(name)
         if value is not None:
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                                                      for v in value) or len(value) > 8:
-                raise BadRequest(f"extract: {name} must be a list of at most 8 non-negative integers")
-            setattr(found, name, tuple(value))
-    for name, ranks in RANKS.items():
+            setattr(found, name, values.integers(f"extract: {name}", value))
+    for name in values.RANKS:
         if document.get(name) is not None:
             array = _from_array(document[name], name)
-            if array.ndim not in ranks or array.size == 0 or (array.ndim == 2 and array.shape[0] != 2):
-                raise BadRequest(f"extract: {name} must be a non-empty vector" + (" or a [2, n] pair" if 2 in ranks
-                                                                                 else ""))
+            values.position_shape(f"extract: {name}", name, array.shape)
             setattr(found, name, array)
     caches = document.get("caches")
     if caches is not None:

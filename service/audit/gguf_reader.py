@@ -15,6 +15,7 @@ import numpy as np
 
 from posenc.models.audit.found import Found
 from posenc.models.rope_types import GGUF_SCALING_TYPES
+from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout
 from posenc.service.errors import BadRequest
 
@@ -114,7 +115,7 @@ def parse_header(c: Cursor) -> Layout:
         dims = c.unpack("I")
         if dims > MAX_DIMS:
             raise BadRequest(f"{c.what}: tensor {name[:80]!r} declares {dims} dimensions")
-        shape = [c.unpack("Q") for _ in range(dims)]
+        shape = values.shape(f"{c.what}: tensor {name[:80]!r}", [c.unpack("Q") for _ in range(dims)])
         kind, offset = c.unpack("I"), c.unpack("Q")
         infos.append((name, shape, kind, offset))
     alignment = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
@@ -151,6 +152,11 @@ def _number(meta: dict[str, Any], key: str) -> Any:
     return value if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+# the keys (after `{arch}.`) that hold counts and sizes; the other numbers read are reals
+INT_KEYS = frozenset({"context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                      "attention.key_length", "rope.dimension_count", "rope.scaling.original_context_length"})
+
+
 def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     """A parsed GGUF header and its small tensors → Found."""
     meta = header["meta"]
@@ -159,7 +165,10 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         raise BadRequest("GGUF: general.architecture is missing; it names every other key")
 
     def key(suffix: str) -> Any:
-        return _number(meta, f"{arch}.{suffix}")
+        name = f"{arch}.{suffix}"
+        if suffix in INT_KEYS:  # 0: not stated, as llama.cpp reads it
+            return values.integer(f"GGUF: {name[:120]}", _number(meta, name), minimum=0)
+        return values.number(f"GGUF: {name[:120]}", _number(meta, name))
 
     heads, hidden = key("attention.head_count"), key("embedding_length")
     head_dim = key("attention.key_length") or (hidden // heads if hidden and heads else None)
@@ -187,7 +196,7 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         found.scaling = {}  # scaling values without a type or factor tensors: llama.cpp applies none
     sections = meta.get(f"{arch}.rope.dimension_sections")
     if isinstance(sections, list):
-        found.sections = tuple(int(v) for v in sections)
+        found.sections = values.integers(f"GGUF: {arch}.rope.dimension_sections", sections)
     if meta.get(f"{arch}.rope.scaling.finetuned") is not None:
         found.notes.append(f"rope.scaling.finetuned = {meta[f'{arch}.rope.scaling.finetuned']}")
     for stem, field_name in NEEDED.items():

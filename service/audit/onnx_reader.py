@@ -3,22 +3,58 @@ initializers and attributes, GroupQueryAttention's do_rotary caches, and inverse
 Cos/Sin subgraph (with a scalar Mul after them: the attention factor). Only those initializers are read; a local
 file's external data is read for them alone. Walks are bounded: subgraphs and local functions nest at most
 `MAX_DEPTH` deep (a function that calls itself is refused), at most `MAX_NODES` nodes are visited.
+
+Before protobuf builds the model, a walk over its bytes (`count`: varints, no object per entry) refuses a model of
+more than `MAX_NODES` nodes (subgraphs' and local functions' included), `MAX_INITIALIZERS` initializers or
+`MAX_ENTRIES` protobuf fields in its graphs, nodes, attributes, tensors and types: a few MiB of empty entries
+would otherwise take gigabytes once parsed. The scan is linear: producers and consumers are indexed by tensor
+name once, and each tensor is traced back towards its constants at most once.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
+from math import prod
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from posenc.models.audit.found import Caches, Found
+from posenc.service.audit import values
 from posenc.service.errors import BadRequest
 
 MAX_DEPTH = 8
-MAX_NODES = 1 << 20
+MAX_NODES = 100_000  # in the bytes (subgraphs and function bodies included), and visited (each call's body)
+MAX_INITIALIZERS = 100_000
+MAX_ENTRIES = 2_000_000  # protobuf fields walked by `count`
+MAX_MESSAGE_DEPTH = 100  # protobuf's own recursion limit
 TRACE_STEPS = 64  # producers walked back from a Cos input to its constants
+# the initializer types read (TensorProto data_type): floats, integers and bool, each a whole number of bytes
+READ_TYPES = frozenset({1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 16})
+TRACE_INPUTS = 256  # inputs of those producers looked at, per Cos input traced
+
+# The messages `count` walks into: {message: {field number: message}} (onnx.proto; "leaf": fields counted only).
+_CHILDREN: dict[str, dict[int, str]] = {
+    "model": {7: "graph", 20: "training", 25: "function", 26: "leaf"},
+    "training": {1: "graph", 2: "graph"},
+    "graph": {1: "node", 5: "tensor", 11: "value", 12: "value", 13: "value", 14: "leaf", 15: "sparse"},
+    "node": {5: "attribute", 10: "leaf"},
+    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 14: "type", 15: "type", 22: "sparse",
+                  23: "sparse"},
+    "function": {7: "node", 11: "attribute", 12: "value"},
+    "sparse": {1: "tensor", 2: "tensor"},
+    "value": {2: "type"},
+    "type": {1: "type_tensor", 4: "type_element", 5: "type_map", 8: "type_tensor", 9: "type_element"},
+    "type_tensor": {2: "leaf"},
+    "type_element": {1: "type"},
+    "type_map": {2: "type"},
+}
+# The entries counted against a limit: {(message, field number): what}
+_COUNTED = {("graph", 1): "nodes", ("function", 7): "nodes", ("graph", 5): "initializers",
+            ("graph", 15): "initializers"}
 
 
 def _onnx() -> Any:
@@ -29,15 +65,108 @@ def _onnx() -> Any:
     return onnx
 
 
+def _unreadable(reason: str) -> BadRequest:
+    return BadRequest(f"ONNX: the file is not a readable ONNX model ({reason})")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """The varint at `pos` and the position after it (IndexError past the end)."""
+    byte = data[pos]
+    value, shift = byte & 0x7F, 7
+    while byte & 0x80:
+        pos += 1
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if shift > 70:
+            raise ValueError("varint")
+    return value, pos + 1
+
+
+@dataclass
+class Counts:
+    """What `count` found in a model's bytes."""
+
+    nodes: int = 0
+    initializers: int = 0
+    entries: int = 0
+
+
+def _too_many(what: str) -> BadRequest:
+    bound, words = {"nodes": (MAX_NODES, "nodes (counting subgraphs' and local functions' nodes)"),
+                    "initializers": (MAX_INITIALIZERS, "initializers"),
+                    "entries": (MAX_ENTRIES, "protobuf entries (fields of its graphs, nodes, attributes, tensors "
+                                             "and types)")}[what]
+    return BadRequest(f"ONNX: more than {bound} {words}; the audit reads models within these bounds")
+
+
+def _value(data: bytes, pos: int, wire: int) -> tuple[int, int]:
+    """Where a field's value starts (a length-delimited one's payload) and where the field ends."""
+    if wire == 0:
+        return pos, _varint(data, pos)[1]
+    if wire == 1 or wire == 5:
+        return pos, pos + (8 if wire == 1 else 4)
+    if wire == 2:
+        length, start = _varint(data, pos)
+        return start, start + length
+    raise _unreadable(f"wire type {wire}")
+
+
+def _tally(counts: Counts, what: str | None) -> None:
+    if what == "nodes":
+        counts.nodes += 1
+        if counts.nodes > MAX_NODES:
+            raise _too_many(what)
+    elif what == "initializers":
+        counts.initializers += 1
+        if counts.initializers > MAX_INITIALIZERS:
+            raise _too_many(what)
+
+
+def _walk(data: bytes, pos: int, end: int, message: str, depth: int, counts: Counts) -> None:
+    """Count the fields of one message in data[pos:end] and of the messages in it that `_CHILDREN` names."""
+    if depth > MAX_MESSAGE_DEPTH:
+        raise _unreadable(f"messages nested deeper than {MAX_MESSAGE_DEPTH}")
+    children = _CHILDREN.get(message, {})
+    while pos < end:
+        key, pos = _varint(data, pos)
+        counts.entries += 1
+        if counts.entries > MAX_ENTRIES:
+            raise _too_many("entries")
+        start, pos = _value(data, pos, key & 7)
+        if pos > end:
+            raise _unreadable("a field runs past its message")
+        child = children.get(key >> 3) if key & 7 == 2 else None
+        if child is not None:
+            _walk(data, start, pos, child, depth + 1, counts)
+            _tally(counts, _COUNTED.get((message, key >> 3)))
+
+
+def count(data: bytes) -> Counts:
+    """Nodes, initializers and protobuf entries of a serialized ModelProto, from its bytes alone (no object per
+    entry); a 400 past `MAX_NODES`, `MAX_INITIALIZERS` or `MAX_ENTRIES`, or on bytes that are no protobuf."""
+    counts = Counts()
+    try:
+        _walk(data, 0, len(data), "model", 0, counts)
+    except (IndexError, ValueError):
+        raise _unreadable("truncated or malformed protobuf") from None
+    return counts
+
+
 def load(data: bytes | None = None, path: Path | None = None) -> Any:
-    """The ModelProto, without external data (a file's is read later for the few tensors that matter)."""
+    """The ModelProto, without external data (a file's is read later for the few tensors that matter), once
+    `count` has bounded its bytes."""
     onnx = _onnx()
     try:
         if path is not None:
-            return onnx.load(str(path), load_external_data=False)
+            data = path.read_bytes()
+    except OSError as exc:
+        raise BadRequest(f"cannot read {path}: {exc.strerror}") from None
+    count(data or b"")
+    try:
         return onnx.load_model_from_string(data)
     except Exception as exc:  # protobuf's DecodeError, RecursionError, ...: the bytes are not a model
-        raise BadRequest(f"ONNX: the file is not a readable ONNX model ({type(exc).__name__})") from None
+        raise _unreadable(type(exc).__name__) from None
 
 
 def _nodes(graph: Any, functions: dict[tuple[str, str], Any], depth: int = 0, seen: list[int] | None = None
@@ -67,25 +196,45 @@ def _attribute(node: Any, name: str, default: Any = None) -> Any:
     return default
 
 
+def _index(nodes: list[Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The node producing each tensor and the nodes consuming it (each once), by tensor name."""
+    producer: dict[str, Any] = {}
+    consumers: dict[str, list[Any]] = {}
+    for node in nodes:
+        for out in node.output:
+            producer[out] = node
+        for inp in set(node.input):
+            consumers.setdefault(inp, []).append(node)
+    return producer, consumers
+
+
 class _Graph:
     def __init__(self, model: Any, base: Path | None) -> None:
         self.model, self.base = model, base
         functions = {(f.domain, f.name): f for f in model.functions}
         self.nodes = list(_nodes(model.graph, functions))
         self.initializers = {t.name: t for t in model.graph.initializer}
-        self.producer = {out: node for node in self.nodes for out in node.output}
+        self.producer, self.consumers = _index(self.nodes)
+        self.traced: set[str] = set()  # tensors already traced back towards their constants
         for node in self.nodes:
             if node.op_type == "Constant" and node.output:
                 value = _attribute(node, "value")
                 if value is not None:
                     self.initializers.setdefault(node.output[0], value)
 
+    def size(self, name: str) -> int | None:
+        """The element count of a constant tensor by its dims (nothing converted), None for no constant."""
+        tensor = self.initializers.get(name)
+        return None if tensor is None else prod(tensor.dims)
+
     def array(self, name: str) -> np.ndarray | None:
         tensor = self.initializers.get(name)
         if tensor is None:
             return None
         onnx = _onnx()
-        if not onnx.external_data_helper.uses_external_data(tensor):
+        external = onnx.external_data_helper.uses_external_data(tensor)
+        _check_tensor(onnx, tensor, name, external)
+        if not external:
             return np.asarray(onnx.numpy_helper.to_array(tensor))
         if self.base is None:
             raise BadRequest(f"ONNX: initializer {name[:80]!r} is stored in an external data file; audit the "
@@ -96,36 +245,64 @@ class _Graph:
             raise BadRequest(f"ONNX: the external data of {name[:80]!r} cannot be read beside the model "
                              f"({type(exc).__name__})") from None
 
-    def consumers(self, name: str) -> list[Any]:
-        return [node for node in self.nodes if name in node.input]
+
+def _check_tensor(onnx: Any, tensor: Any, name: str, external: bool) -> None:
+    """An initializer's type is one the audit reads, its dims a shape (`values.shape`), and, stored in the model,
+    its data holds exactly the values its dims declare."""
+    what = f"ONNX: initializer {name[:80]!r}"
+    if tensor.data_type not in READ_TYPES:
+        raise BadRequest(f"{what} has data_type {tensor.data_type}; the audit reads float, integer and bool tensors "
+                         f"(data_type one of {', '.join(map(str, sorted(READ_TYPES)))})")
+    elements = prod(values.shape(f"{what}: dims", list(tensor.dims)))
+    if external:
+        return
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    held = len(tensor.raw_data) if tensor.HasField("raw_data") else \
+        len(getattr(tensor, onnx.helper.tensor_dtype_to_field(tensor.data_type))) * itemsize
+    if held != elements * itemsize:
+        raise BadRequest(f"{what}: its data holds {held // itemsize} values ({held} bytes), its dims "
+                         f"{list(tensor.dims)} declare {elements}")
+
+
+def _float_constant(graph: _Graph, name: str) -> np.ndarray | None:
+    """A float constant of more than one value as inv_freq: a vector, or the rows of a [2, n] short/long pair."""
+    tensor = graph.initializers.get(name)
+    if tensor is None or tensor.data_type not in (1, 10, 11, 16):  # float, float16, double, bfloat16
+        return None
+    value = graph.array(name)
+    if value is None or value.size <= 1:
+        return None
+    rows = value.reshape(-1, value.shape[-1])  # [1, n] a vector, [2, n] a short/long pair
+    return rows if rows.shape[0] == 2 else rows[0]
 
 
 def _constant_feeding(graph: _Graph, name: str) -> np.ndarray | None:
-    """The float constant of more than one value a Cos/Sin input is computed from (inv_freq; [2, n] pairs)."""
-    frontier, steps = [name], 0
-    while frontier and steps < TRACE_STEPS:
-        current = frontier.pop(0)
-        steps += 1
+    """The float constant of more than one value a Cos/Sin input is computed from (inv_freq; [2, n] pairs).
+    Each tensor is traced back once per graph (`graph.traced`): a later Cos reaching it finds nothing new there,
+    so the traces of all Cos nodes together are linear in the graph."""
+    frontier, steps, looked = deque([name]), 0, 0
+    while frontier and steps < TRACE_STEPS and looked < TRACE_INPUTS:
+        current = frontier.popleft()
         node = graph.producer.get(current)
-        if node is None:
+        if node is None or current in graph.traced:
             continue
-        for inp in node.input:
-            tensor = graph.initializers.get(inp)
-            if tensor is not None and tensor.data_type in (1, 10, 11, 16):  # float, float16, double, bfloat16
-                value = graph.array(inp)
-                if value is not None and value.size > 1:
-                    rows = value.reshape(-1, value.shape[-1])  # [1, n] a vector, [2, n] a short/long pair
-                    return rows if rows.shape[0] == 2 else rows[0]
-            elif tensor is None:
+        graph.traced.add(current)
+        steps += 1
+        for inp in node.input[:TRACE_INPUTS - looked]:
+            looked += 1
+            value = _float_constant(graph, inp)
+            if value is not None:
+                return value
+            if inp not in graph.initializers:
                 frontier.append(inp)
     return None
 
 
 def _scale_after(graph: _Graph, name: str) -> float | None:
-    for node in graph.consumers(name):
+    for node in graph.consumers.get(name, []):
         if node.op_type == "Mul":
             for inp in node.input:
-                value = graph.array(inp) if inp != name else None
+                value = graph.array(inp) if inp != name and graph.size(inp) == 1 else None
                 if value is not None and value.size == 1:
                     return float(value.reshape(-1)[0])
     return None

@@ -8,6 +8,8 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
+
 from posenc.models.audit.found import Found
 from posenc.models.audit.reference import Reference, from_config, from_preset, from_repository_config, match_catalogue
 from posenc.models.audit.rope_audit import Audit, audit
@@ -62,7 +64,7 @@ def read_path(path: Path, settings: Settings) -> Found:
 
 async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: Settings) -> Found:
     """An upload's facts: GGUF and safetensors streamed (header, then only the named ranges), the rest read
-    whole within `audit_max_onnx_bytes`."""
+    whole within `audit_max_onnx_bytes` and parsed in a worker thread (the event loop answers meanwhile)."""
     first = b""
     while len(first) < 16:
         try:
@@ -93,9 +95,14 @@ async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: 
         if len(body) > limit:
             raise PayloadTooLarge(f"a {kind} upload over {format_bytes(limit)} (POSENC_AUDIT_MAX_ONNX_BYTES); "
                                   "audit it with `posenc audit FILE --remote URL`, which sends only the extract")
+    return await run_in_threadpool(_whole_found, kind, bytes(body))  # parsed off the event loop
+
+
+def _whole_found(kind: str, body: bytes) -> Found:
+    """The facts of an upload read whole: a JSON document, or an ONNX model (counted, loaded and scanned)."""
     if kind == "json":
-        return _json_found(bytes(body))
-    return onnx_reader.to_found(onnx_reader.load(data=bytes(body)))
+        return _json_found(body)
+    return onnx_reader.to_found(onnx_reader.load(data=body))
 
 
 def reference(found: Found, preset: str | None, config: Mapping[str, Any] | None) -> Reference:

@@ -5,12 +5,14 @@ by their shape, read from the header alone."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from posenc.models.audit.found import Found
+from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout
 from posenc.service.errors import BadRequest
 
@@ -42,12 +44,14 @@ def parse_header(c: Cursor) -> Layout:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape, (begin, end) = entry["dtype"], [int(d) for d in entry["shape"]], entry["data_offsets"]
-        except (TypeError, KeyError, ValueError):
-            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has no dtype, shape and data_offsets") from None
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end) or min(shape, default=0) < 0:
-            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has invalid offsets or shape")
+        label = f"{c.what}: tensor {name[:80]!r}"
+        if not isinstance(entry, dict) or not all(key in entry for key in ("dtype", "shape", "data_offsets")):
+            raise BadRequest(f"{label} has no dtype, shape and data_offsets")
+        offsets = values.integers(f"{label}: data_offsets", entry["data_offsets"])
+        if len(offsets) != 2 or offsets[0] > offsets[1]:
+            raise BadRequest(f"{label} has invalid offsets or shape: data_offsets must be [begin, end], begin <= end")
+        (begin, end), dtype = offsets, entry["dtype"]
+        shape = values.shape(f"{label} has invalid offsets or shape: its shape", entry["shape"])
         layout.extent = max(layout.extent, base + end)
         kind = _wanted(name)
         if name.endswith(LEARNED):
@@ -57,9 +61,11 @@ def parse_header(c: Cursor) -> Layout:
         layout.header["count"][kind] = layout.header["count"].get(kind, 0) + 1
         if kind in layout.ranges:
             continue  # one buffer of each kind is read (every layer stores the same)
-        if dtype not in DTYPES or int(np.prod(shape)) > MAX_SMALL:
-            raise BadRequest(f"{c.what}: tensor {name[:80]!r} must be a float tensor of at most {MAX_SMALL} values")
-        if end - begin != int(np.prod(shape)) * DTYPES[dtype].itemsize:
+        if dtype not in DTYPES:
+            raise BadRequest(f"{label} must be a float tensor ({', '.join(DTYPES)}), got dtype {values.shown(dtype)}")
+        values.shape(f"{label}: its shape", shape, MAX_SMALL)  # read for its values
+        values.position_shape(label, kind, shape)
+        if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
             raise BadRequest(f"{c.what}: tensor {name[:80]!r}: its data_offsets span {end - begin} bytes, its "
                              "shape and dtype need another size")
         layout.ranges[kind] = (base + begin, end - begin)

@@ -1,0 +1,83 @@
+"""The numbers an audit reads from a file, checked in one place for every reader (GGUF, safetensors, ONNX, the
+extract): counts and sizes are integers in [0, 2**63), scalars finite numbers, tensor shapes non-negative integer
+dimensions whose product, computed with Python integers (never `np.prod`, which wraps), stays within a bound, and
+the arrays that carry position facts have the ranks the audit reads. A value outside is a 400 naming the field,
+what it was and what is allowed."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from posenc.service.errors import BadRequest
+
+INT_LIMIT = 1 << 63  # every count a file format can hold (GGUF's and ONNX's are 64-bit)
+MAX_ELEMENTS = 1 << 62  # elements of any declared tensor: far beyond any file, within int64 byte sizes
+MAX_LIST = 8  # entries of a list of sizes (M-RoPE sections, a learned table's shape)
+# arrays that carry position facts, by the ranks they may have: a vector, or for inv_freq a [2, n] short/long pair
+RANKS = {"inv_freq": (1, 2), "freq_factors": (1,), "long_factors": (1,), "short_factors": (1,), "alibi_slopes": (1,)}
+
+
+def shown(value: Any, limit: int = 40) -> str:
+    """`repr(value)` cut to `limit` characters (a 4,000-digit integer is named, not echoed)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def integer(field: str, value: Any, minimum: int = 1) -> int | None:
+    """An integer in [minimum, 2**63) (an integral float such as 4096.0 is taken as its integer); None stays None."""
+    return None if value is None else _integer(field, value, minimum)
+
+
+def _integer(field: str, value: Any, minimum: int) -> int:
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if not _is_int(value) or not minimum <= value < INT_LIMIT:
+        raise BadRequest(f"{field} must be an integer in [{minimum}, 2**63), got {shown(value)}")
+    return int(value)
+
+
+def number(field: str, value: Any) -> float | None:
+    """A finite number (an integer within float range included); None stays None."""
+    if value is None:
+        return None
+    finite = (_is_int(value) and abs(value) <= sys.float_info.max) or (
+        isinstance(value, float) and math.isfinite(value))
+    if not finite:
+        raise BadRequest(f"{field} must be a finite number, got {shown(value)}")
+    return float(value)
+
+
+def integers(field: str, value: Any, minimum: int = 0) -> tuple[int, ...]:
+    """A list of at most MAX_LIST integers, each as `integer` checks it (M-RoPE sections, a learned table's shape)."""
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or len(value) > MAX_LIST:
+        raise BadRequest(f"{field} must be a list of at most {MAX_LIST} integers in [{minimum}, 2**63), got "
+                         f"{shown(value)}")
+    return tuple(_integer(f"{field}[{i}]", item, minimum) for i, item in enumerate(value))
+
+
+def shape(field: str, dims: Any, limit: int = MAX_ELEMENTS) -> tuple[int, ...]:
+    """A tensor shape: non-negative integer dimensions (at most 8) whose product is at most `limit`."""
+    if isinstance(dims, str | bytes) or not isinstance(dims, Sequence) or len(dims) > MAX_LIST \
+            or not all(_is_int(d) and d >= 0 for d in dims):
+        raise BadRequest(f"{field} must be a list of at most {MAX_LIST} non-negative integer dimensions, got "
+                         f"{shown(dims)}")
+    elements = math.prod(int(d) for d in dims)
+    if elements > limit:
+        raise BadRequest(f"{field} {shown(list(dims))} declares {elements if elements < INT_LIMIT else 'over 2**63'}"
+                         f" elements; at most {limit} are allowed")
+    return tuple(int(d) for d in dims)
+
+
+def position_shape(field: str, name: str, dims: tuple[int, ...]) -> None:
+    """The shape of an array that carries position facts: non-empty, of a rank the audit reads (RANKS)."""
+    ranks = RANKS[name]
+    if len(dims) not in ranks or math.prod(dims) == 0 or (len(dims) == 2 and dims[0] != 2):
+        raise BadRequest(f"{field} must be a non-empty vector" + (" or a [2, n] pair" if 2 in ranks else "")
+                         + f", got shape {list(dims)}")
