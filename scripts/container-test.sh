@@ -11,7 +11,7 @@
 # READY in the repository index, one inference call on a shipped model (the repository must ship one:
 # onnx/*/config.json), the gRPC service on its own port (health, reflection, one inference:
 # scripts/container_grpc_check.py, with a $PYTHON that has tritonclient[grpc]), an empty and a broken model repository (up, /v2 present, but unready), a bad
-# POSENC_* value (exits, naming the variable).
+# POSENC_* value (exits, naming the variable); and the pod-shaped runs of scripts/container_pod_check.py.
 # Every wait is bounded; containers are removed on exit.
 set -euo pipefail
 
@@ -186,9 +186,17 @@ step_bad_setting() {
   grep -q POSENC_MAX_TABLE_BYTES "$WORK/badenv.log" || fail "bad setting: message does not name the variable"
 }
 
+# The image as deploy/kubernetes runs it: the Deployment's memory limit, read-only root, a fresh /tmp tmpfs,
+# uid 10001, the ConfigMap's settings; a first start, the crowd, a restart, a start from the node type's rules.
+step_pod() {
+  log "pod: the image as the Kubernetes manifest runs it"
+  timeout 600 "$PYTHON" "$REPO/scripts/container_pod_check.py" "$ENGINE" "$IMAGE" --crowd-seconds 30 || fail "pod checks"
+}
+
 step_build
 step_image_facts
 step_serve
+step_pod
 mkdir -p "$WORK/empty" "$WORK/broken/rope_attention" "$WORK/broken/truncated"
 step_unready empty "$WORK/empty"
 # Broken: a valid config.json (the shipped one, when there is one) over a model.onnx that is not ONNX,

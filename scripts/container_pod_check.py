@@ -170,15 +170,27 @@ def check_start(pod: Pod, name: str, started: float, what: str, ready_limit: flo
 
 
 def check_crowd(pod: Pod, name: str, seconds: float) -> None:
-    from crowd import MIXES, run_crowd_against  # scripts/crowd.py, beside this file
+    """The new-connection crowd of scripts/crowd.py against the container (its server seen from the host by PID)."""
+    from types import SimpleNamespace
+
+    from crowd import HEALTH_LIMIT_SECONDS, MIXES, peak_rss, run_crowd  # scripts/crowd.py, beside this file
 
     bound = memory_bound(pod.settings)
-    violations, summary = run_crowd_against(pod.port, MIXES["new-connections"], seconds, clients=64,
-                                            peak=lambda: pod.status(name)["VmHWM"])
-    state = pod.state(name)
-    say(f"crowd: {summary}; bound {bound / MiB:.0f} MiB; {state}")
-    for violation in violations:
+    server = SimpleNamespace(port=pod.port, pid=int(pod.engine_out("inspect", "--format", "{{.State.Pid}}", name)))
+    crowd, health, pathological_cpu = run_crowd(server, seconds, 64, mix=MIXES["new-connections"])  # type: ignore[arg-type]
+    hwm, state = peak_rss(server.pid), pod.state(name)
+    outcomes = ", ".join(f"{kind} {outcome} {count}" for (kind, outcome), count in sorted(crowd.outcomes.items()))
+    say(f"crowd: {outcomes}")
+    say(f"crowd: peak VmHWM {hwm / MiB:.0f} MiB (bound {bound / MiB:.0f} MiB, limit {pod.memory / MiB:.0f} MiB); "
+        f"/healthz worst {health.worst:.3f} s over {health.samples} samples; {state}")
+    for violation in dict.fromkeys(crowd.violations + health.failures):
         fail(f"crowd: {violation}")
+    if hwm > bound:
+        fail(f"crowd: peak VmHWM {hwm / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB")
+    if health.worst > HEALTH_LIMIT_SECONDS:
+        fail(f"crowd: /healthz took {health.worst:.2f} s (at most {HEALTH_LIMIT_SECONDS:g} s)")
+    if pathological_cpu > 2.0:
+        fail(f"crowd: the pathological bodies took {pathological_cpu:.2f} s of server CPU")
     if state["oom_killed"] or not state["running"]:
         fail(f"crowd: the container was killed ({state})")
 

@@ -499,8 +499,9 @@ def main() -> int:
     parser.add_argument("--body-timeout", type=float, default=3.0, help="POSENC_BODY_TIMEOUT for the run")
     parser.add_argument("--send-timeout", type=float, default=5.0, help="POSENC_SEND_TIMEOUT for the run")
     parser.add_argument("--graceful-timeout", type=float, default=10.0, help="POSENC_GRACEFUL_SHUTDOWN_TIMEOUT")
-    parser.add_argument("--crowd-seconds", type=float, default=45, help="the mixed crowd's duration (0: none)")
-    parser.add_argument("--crowd-clients", type=int, default=64, help="the mixed crowd's keep-alive clients")
+    parser.add_argument("--crowd-seconds", type=float, default=45,
+                        help="the mixed crowds' duration, shared by the mixes of scripts/crowd.py (0: none)")
+    parser.add_argument("--crowd-clients", type=int, default=64, help="the clients of each mixed crowd")
     args = parser.parse_args()
     settings = {"workers": 1, "log_level": "warning", "access_log": False, "header_timeout": args.header_timeout,
                 "body_timeout": args.body_timeout, "graceful_shutdown_timeout": args.graceful_timeout,
@@ -513,8 +514,8 @@ def main() -> int:
     # The server inherits this process's descriptor limit: systemd's default, whatever the shell allows.
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(DESCRIPTOR_LIMIT, hard), hard))
-    # the documented bound (docs/operations.md; scripts/crowd.py computes it) for this run's settings
-    from crowd import memory_bound  # scripts/crowd.py, beside this file
+    # the documented bound (docs/operations.md, `posenc.service.budget.memory_bound`) for this run's settings
+    from posenc.service.budget import memory_bound
 
     max_rss = int(args.max_rss_mib * MiB) if args.max_rss_mib else memory_bound(Settings(**settings))
     server = ServerProcess(settings, host=HOST, cwd=ROOT, ready="/readyz", ready_timeout=120, grpc=True)
@@ -543,7 +544,7 @@ def main() -> int:
         print("\nserver log (last 20 lines):\n" + "\n".join(log.splitlines()[-20:]))
         return 1
     print("\nOK: no 5xx, no lost responses, clean exit within the graceful timeout, RSS within bound"
-          + ("; the crowd within its memory bound" if args.crowd_seconds > 0 else ""))
+          + ("; the crowds within their memory bound, /healthz within a second" if args.crowd_seconds > 0 else ""))
     return 0
 
 

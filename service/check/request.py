@@ -16,7 +16,7 @@ import numpy as np
 
 from posenc.models.dtypes import FLOAT_DTYPES, dtype_name
 from posenc.service.check.report import CheckReport
-from posenc.service.check.table_check import CheckPlan, bound_work, decode_upload, plan, run
+from posenc.service.check.table_check import CheckPlan, bound_work, decode_upload, held_bytes, plan, run
 from posenc.service.errors import BadRequest, InvalidParameter
 from posenc.service.settings import Settings
 from posenc.service.tables.registry import TableQuery, TableRoute
@@ -107,10 +107,19 @@ class CheckRequest:
     def path(self) -> str:
         return check_path(self.route)
 
+    def held_bytes(self, upload_bytes: int) -> int:
+        """What the check holds at its peak for an upload of `upload_bytes` (`table_check.held_bytes`), as far as it
+        is known before the upload: t5/bias's table waits for its `weight`, so only its upload is counted (the
+        route grows the reservation to the plan's `working_bytes`)."""
+        if self.route.query.body is WEIGHT_BODY:
+            return 2 * upload_bytes
+        return held_bytes(self.query, upload_bytes)
+
     def plan(self, body: bytes, content_type: str | None) -> CheckPlan:
         """Decode the upload, bind the family's own upload, validate and bound the work (blocking)."""
         uploaded = decode_upload(body, content_type, accepted_tensors(self.route), self.tensor)
-        return plan(self.route, bind_weight(self.route, self.query, uploaded), uploaded, self.max_work_bytes)
+        return plan(self.route, bind_weight(self.route, self.query, uploaded), uploaded, self.max_work_bytes,
+                    len(body))
 
     def report(self, body: bytes, content_type: str | None) -> CheckReport:
         """`plan`, then compute the reference, the agreement and the ranked hypotheses (blocking)."""

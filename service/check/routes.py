@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from posenc.service.budget import release_free_memory
 from posenc.service.check.report import CheckReport, error_tensors
 from posenc.service.check.request import CheckRequest, check_path, checkable
 from posenc.service.check.table_check import run
@@ -27,6 +28,7 @@ from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep
 from posenc.service.tables import TABLES
 from posenc.service.tables.registry import TableRoute
+from posenc.service.tables.routes import RELEASE_AFTER_BYTES
 
 CHECK_FORMATS = ("json", "safetensors")
 
@@ -75,12 +77,24 @@ def _endpoint(route: TableRoute) -> Any:
         # before the body: nothing is read for a request that cannot be served
         check = CheckRequest.build(route, query, tensor=options.tensor, config=options.config, settings=settings)
         limit = check.max_request_bytes
-        async with budget.reserve(2 * declared_length(request.headers.get("content-length"), limit), "an upload"):
+        # one reservation, made before the body is read, for the upload and the work of its check together: never
+        # an upload held while it waits for its work's share
+        declared = declared_length(request.headers.get("content-length"), limit)
+        reservation = await budget.acquire(check.held_bytes(declared), check.path)
+        try:
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
             planned = await run_in_threadpool(check.plan, body, request.headers.get("content-type"))
             del body
-        async with budget.reserve(planned.working_bytes, check.path):
+            # the upload's real length (a chunked body was counted at the limit); t5/bias: its table, now known
+            reservation.shrink(planned.working_bytes)
+            await reservation.grow(planned.working_bytes, check.path)
             report = await run_in_threadpool(run, planned)
+            held = planned.working_bytes
+            del planned  # the decoded upload
+        finally:
+            reservation.release()
+        if held >= RELEASE_AFTER_BYTES:  # as after a large table: glibc's heaps keep no more than they may
+            await run_in_threadpool(release_free_memory)
         return respond(report, options.format)
 
     return check_table

@@ -19,7 +19,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 
-from posenc.models.diagnosis.agreement import compare
+from posenc.models.diagnosis.agreement import COMPARE_FLOAT64_ARRAYS, compare
 from posenc.models.diagnosis.hypothesis import Hypothesis, Tables
 from posenc.models.dtypes import dtype_name
 from posenc.service.check.families import FamilyCheck, family_check
@@ -30,6 +30,10 @@ from posenc.service.tables.answer import metadata_value
 from posenc.service.tables.registry import TableQuery, TableRoute
 
 WORK_BYTES_PER_ELEMENT = 8  # every comparison runs in float64
+# What a running check holds at once beside the user's decoded tensors, in float64 arrays of the reference's size:
+# the tolerances, the reference (or, while the hypotheses are ranked, one hypothesis's tables), and the working set
+# of the comparison (`compare`; `residual` holds less). Measured at most 6.2 (tests/api/test_check_memory.py).
+CHECK_FLOAT64_ARRAYS = 2 + COMPARE_FLOAT64_ARRAYS
 
 
 def _safetensors_names(body: bytes) -> list[str]:
@@ -67,11 +71,13 @@ class CheckPlan:
     observed: dict[str, np.ndarray]
     family: FamilyCheck
     hypotheses: list[Hypothesis]
-    working_bytes: int
+    working_bytes: int  # `held_bytes` of the query and the upload
 
 
-def plan(route: TableRoute, query: TableQuery, uploaded: Mapping[str, np.ndarray], max_work_bytes: int) -> CheckPlan:
-    """Validate the upload against the declared tensors and bound the work (413) before computing."""
+def plan(route: TableRoute, query: TableQuery, uploaded: Mapping[str, np.ndarray], max_work_bytes: int,
+         upload_bytes: int) -> CheckPlan:
+    """Validate the upload (`upload_bytes` long) against the declared tensors and bound the work (413) before
+    computing."""
     query.check()
     specs = query.specs()
     observed = {name: array for name, array in uploaded.items() if name in specs}
@@ -87,23 +93,33 @@ def plan(route: TableRoute, query: TableQuery, uploaded: Mapping[str, np.ndarray
                                    f"{dtype_name(spec.dtype)} (integers and floats are not compared)")
     family = family_check(query)
     hypotheses = family.hypotheses(query, query_tables(query), observed)
-    held = bound_work(query, len(hypotheses), max_work_bytes)
-    return CheckPlan(route, query, observed, family, hypotheses, held)
+    bound_work(query, len(hypotheses), max_work_bytes)
+    return CheckPlan(route, query, observed, family, hypotheses, held_bytes(query, upload_bytes))
 
 
-def bound_work(query: TableQuery, hypotheses: int | None, max_work_bytes: int) -> int:
+def bound_work(query: TableQuery, hypotheses: int | None, max_work_bytes: int) -> None:
     """413 when the reference, the upload and every hypothesis (each compared in float64) exceed
-    `max_work_bytes`; else the bytes held at once. `hypotheses` None: count them (before any upload)."""
+    `max_work_bytes`. `hypotheses` None: count them (before any upload)."""
     if hypotheses is None:
         hypotheses = len(family_check(query).hypotheses(query, query_tables(query), {}))
-    reference_size = sum(spec.size for spec in query.specs().values())
-    work = (hypotheses + 2) * reference_size * WORK_BYTES_PER_ELEMENT
+    work = (hypotheses + 2) * reference_size(query) * WORK_BYTES_PER_ELEMENT
     if work > max_work_bytes:
         raise PayloadTooLarge(f"checking this table against {hypotheses} hypotheses takes "
                               f"{format_bytes(work)} of work; the limit is {format_bytes(max_work_bytes)} "
                               "(POSENC_MAX_TABLE_BYTES): check fewer rows, or slices with offset")
-    # held at once: reference, upload, one hypothesis, and their float64 differences
-    return 6 * reference_size * WORK_BYTES_PER_ELEMENT
+
+
+def reference_size(query: TableQuery) -> int:
+    """Elements of the reference tables (every tensor of the query)."""
+    return sum(spec.size for spec in query.specs().values())
+
+
+def held_bytes(query: TableQuery, upload_bytes: int) -> int:
+    """The most a check of `query` holds at once for an upload of `upload_bytes`: the body and its decoded tensors
+    (no larger) while the upload is read and decoded, then the decoded tensors beside the work of the check
+    (`CHECK_FLOAT64_ARRAYS`). The route reserves it in the memory budget before the body is read."""
+    work = CHECK_FLOAT64_ARRAYS * reference_size(query) * WORK_BYTES_PER_ELEMENT
+    return upload_bytes + max(upload_bytes, work)
 
 
 def query_tables(query: TableQuery) -> Any:

@@ -1,5 +1,7 @@
 """One bounded load generator: N keep-alive connections on loopback, each sending its next request as soon as
-the last answer is read in full (closed loop), for a fixed time and/or a fixed count of requests.
+the last answer is read in full (closed loop), for a fixed time and/or a fixed count of requests. With
+`new_connections`, each client opens a new connection for every request and closes it once the answer is read
+(clients without a connection pool), still closed loop.
 
 Every response body is read to its end (Content-Length, chunked, or to the close); statuses and socket
 errors are counted. The run is bounded: by `seconds`, by `requests`, and in any case by MAX_SECONDS plus one
@@ -94,11 +96,12 @@ class LoadResult:
 
 
 class LoadGenerator:
-    """Closed-loop load on `host:port` (loopback only) over `connections` keep-alive connections."""
+    """Closed-loop load on `host:port` (loopback only) from `connections` clients, each over one keep-alive
+    connection, or over a new connection per request with `new_connections`."""
 
     def __init__(self, port: int, *, connections: int = 16, seconds: float | None = None,
                  requests: int | None = None, host: str = LOOPBACK, timeout: float = 60.0,
-                 keep_bodies: bool = False) -> None:
+                 keep_bodies: bool = False, new_connections: bool = False) -> None:
         if seconds is None and requests is None:
             raise ValueError("give seconds, requests or both: a load run is bounded")
         if seconds is not None and not 0 < seconds <= MAX_SECONDS:
@@ -109,7 +112,7 @@ class LoadGenerator:
             raise ValueError(f"connections must be in [1, {MAX_CONNECTIONS}]")
         self.host, self.port = require_loopback(host), port
         self.connections, self.seconds, self.requests = connections, seconds, requests
-        self.timeout, self.keep_bodies = timeout, keep_bodies
+        self.timeout, self.keep_bodies, self.new_connections = timeout, keep_bodies, new_connections
 
     def run(self, plan: Plan, observe: Callable[[Outcome], bool | None] | None = None,
             stop: Callable[[], bool] | None = None) -> LoadResult:
@@ -217,7 +220,7 @@ class _Run:
                         await asyncio.sleep(RECONNECT_PAUSE)
                     continue
                 self.in_flight[index] = None
-                if outcome.headers.get("connection", "").lower() == "close":
+                if self.gen.new_connections or outcome.headers.get("connection", "").lower() == "close":
                     _close(conn)
                     conn = None
                 if self.finish(outcome) is False:

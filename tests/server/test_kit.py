@@ -1,8 +1,10 @@
 """The test kit itself (posenc.service.testing): its KServe requests agree with the service's codec for every dtype,
-its load is bounded and stays on loopback, its servers report a failed start and are stopped within a bound."""
+its load is bounded, stays on loopback and keeps its connections or opens one per request, its servers report a
+failed start and are stopped within a bound."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import time
@@ -15,8 +17,10 @@ from posenc.models.dtypes import DTYPES, DType
 from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.kserve_response import encode_infer_response
 from posenc.service.testing import (
+    LOOPBACK,
     HttpRequest,
     LoadGenerator,
+    LoadResult,
     ServerProcess,
     decode_response,
     kserve_request,
@@ -68,6 +72,35 @@ def test_load_counts_every_answer_and_stops_at_the_count(server: str) -> None:
     result = LoadGenerator(port, connections=2, requests=20).run(plan, lambda outcome: seen.append(outcome.status))
     assert result.requests == len(seen) == 20
     assert result.statuses == {200: 10, 404: 10} and result.errors == 10 and result.socket_errors == 0
+
+
+@pytest.mark.timeout(60)
+def test_load_over_a_new_connection_per_request() -> None:
+    async def scenario(new_connections: bool) -> tuple[int, LoadResult]:
+        accepted = 0
+
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal accepted
+            accepted += 1
+            try:
+                while await reader.readuntil(b"\r\n\r\n"):  # keep-alive: as many requests as the client sends
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                pass
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(answer, LOOPBACK, 0)
+        async with server:
+            load = LoadGenerator(server.sockets[0].getsockname()[1], connections=2, requests=10,
+                                 new_connections=new_connections)
+            result = await load.run_async(HttpRequest(path="/"))
+        return accepted, result
+
+    for new_connections, connections in ((False, 2), (True, 10)):
+        accepted, result = asyncio.run(scenario(new_connections))
+        assert (result.requests, result.errors, accepted) == (10, 0, connections)
 
 
 @pytest.mark.timeout(60)
