@@ -4,9 +4,13 @@ and server reflection.
 
 Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED by gRPC itself from
 its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
-RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes.
+RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes;
+streams hold at most three quarters of the places, health and metadata calls none, and an idle stream ends after
+POSENC_GRPC_STREAM_IDLE_SECONDS (`posenc.service.inference.grpc_servicer`).
 Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model loaded, and each
-model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. With several
+model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. A model's name
+follows the `health` group of POSENC_RESTRICTED_API (PERMISSION_DENIED without its metadata, as ModelReady);
+the server's names stay open, since the kubelet's probe sends no metadata (`RestrictedHealth`). With several
 workers each binds the port with SO_REUSEPORT, as uvicorn's workers share the HTTP socket; with one, a port in
 use is a start-up failure.
 """
@@ -33,6 +37,25 @@ _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 STREAM_METHODS = ("ModelStreamInfer",)
+
+
+class RestrictedHealth(health.aio.HealthServicer):
+    """`grpc.health.v1.Health` under the restricted groups (`Servicer.guard_health`): a model's status needs the
+    `health` group's key when that group is restricted; the server's does not."""
+
+    def __init__(self, servicer: Servicer) -> None:
+        super().__init__()
+        self.servicer = servicer
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
+        await self.servicer.guard_health(f"/{HEALTH_SERVICE}/Check", request.service, context)
+        return await super().Check(request, context)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext) -> None:
+        await self.servicer.guard_health(f"/{HEALTH_SERVICE}/Watch", request.service, context)
+        await super().Watch(request, context)
 
 
 def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
@@ -73,8 +96,9 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
         options=[("grpc.max_receive_message_length", settings.max_request_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1 if workers > 1 else 0)])
-    server.add_generic_rpc_handlers((inference_handler(Servicer(state)),))
-    checker = health.aio.HealthServicer()
+    servicer = Servicer(state)
+    server.add_generic_rpc_handlers((inference_handler(servicer),))
+    checker = RestrictedHealth(servicer)
     for name, status in health_statuses(list(state.problems), state.engine.models).items():
         await checker.set(name, status)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)

@@ -1,11 +1,17 @@
 """`inference.GRPCInferenceService`: the KServe v2 / Triton gRPC methods, on the engine, batcher, memory budget,
 shared-memory registry, restricted protocol groups and error taxonomy the HTTP routes use.
 
-Each method checks its protocol group (the header of POSENC_RESTRICTED_API travels as call metadata), runs
+Each method checks its protocol group (the header of POSENC_RESTRICTED_API travels as call metadata, once: a key
+sent twice is INVALID_ARGUMENT, as HTTP's 400), runs
 the same code as its HTTP route and answers a `ServiceError` with the gRPC status of its HTTP status
 (`grpc_status`) and the same message. Every call is recorded (metrics by method and code, the access log).
 Methods posenc does not serve (model load and unload, CUDA shared memory, trace and log settings) answer
 UNIMPLEMENTED, as the generated base class does.
+
+Limits (`admit`, `admit_stream`): POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once, of which streams may hold at
+most `stream_cap` (three quarters), so streams cannot take the places of unary calls; health and metadata calls
+(`UNLIMITED_GROUPS`) are never counted nor refused. A stream that sends nothing for POSENC_GRPC_STREAM_IDLE_SECONDS
+while none of its requests is in progress ends DEADLINE_EXCEEDED, giving its place back.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_pa
 from posenc.service.inference.engine import Engine
 from posenc.service.inference.grpc_codec import (
     decode_infer_request,
+    decoded_bytes,
     encode_infer_response,
     model_config_message,
     model_metadata_message,
@@ -45,7 +52,13 @@ from posenc.service.inference.model_inputs import model_metadata
 from posenc.service.inference.repository import VERSION, ensure_ready
 from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
 from posenc.service.inference.triton_config import repository_index, triton_config
-from posenc.service.request_kit.restricted import SHARED_MEMORY_GROUP, SharedMemoryCaller, restricted_message
+from posenc.service.request_kit.restricted import (
+    SHARED_MEMORY_GROUP,
+    SharedMemoryCaller,
+    duplicate_key_message,
+    repeated_key,
+    restricted_message,
+)
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.grpc")
@@ -72,6 +85,13 @@ INTERNAL_MESSAGE = "internal server error; the service log has the details"  # t
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
 COPY_PER_PARSED_BYTE = 32  # bytes copied in the time of one byte parsed (`_work`)
 STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
+# Groups whose methods are never refused by the call limit: they answer at once from memory (no queue, no
+# await), and a probe must get through however many calls and streams are open.
+UNLIMITED_GROUPS = frozenset({"health", "metadata"})
+UNARY_SHARE = 4  # 1/UNARY_SHARE of POSENC_GRPC_MAX_CONCURRENT_RPCS (rounded down) is never given to streams
+# The health service names of the whole server (`grpc_server.health_statuses`): open to a probe without metadata
+# (the kubelet's gRPC probe sends none); a model's name follows the `health` group's restriction.
+SERVER_HEALTH_NAMES = frozenset({"", SERVICE})
 
 Recorder = Callable[[str, str, float, int, str], None]  # (method, code name, seconds, response bytes, peer)
 T = TypeVar("T")
@@ -97,10 +117,6 @@ class GrpcState:
     shared_memory: SharedMemoryRegistry
     problems: Sequence[str]
     record: Recorder
-
-
-def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str | bytes]:
-    return {key.lower(): value for key, value in (context.invocation_metadata() or ())}
 
 
 def _carries(metadata: Mapping[str, str | bytes], restriction: tuple[str, str]) -> bool:
@@ -140,8 +156,16 @@ class Servicer:
     def __init__(self, state: GrpcState) -> None:
         self.state = state
         self.restrictions = state.settings.restrictions()
-        self.active = 0  # calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
+        self.keys = frozenset(header for header, _ in self.restrictions.values())  # metadata names, lower case
+        self.active = 0  # calls in progress, streams included (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
+        self.streams = 0  # streams in progress (`stream_cap` bounds them)
         self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
+
+    @property
+    def stream_cap(self) -> int:
+        """Streams in progress at once: the call limit less the share kept for unary calls."""
+        limit = self.state.settings.grpc_max_concurrent_rpcs
+        return limit - limit // UNARY_SHARE
 
     def admit(self) -> None:
         """One more unary call in progress, or RESOURCE_EXHAUSTED with a retry hint when the limit is reached."""
@@ -152,13 +176,19 @@ class Servicer:
         self.active += 1
 
     async def admit_stream(self) -> None:
-        """One more stream in progress, once there is room: a stream refused while its client still writes
-        would end as INTERNAL on the client, so it waits, unread (its deadline still applies)."""
-        while self.active >= self.state.settings.grpc_max_concurrent_rpcs:
+        """One more stream in progress, once there is room among the calls and among the streams (`stream_cap`):
+        a stream refused while its client still writes would end as INTERNAL on the client, so it waits, unread
+        (its deadline still applies)."""
+        while self.active >= self.state.settings.grpc_max_concurrent_rpcs or self.streams >= self.stream_cap:
             if self.freed is None:
                 self.freed = asyncio.Event()
             await self.freed.wait()
         self.active += 1
+        self.streams += 1
+
+    def leave_stream(self) -> None:
+        self.streams -= 1
+        self.leave()
 
     def leave(self) -> None:
         self.active -= 1
@@ -168,12 +198,38 @@ class Servicer:
 
     # -- what every call goes through
 
+    def metadata(self, context: grpc.aio.ServicerContext) -> dict[str, str | bytes]:
+        """The call's metadata by lower-case name; 400 (INVALID_ARGUMENT) naming a restriction's key sent more
+        than once (HTTP refuses it too: which copy would count differs between libraries)."""
+        pairs = list(context.invocation_metadata() or ())
+        repeated = repeated_key((key for key, _ in pairs), self.keys)
+        if repeated is not None:
+            raise BadRequest(duplicate_key_message(repeated))
+        return {key.lower(): value for key, value in pairs}
+
+    def require(self, group: str, path: str, metadata: Mapping[str, str | bytes]) -> None:
+        """403 (PERMISSION_DENIED) when `group` is restricted and the call lacks its header."""
+        if group in self.restrictions and not _carries(metadata, self.restrictions[group]):
+            raise Forbidden(restricted_message(path, group, self.restrictions[group][0]))
+
+    async def guard_health(self, path: str, service: str, context: grpc.aio.ServicerContext) -> None:
+        """`grpc.health.v1.Health` (`path`: its method) asked about `service`: a model's name follows the
+        `health` group's restriction, as ModelReady does; the server's names (`SERVER_HEALTH_NAMES`) stay open to
+        probes that send no metadata. A key sent twice is refused either way. Aborts the call when refused."""
+        try:
+            metadata = self.metadata(context)
+            if service not in SERVER_HEALTH_NAMES:
+                self.require("health", f"{path} (service '{service}')", metadata)
+        except ServiceError as exc:
+            status, trailing = grpc_status(exc)
+            await context.abort(status, exc.message, trailing)
+
     def caller(self, method: str, metadata: Mapping[str, str | bytes]) -> SharedMemoryCaller:
         """403 for a restricted method without its header; the shared-memory caller (over gRPC: never a
         Unix-socket peer, so only the shared-memory key lets it use shared memory)."""
         group = METHOD_GROUPS.get(method)
-        if group is not None and group in self.restrictions and not _carries(metadata, self.restrictions[group]):
-            raise Forbidden(restricted_message(f"/{SERVICE}/{method}", group, self.restrictions[group][0]))
+        if group is not None:
+            self.require(group, f"/{SERVICE}/{method}", metadata)
         key = self.restrictions.get(SHARED_MEMORY_GROUP)
         return SharedMemoryCaller(None, key is not None and _carries(metadata, key))
 
@@ -185,15 +241,17 @@ class Servicer:
         an `InferMessage` (`decode_infer`), every other one the message."""
         read: Callable[[bytes], Any] = decode_infer if method == "ModelInfer" else partial(decode, request_type)
         timing = method == "ModelInfer" and self.state.settings.server_timing
+        limited = METHOD_GROUPS.get(method) not in UNLIMITED_GROUPS
 
         async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
             start, code, size, admitted = time.perf_counter(), "OK", 0, False
             try:
-                self.admit()
-                admitted = True
-                caller = self.caller(method, _metadata(context))
+                if limited:
+                    self.admit()
+                    admitted = True
+                caller = self.caller(method, self.metadata(context))
                 timed = phases.started(timing)
-                request = read(data)
+                request = await maybe_offload(len(data), read, data)  # (a large message: a worker thread)
                 phases.lap("parse")
                 response = await handle(request, caller, len(data))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
@@ -229,7 +287,7 @@ class Servicer:
         log.error("unhandled error in gRPC %s", method, exc_info=exc)
         return "INTERNAL", (grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, ())
 
-    # -- health and metadata
+    # -- streams
 
     def stream(self, method: str) -> Callable[..., Awaitable[None]]:
         """The handler of ModelStreamInfer: request bytes in, `ModelStreamInferResponse`s out, in request order.
@@ -237,7 +295,9 @@ class Servicer:
         An error answers its own request (`error_message`: the HTTP error's text; a message that is not a
         `ModelInferRequest` too) and the stream goes on. At most `STREAM_WINDOW` requests of a stream are in
         progress: later ones stay unread until a response is written, so a client that stops reading its
-        responses stops the server reading its requests."""
+        responses stops the server reading its requests. With every request answered, a stream that sends no
+        request for POSENC_GRPC_STREAM_IDLE_SECONDS ends DEADLINE_EXCEEDED (an idle stream holds a place)."""
+        idle = self.state.settings.grpc_stream_idle_seconds
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             start, code, count, admitted = time.perf_counter(), "OK", 0, False
@@ -246,7 +306,7 @@ class Servicer:
             reader: asyncio.Future[None] | None = None
             task: asyncio.Future[bytes] | None = None
             try:
-                caller = self.caller(method, _metadata(context))
+                caller = self.caller(method, self.metadata(context))
                 await self.admit_stream()
                 admitted = True
 
@@ -259,7 +319,16 @@ class Servicer:
                         pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
 
                 reader = asyncio.ensure_future(read())
-                while (task := await pending.get()) is not None:
+                while True:
+                    try:  # nothing in progress while the queue is empty: every request read is answered
+                        task = pending.get_nowait() if pending.qsize() else await asyncio.wait_for(pending.get(), idle)
+                    except TimeoutError:
+                        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                            f"the stream sent no request for {idle:g} s with none in progress "
+                            "(POSENC_GRPC_STREAM_IDLE_SECONDS): it is ended to give its place to other calls; "
+                            "open a new stream to send more"))
+                    if task is None:
+                        break
                     written = await task
                     try:
                         await context.write(written)
@@ -280,7 +349,7 @@ class Servicer:
                     if future is not None and not future.done():
                         future.cancel()
                 if admitted:
-                    self.leave()
+                    self.leave_stream()
                 self.state.record(method, code, time.perf_counter() - start, count, context.peer() or "")
 
         return handler
@@ -288,7 +357,7 @@ class Servicer:
     async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
         request = pb.ModelInferRequest()
         try:
-            request, raw = decode_infer(data)
+            request, raw = await maybe_offload(len(data), decode_infer, data)
             return stream_response(await self.infer(request, raw, caller, len(data)))
         except ServiceError as exc:
             message = exc.message
@@ -373,7 +442,9 @@ class Servicer:
         state = self.state
         model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
         with state.engine.admission(model):
-            reservation = await state.budget.acquire(3 * size, f"an inference on '{model.name}'")
+            # the message's copies, and its typed contents decoded (counted by the walk, not yet built)
+            reservation = await state.budget.acquire(3 * size + decoded_bytes(raw_inputs),
+                                                     f"an inference on '{model.name}'")
             shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
             try:
                 raw = sum(len(chunk) for chunk in raw_inputs)

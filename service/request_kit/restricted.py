@@ -2,8 +2,12 @@
 shared memory.
 
 A restricted group's routes answer 403 unless the request carries the configured header with the configured
-value (compared in constant time; the value is never echoed). Shared memory lets a client make the server
-read and write memory on the server's host, so it needs more than reaching the port:
+value (compared in constant time; the value is never echoed). A request to any protocol group's route that
+carries one of the configured headers more than once is refused with 400 naming it (`duplicate_key_message`):
+HTTP servers and gRPC libraries disagree on which copy counts (the first, the last), so none is chosen.
+
+Shared memory lets a client make the server read and write memory on the server's host, so it needs more than
+reaching the port:
 
 * over the Unix socket (`POSENC_UDS`), the peer's credentials decide, object by object
   (`posenc.service.inference.shared_memory_guard`), whether or not the shared-memory group is restricted (a peer
@@ -22,12 +26,12 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from posenc.service.errors import Forbidden, error_response
+from posenc.service.errors import BadRequest, Forbidden, error_response
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 
@@ -82,6 +86,24 @@ def restricted_message(path: str, group: str, header: str) -> str:
             "server is configured with (POSENC_RESTRICTED_API)")
 
 
+def duplicate_key_message(header: str) -> str:
+    """The 400 (INVALID_ARGUMENT over gRPC) of a request that carries a restriction's header more than once."""
+    return (f"the header '{header}' (a key of POSENC_RESTRICTED_API) is sent more than once; send it once, with "
+            "one value")
+
+
+def repeated_key(headers: Iterable[str], keys: Collection[str]) -> str | None:
+    """The first of `keys` (header names in lower case) that `headers` (names, any case) hold more than once."""
+    seen: set[str] = set()
+    for name in headers:
+        lowered = name.lower()
+        if lowered in keys:
+            if lowered in seen:
+                return lowered
+            seen.add(lowered)
+    return None
+
+
 def _header(scope: Scope, name: str) -> bytes | None:
     encoded = name.encode("latin-1")
     return next((value for key, value in scope.get("headers", ()) if key.lower() == encoded), None)
@@ -93,13 +115,14 @@ def _carries(scope: Scope, restriction: tuple[str, str]) -> bool:
 
 
 class RestrictedApi:
-    """ASGI middleware: 403 for a restricted group's routes without their header; the shared-memory caller
-    of every request in its scope."""
+    """ASGI middleware: 400 for a protocol group's route with a restriction's header twice, 403 for a restricted
+    group's routes without their header; the shared-memory caller of every request in its scope."""
 
     def __init__(self, app: ASGIApp, restrictions: Mapping[str, tuple[str, str]]) -> None:
         self.app = app
         self.restrictions = dict(restrictions)
         self.shared_memory = self.restrictions.get(SHARED_MEMORY_GROUP)
+        self.keys = frozenset(header for header, _ in self.restrictions.values())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -108,6 +131,14 @@ class RestrictedApi:
             # On the Unix socket the peer's credentials stand in for the shared-memory key: every object is
             # judged by them. Every other restricted group needs its header on both listeners.
             exempt = group == SHARED_MEMORY_GROUP and peer is not None
+            # Paths outside every group (tables, /healthz, the docs) never read a key: their duplicates are no matter.
+            repeated = repeated_key((key.decode("latin-1") for key, _ in scope.get("headers", ())), self.keys) \
+                if group is not None else None
+            if repeated is not None:
+                message = duplicate_key_message(repeated)
+                response = error_response(BadRequest.status_code, BadRequest.error_type, message)
+                await response(scope, receive, send)
+                return
             if group in self.restrictions and not exempt and not _carries(scope, self.restrictions[group]):
                 message = restricted_message(scope["path"], group, self.restrictions[group][0])
                 response = error_response(Forbidden.status_code, Forbidden.error_type, message)
