@@ -3,7 +3,6 @@ raises on the way (unknown rope_type, original length missing, the legacy `type`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,14 +11,20 @@ from posenc.models.audit.reference import text_section
 from posenc.models.errors import ParameterError
 from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_types import ROPE_TYPES
+from posenc.service.audit import values
 from posenc.service.errors import BadRequest
 
+# A config.json is a few KB: a few hundred values, nested 3 or 4 deep; the largest hold a classifier's id2label
+# and label2id (ImageNet-21k's: 2 x 21,843 entries). The bounds are well above any real one and keep a parse of
+# a hostile one (60 MiB of `[{},{},...]`: 1.8 GB of dicts) within tens of MB. The extract is read the same way:
+# its arrays are base64 strings, so it holds a few dozen values.
+LIMITS = values.JsonLimits(values=100_000, depth=64)
 
-def parse(body: bytes, what: str = "config.json") -> Mapping[str, Any]:
-    try:
-        config = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise BadRequest(f"{what}: not JSON") from None
+
+def parse(body: bytes | str, what: str = "config.json") -> Mapping[str, Any]:
+    """A JSON object, counted within LIMITS before it is parsed (`values.json_document`)."""
+    config = values.json_document(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body, what,
+                                  LIMITS)
     if not isinstance(config, dict):
         raise BadRequest(f"{what}: must be a JSON object")
     return config

@@ -3,12 +3,15 @@
 
 The format's types, sizes and key names are ggml's `gguf` package's (the `audit` extra). Its GGUFReader maps
 the whole file and walks every declared count, so the header is parsed here instead, each count checked
-against the bytes the header may still take before anything is allocated or looped over.
+against its bound and the bytes the header may still take before anything is allocated or looped over. The
+header declares no length: a parse over the bytes at hand that runs out asks for everything up to the header
+limit (`NeedMore`), so a streamed header is parsed at most twice, the first time over its first 64 KiB.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from typing import Any
 
 import numpy as np
@@ -16,14 +19,18 @@ import numpy as np
 from posenc.models.audit.found import Found
 from posenc.models.rope_types import GGUF_SCALING_TYPES
 from posenc.service.audit import values
-from posenc.service.audit.stream import Cursor, Layout
+from posenc.service.audit.stream import Cursor, Layout, NeedMore
 from posenc.service.errors import BadRequest
 
-MAX_KV = 1 << 16  # metadata entries (real files: a few dozen)
-MAX_TENSORS = 1 << 20
+# Bounds far above any real file, checked before the entries are walked, so that the header's parse stays within
+# about a second of CPU: real files hold a few dozen metadata entries (llama.cpp's converters write 20 to 60)
+# and a few hundred to a few thousand tensors (experts are merged into one tensor per layer: DeepSeek-V3's
+# 671B has 1,025, Llama 3.1 405B 1,138); the strings of metadata arrays are the vocabulary and the merges
+# (Gemma 3: 262,144 tokens; Llama 3: 128,256 tokens and 280,147 merges).
+MAX_KV = 1 << 12
+MAX_TENSORS = 1 << 16
 MAX_DIMS = 8
-MAX_KEY = 1 << 16
-MAX_STRINGS = 1 << 22  # strings of metadata arrays walked in one header (vocabularies and merges: a few 100,000)
+MAX_STRINGS = 1 << 21  # strings of metadata arrays in one header, kept or walked past
 KEPT_ARRAY = 64  # arrays longer than this (the vocabulary) are skipped, not kept
 NEEDED = {"rope_freqs": "freq_factors", "rope_factors_long": "long_factors", "rope_factors_short": "short_factors"}
 MAX_NEEDED_ELEMENTS = 1 << 16
@@ -50,21 +57,28 @@ def _string(c: Cursor, what: str = "string") -> str:
     return c.take(length).decode("utf-8", "replace")
 
 
-def _skip_strings(c: Cursor, count: int) -> None:
-    """Walk past `count` strings (a vocabulary) without keeping them; at most MAX_STRINGS in one header."""
+def _count_strings(c: Cursor, count: int) -> None:
+    """`count` more strings of metadata arrays; at most MAX_STRINGS in one header."""
     c.items += count
     if c.items > MAX_STRINGS:
         raise BadRequest(f"{c.what}: more than {MAX_STRINGS} strings in metadata arrays")
-    data, pos = c.data, c.pos
-    for _ in range(count):
-        if pos + 8 > len(data):
-            c.pos = pos
-            c.take(8)  # past the bytes at hand: NeedMore, or past the limit
-        length = int.from_bytes(data[pos:pos + 8], "little")
-        if pos + 8 + length > len(data):
-            c.pos = pos + 8
-            c.take(length)
-        pos += 8 + length
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _skip_strings(c: Cursor, count: int) -> None:
+    """Walk past `count` strings (a vocabulary) without keeping them: one length read per string."""
+    unpack, pos, left = _U64.unpack_from, c.pos, count
+    while left:
+        data = c.data
+        try:
+            while left:
+                pos += 8 + unpack(data, pos)[0]
+                left -= 1
+        except struct.error:  # the next length lies past the bytes at hand: read on (or NeedMore, or a 413)
+            c.reach(pos + 8)
+    c.reach(pos)
     c.pos = pos
 
 
@@ -84,17 +98,27 @@ def _value(c: Cursor, kind: int, formats: dict[int, str], gguf: Any) -> Any:
     if count * size > c.room():
         raise BadRequest(f"{c.what}: a metadata array declares {count} entries, more than the header may hold")
     if item == gguf.GGUFValueType.STRING:
+        _count_strings(c, count)
         if count <= KEPT_ARRAY:
             return [_string(c) for _ in range(count)]
         _skip_strings(c, count)
         return None
-    raw = c.take(count * size)
-    return np.frombuffer(raw, dtype="<" + formats[item]).tolist() if count <= KEPT_ARRAY else None
+    if count > KEPT_ARRAY:
+        c.skip(count * size)
+        return None
+    return np.frombuffer(c.take(count * size), dtype="<" + formats[item]).tolist()
 
 
 def parse_header(c: Cursor) -> Layout:
-    """The GGUF header: metadata, tensor infos, the byte ranges of the tensors position handling needs."""
-    gguf = _gguf()
+    """The GGUF header: metadata, tensor infos, the byte ranges of the tensors position handling needs. A header
+    that runs past the bytes at hand asks for all of them up to the limit (it declares no length)."""
+    try:
+        return _parse_header(c, _gguf())
+    except NeedMore:
+        raise NeedMore(c.limit) from None
+
+
+def _parse_header(c: Cursor, gguf: Any) -> Layout:
     if c.take(4) != b"GGUF":
         raise BadRequest(f"{c.what}: not a GGUF file (no GGUF magic)")
     version = c.unpack("I")
@@ -123,11 +147,11 @@ def parse_header(c: Cursor) -> Layout:
         raise BadRequest(f"{c.what}: general.alignment {alignment!r} is not a usable alignment")
     start = -(-c.pos // alignment) * alignment
     layout = Layout({"meta": meta, "shapes": {}})
+    sizes = {int(kind): size for kind, size in gguf.GGML_QUANT_SIZES.items()}
     for name, shape, kind, offset in infos:
-        try:
-            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
-        except (ValueError, KeyError):
-            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has unknown type {kind}") from None
+        if kind not in sizes:
+            raise BadRequest(f"{c.what}: tensor {name[:80]!r} has unknown type {kind}")
+        block, type_size = sizes[kind]
         elements = math.prod(shape)
         nbytes = elements // block * type_size
         layout.extent = max(layout.extent, start + offset + nbytes)

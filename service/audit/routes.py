@@ -37,7 +37,7 @@ async def audit_route(
     format: Annotated[Literal["json", "png"], Query(description="json (default): facts, verdicts, tables; png: "
                                                               "the divergence.")] = "json",
 ) -> Response:
-    reference_config = parse_config(config)
+    reference_config = await run_in_threadpool(parse_config, config)  # counted, then parsed off the event loop
     length = request.headers.get("content-length")
     size = int(length) if length is not None and length.isascii() and length.isdigit() and len(length) < 19 \
         else None

@@ -3,7 +3,6 @@ bytes, the file read within bounds, the reference chosen, the facts judged (`pos
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -63,8 +62,9 @@ def read_path(path: Path, settings: Settings) -> Found:
 
 
 async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: Settings) -> Found:
-    """An upload's facts: GGUF and safetensors streamed (header, then only the named ranges), the rest read
-    whole within `audit_max_onnx_bytes` and parsed in a worker thread (the event loop answers meanwhile)."""
+    """An upload's facts: GGUF and safetensors streamed (header, then only the named ranges; the header parsed in
+    a worker thread), the rest read whole within `audit_max_onnx_bytes` and parsed in a worker thread (the event
+    loop answers meanwhile)."""
     first = b""
     while len(first) < 16:
         try:
@@ -95,7 +95,9 @@ async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: 
         if len(body) > limit:
             raise PayloadTooLarge(f"a {kind} upload over {format_bytes(limit)} (POSENC_AUDIT_MAX_ONNX_BYTES); "
                                   "audit it with `posenc audit FILE --remote URL`, which sends only the extract")
-    return await run_in_threadpool(_whole_found, kind, bytes(body))  # parsed off the event loop
+    data = bytes(body)
+    del body  # one copy held while it is parsed
+    return await run_in_threadpool(_whole_found, kind, data)  # parsed off the event loop
 
 
 def _whole_found(kind: str, body: bytes) -> Found:
@@ -124,15 +126,8 @@ def reference(found: Found, preset: str | None, config: Mapping[str, Any] | None
 
 
 def parse_config(text: str | bytes | None) -> Mapping[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        config = json.loads(text)
-    except (ValueError, RecursionError):
-        raise BadRequest("config: not JSON") from None
-    if not isinstance(config, dict):
-        raise BadRequest("config: must be a JSON object")
-    return config
+    """`?config=` (`--config`): a JSON object counted within config_reader's limits before it is parsed."""
+    return None if text is None else config_reader.parse(text, "config")
 
 
 def run(found: Found, preset: str | None, config: Mapping[str, Any] | None) -> Audit:

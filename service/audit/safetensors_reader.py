@@ -4,7 +4,6 @@ by their shape, read from the header alone."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -19,6 +18,14 @@ from posenc.service.errors import BadRequest
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype("<f8")}
 LEARNED = ("wpe.weight", "embed_positions.weight", "position_embeddings.weight")
 MAX_SMALL = 1 << 16  # values of a tensor read for its values
+# A shard of a large checkpoint lists a few hundred to a few thousand tensors (Llama 3.1 405B: about 1,300 per
+# shard); a whole model in one file lists fewer than 100,000 (DeepSeek-V3, every expert apart with its scales:
+# about 92,000). An entry, `"name": {"dtype": "BF16", "shape": [a, b], "data_offsets": [c, d]}`, counts 6 JSON
+# values (`{`, two `[`, three `,`) and one `,` per dimension, 14 at the rank of 8 read; `__metadata__` maps
+# strings to strings. The header is nested 3 deep. The bounds are above any real file, and keep the parse of a
+# hostile header (48 MiB of `{}`: 1.5 GB of dicts) to about 200 MB at most.
+MAX_TENSORS = 1 << 17
+HEADER_LIMITS = values.JsonLimits(values=14 * MAX_TENSORS, depth=8, members=MAX_TENSORS, entries="tensors")
 
 
 def _wanted(name: str) -> str | None:
@@ -33,10 +40,7 @@ def parse_header(c: Cursor) -> Layout:
     length = c.unpack("Q")
     if length > c.room():
         raise BadRequest(f"{c.what}: the safetensors header declares {length} bytes, more than the header may hold")
-    try:
-        header = json.loads(c.take(length))
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest(f"{c.what}: the safetensors header is not JSON") from None
+    header = values.json_document(c.take(length), f"{c.what}: the safetensors header", HEADER_LIMITS)
     if not isinstance(header, dict):
         raise BadRequest(f"{c.what}: the safetensors header is not a JSON object")
     base = 8 + length

@@ -1,9 +1,12 @@
 """Bounded reading of a file's header and of a few byte ranges after it, from a local file or a request stream.
 
-A header parser reads through a `Cursor` over the bytes received so far; when it needs more it raises
-`NeedMore` with the total it needs, and the driver reads on (doubling, up to the header limit) and parses again.
-The parsed header names the byte ranges it still needs (`Layout.ranges`, absolute offsets); a file is read there
-with seeks, a stream is consumed and dropped up to each range, never held beyond the ranges.
+A header parser reads through a `Cursor` and parses the header once, from its start to its end. Over a local file
+the cursor reads on as the parser needs (doubling, up to the header limit). Over a request stream the bytes at
+hand are parsed in a worker thread (the event loop answers meanwhile); a parser that needs more raises `NeedMore`
+with the total it needs (a safetensors header declares its length; a GGUF header asks for everything up to the
+limit, since it declares none), the driver reads that much once and parses again: at most twice, the first time
+over the first 64 KiB. The parsed header names the byte ranges it still needs (`Layout.ranges`, absolute offsets);
+a file is read there with seeks, a stream is consumed and dropped up to each range, never held beyond the ranges.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import struct
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
+
+from starlette.concurrency import run_in_threadpool
 
 from posenc.service.errors import BadRequest, PayloadTooLarge, format_bytes
 
@@ -24,30 +29,55 @@ class NeedMore(Exception):
         self.needed = needed
 
 
-class Cursor:
-    """Little-endian reads over a byte buffer; past its end → NeedMore (or a 400 past `limit`)."""
+Fill = Callable[[bytearray, int], None]  # extends the buffer to hold at least the given total, or raises
 
-    def __init__(self, data: bytes, limit: int, what: str) -> None:
-        self.data, self.pos, self.limit, self.what = data, 0, limit, what
-        self.items = 0  # entries a parser walked without keeping (bounded by the parser)
+
+class Cursor:
+    """Little-endian reads over a byte buffer; past its end, `fill` reads on (without one: NeedMore); past `limit`
+    a 413."""
+
+    def __init__(self, data: bytearray, limit: int, what: str, fill: Fill | None = None) -> None:
+        self.data, self.pos, self.limit, self.what, self.fill = data, 0, limit, what, fill
+        self.items = 0  # strings a parser walked or kept (bounded by the parser)
+
+    def reach(self, end: int) -> None:
+        """Make the bytes up to `end` available: within the limit, read on or NeedMore."""
+        if end > self.limit:
+            raise PayloadTooLarge(f"{self.what}: the header is larger than {format_bytes(self.limit)} (it declares "
+                                  f"{end - self.pos} more bytes at offset {self.pos}); POSENC_AUDIT_MAX_HEADER_BYTES "
+                                  "bounds it")
+        if end > len(self.data):
+            if self.fill is None:
+                raise NeedMore(end)
+            self.fill(self.data, end)
 
     def take(self, n: int) -> bytes:
+        if n < 0:
+            raise BadRequest(f"{self.what}: a negative size at offset {self.pos}")
         end = self.pos + n
-        if n < 0 or end > self.limit:
-            raise PayloadTooLarge(f"{self.what}: the header is larger than {format_bytes(self.limit)} (it declares "
-                                  f"{n} more bytes at offset {self.pos}); POSENC_AUDIT_MAX_HEADER_BYTES bounds it")
-        if end > len(self.data):
-            raise NeedMore(end)
-        out = self.data[self.pos:end]
+        self.reach(end)
+        out = bytes(self.data[self.pos:end])
         self.pos = end
         return out
 
+    def skip(self, n: int) -> None:
+        """Past `n` bytes the parser does not keep (they must be there all the same)."""
+        self.reach(self.pos + n)
+        self.pos += n
+
     def unpack(self, fmt: str) -> Any:
-        return struct.unpack("<" + fmt, self.take(struct.calcsize("<" + fmt)))[0]
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct("<" + fmt))
+        self.reach(self.pos + layout.size)
+        value = layout.unpack_from(self.data, self.pos)[0]
+        self.pos += layout.size
+        return value
 
     def room(self) -> int:
         """Bytes the header may still take."""
         return self.limit - self.pos
+
+
+_STRUCTS: dict[str, struct.Struct] = {}
 
 
 @dataclass
@@ -75,22 +105,24 @@ def _check_ranges(layout: Layout, size: int | None, what: str) -> None:
                              f"of the file ({size} bytes): the file is truncated or its offsets lie")
 
 
+def _file_fill(handle: BinaryIO, size: int, limit: int, what: str) -> Fill:
+    """Reads on from a file, at least doubling the bytes held each time (within the limit and the file)."""
+
+    def fill(data: bytearray, end: int) -> None:
+        want = min(max(end, 2 * len(data), FIRST_READ), limit, size)
+        handle.seek(len(data))
+        data += handle.read(max(0, want - len(data)))
+        if len(data) < end:
+            raise BadRequest(f"{what}: the file ends ({size} bytes) inside its header (it needs {end} bytes): "
+                             "truncated")
+
+    return fill
+
+
 def read_file(handle: BinaryIO, size: int, parse: HeaderParser, limit: int, what: str
               ) -> tuple[Any, dict[str, bytes]]:
-    """Parse the header of an open file, then read only the ranges it names (seeking past the rest)."""
-    data = b""
-    want = min(FIRST_READ, limit)
-    while True:
-        handle.seek(len(data))
-        data += handle.read(max(0, min(want, size) - len(data)))
-        try:
-            layout = parse(Cursor(data, limit, what))
-            break
-        except NeedMore as more:
-            if len(data) >= size:
-                raise BadRequest(f"{what}: the file ends ({size} bytes) inside its header (it needs {more.needed} "
-                                 "bytes): truncated") from None
-            want = min(max(more.needed, 2 * len(data)), limit)
+    """Parse the header of an open file once, reading on as it needs, then read only the ranges it names."""
+    layout = parse(Cursor(bytearray(), limit, what, _file_fill(handle, size, limit, what)))
     _check_ranges(layout, size, what)
     out = {}
     for name, (offset, length) in layout.ranges.items():
@@ -99,37 +131,43 @@ def read_file(handle: BinaryIO, size: int, parse: HeaderParser, limit: int, what
     return layout.header, out
 
 
+async def _read_to(chunks: AsyncIterator[bytes], buffer: bytearray, want: int) -> bool:
+    """Read into `buffer` until it holds `want` bytes; True when the body ended first."""
+    while len(buffer) < want:
+        try:
+            buffer += await chunks.__anext__()
+        except StopAsyncIteration:
+            return True
+    return False
+
+
 async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: HeaderParser, limit: int, what: str
                       ) -> tuple[Any, dict[str, bytes]]:
-    """The same from a request body: the header is collected (up to `limit`), then the body is consumed and
-    dropped but for the named ranges; reading stops after the last one."""
+    """The same from a request body: the first 64 KiB are parsed in a worker thread; a header that needs more is
+    read up to what it asks for (at least twice the bytes at hand, within `limit`) and parsed again. The body is
+    then consumed and dropped but for the named ranges; reading stops after the last one."""
     buffer = bytearray()
     want = min(FIRST_READ, limit)
-    ended = False
-    layout = None
-    while layout is None:
-        while len(buffer) < want and not ended:
-            try:
-                buffer += await chunks.__anext__()
-            except StopAsyncIteration:
-                ended = True
+    while True:
+        ended = await _read_to(chunks, buffer, want)
         try:
-            layout = parse(Cursor(bytes(buffer), limit, what))
+            layout = await run_in_threadpool(parse, Cursor(buffer, limit, what))
+            break
         except NeedMore as more:
             if ended:
                 raise BadRequest(f"{what}: the body ends ({len(buffer)} bytes) inside its header (it needs "
                                  f"{more.needed} bytes): truncated") from None
             want = min(max(more.needed, 2 * len(buffer)), limit)
     _check_ranges(layout, size, what)
-    return layout.header, await _collect(chunks, bytes(buffer), ended, layout.ranges, what)
+    return layout.header, await _collect(chunks, buffer, ended, layout.ranges, what)
 
 
-async def _collect(chunks: AsyncIterator[bytes], head: bytes, ended: bool, ranges: Mapping[str, tuple[int, int]],
+async def _collect(chunks: AsyncIterator[bytes], head: bytearray, ended: bool, ranges: Mapping[str, tuple[int, int]],
                    what: str) -> dict[str, bytes]:
     pending = sorted(ranges.items(), key=lambda item: item[1][0])
     out: dict[str, bytearray] = {name: bytearray() for name in ranges}
     position = 0
-    chunk = head
+    chunk: bytes | bytearray = head
     while pending:
         end = position + len(chunk)
         for name, (offset, length) in pending:

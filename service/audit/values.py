@@ -2,16 +2,21 @@
 extract): counts and sizes are integers in [0, 2**63), scalars finite numbers, tensor shapes non-negative integer
 dimensions whose product, computed with Python integers (never `np.prod`, which wraps), stays within a bound, and
 the arrays that carry position facts have the ranks the audit reads. A value outside is a 400 naming the field,
-what it was and what is allowed."""
+what it was and what is allowed. JSON documents are counted (values, depth, entries) before they are parsed."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from posenc.service.errors import BadRequest
+import numpy as np
+
+from posenc.service.errors import BadRequest, PayloadTooLarge
 
 INT_LIMIT = 1 << 63  # every count a file format can hold (GGUF's and ONNX's are 64-bit)
 MAX_ELEMENTS = 1 << 62  # elements of any declared tensor: far beyond any file, within int64 byte sizes
@@ -81,3 +86,81 @@ def position_shape(field: str, name: str, dims: tuple[int, ...]) -> None:
     if len(dims) not in ranks or math.prod(dims) == 0 or (len(dims) == 2 and dims[0] != 2):
         raise BadRequest(f"{field} must be a non-empty vector" + (" or a [2, n] pair" if 2 in ranks else "")
                          + f", got shape {list(dims)}")
+
+
+# JSON (a config.json, `?config=`, a safetensors header, the extract) is counted before `json.loads` builds it: a
+# pass over its bytes with the strings taken out counts `{`, `[` and `,` (every value but the document itself
+# follows a `,` or opens its container, so the count bounds the objects a parse builds) and, once that count is
+# within bounds, the nesting depth and the entries of the top-level object. Linear in the bytes (one regular
+# expression, a byte translation, a cumulative sum over the structure bytes left); 60 MiB of `[{},{},...]` would
+# otherwise be 1.8 GB of dicts.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b"{}[],")))
+_STEP = np.zeros(256, dtype=np.int8)
+_STEP[list(b"{[")] = 1
+_STEP[list(b"}]")] = -1
+
+
+@dataclass(frozen=True)
+class JsonLimits:
+    """What a JSON document may hold: values (`{`, `[` and `,` outside strings), nesting levels, and entries of
+    its top-level object (`entries` names them in a refusal)."""
+
+    values: int
+    depth: int
+    members: int | None = None
+    entries: str = "entries"
+
+
+def _utf8(data: bytes) -> bytes:
+    """The document as UTF-8 (where JSON's structure bytes are never part of a multi-byte character)."""
+    encoding = json.detect_encoding(data)
+    return data if encoding == "utf-8" else data.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+
+
+def _skeleton(data: bytes) -> bytes:
+    """The structure bytes (`{}[],`) outside strings, in order."""
+    return _JSON_STRING.sub(b"", data).translate(None, _NOT_STRUCTURE)
+
+
+def _too_many(what: str, limits: JsonLimits) -> PayloadTooLarge:
+    return PayloadTooLarge(f"{what}: more than {limits.values} JSON values (counting `{{`, `[` and `,` outside "
+                           "strings); a real file holds far fewer")
+
+
+def _strings_within(data: bytes, what: str, limits: JsonLimits) -> None:
+    """Before the strings are taken out (one regular expression match each): a document of at most `values`
+    values holds at most 2 * values + 1 strings (a key and a value after each `{`, `[` or `,`), so 4 * values + 2
+    quotes that no backslash escapes."""
+    if data.count(b'"') - data.count(b'\\"') > 4 * limits.values + 2:
+        raise _too_many(what, limits)
+
+
+def _check_shape(skeleton: bytes, what: str, limits: JsonLimits) -> None:
+    """Values first (what bounds the arrays below), then the closing brackets, the depth and the entries."""
+    opens = skeleton.count(b"{") + skeleton.count(b"[")
+    commas = skeleton.count(b",")
+    if opens + commas > limits.values:
+        raise _too_many(what, limits)
+    if len(skeleton) - opens - commas > opens:
+        raise BadRequest(f"{what}: not JSON (more closing brackets than opening ones)")
+    codes = np.frombuffer(skeleton, dtype=np.uint8)
+    depths = np.cumsum(_STEP[codes], dtype=np.int32)  # the nesting after each structure byte
+    depth = int(depths.max(initial=0))
+    if depth > limits.depth:
+        raise BadRequest(f"{what}: JSON nested {depth} levels deep; at most {limits.depth} are read")
+    members = int(np.count_nonzero(depths[codes == ord(",")] == 1)) + 1
+    if limits.members is not None and members > limits.members:
+        raise PayloadTooLarge(f"{what}: more than {limits.members} {limits.entries}")
+
+
+def json_document(data: bytes, what: str, limits: JsonLimits) -> Any:
+    """`data` parsed as JSON once its values, depth and top-level entries are counted within `limits` (413 or 400
+    naming the limit passed, before anything is built); 400 when it is not JSON."""
+    try:
+        data = _utf8(data)
+        _strings_within(data, what, limits)
+        _check_shape(_skeleton(data), what, limits)
+        return json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        raise BadRequest(f"{what}: not JSON") from None
