@@ -30,3 +30,33 @@ def bytes_read() -> int:
 
 def mistakes(result: Audit) -> set[str]:
     return {fact.mistake for fact in result.failing if fact.mistake}
+
+
+def readyz_while_held(monkeypatch: pytest.MonkeyPatch, module: Any, name: str, body: bytes) -> None:
+    """POST `body` to /v1/audit with `module.name` (a step of the parse) held until /readyz has answered: /readyz
+    answers (200) while the step runs in a worker thread; on the event loop nothing would answer, the hold would
+    time out, and the audit's outcome says so."""
+    import threading
+
+    from tests.conftest import running_client
+
+    started, release, outcome = threading.Event(), threading.Event(), {}
+    real = getattr(module, name)
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        if not started.is_set():
+            started.set()
+            outcome["released"] = release.wait(20)  # False: nothing answered while the step held the loop
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, held)
+    with running_client() as client:
+        audit = threading.Thread(target=lambda: outcome.update(
+            status=client.post("/v1/audit", content=body).status_code))
+        audit.start()
+        assert started.wait(20)
+        ready = client.get("/readyz")
+        release.set()
+        audit.join(30)
+    assert ready.status_code == 200
+    assert outcome == {"released": True, "status": 200}

@@ -4,7 +4,6 @@ event loop (issue 55)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 
 from posenc.service.audit import onnx_reader
 from posenc.service.errors import BadRequest
+from tests.audit.conftest import readyz_while_held
 from tests.conftest import running_client
 
 pytest.importorskip("onnx", reason="the audit extra (gguf, onnx): pip install 'posenc[audit]'")
@@ -126,22 +126,4 @@ def test_the_route_refuses_the_bomb_with_the_limit_named() -> None:
 
 def test_readyz_answers_while_an_onnx_audit_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ONNX parse and scan run in a worker thread: the event loop answers /readyz meanwhile."""
-    started, release, outcome = threading.Event(), threading.Event(), {}
-    real = onnx_reader.to_found
-
-    def slow(model: Any, base: Any = None) -> Any:
-        started.set()
-        outcome["released"] = release.wait(20)  # False: nothing answered while the scan held the loop
-        return real(model, base)
-
-    monkeypatch.setattr(onnx_reader, "to_found", slow)
-    with running_client() as client:
-        audit = threading.Thread(target=lambda: outcome.update(status=client.post(
-            "/v1/audit", content=_cos_graph(10)).status_code))
-        audit.start()
-        assert started.wait(20)
-        ready = client.get("/readyz")
-        release.set()
-        audit.join(30)
-    assert ready.status_code == 200
-    assert outcome == {"released": True, "status": 200}
+    readyz_while_held(monkeypatch, onnx_reader, "to_found", _cos_graph(10))

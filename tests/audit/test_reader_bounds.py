@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from posenc.service.audit.run import parse_config, read_path, read_upload
 from posenc.service.audit.stream import Cursor, Layout
 from posenc.service.errors import BadRequest, PayloadTooLarge
 from posenc.service.settings import Settings
+from tests.audit.conftest import readyz_while_held
 from tests.conftest import running_client
 
 pytest.importorskip("gguf", reason="the audit extra (gguf, onnx): pip install 'posenc[audit]'")
@@ -227,26 +227,7 @@ def test_a_gguf_file_header_is_parsed_once(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_readyz_answers_while_a_gguf_header_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GGUF header is parsed in a worker thread: the event loop answers /readyz meanwhile (it was parsed on
     the loop: /readyz took over a second 18 times during one audit)."""
-    started, release, outcome = threading.Event(), threading.Event(), {}
-    real = gguf_reader.parse_header
-
-    def slow(c: Cursor) -> Layout:
-        if not started.is_set():
-            started.set()
-            outcome["released"] = release.wait(20)  # False: nothing answered while the parse held the loop
-        return real(c)
-
-    monkeypatch.setattr(gguf_reader, "parse_header", slow)
-    with running_client() as client:
-        audit = threading.Thread(target=lambda: outcome.update(status=client.post(
-            "/v1/audit", content=_gguf_tensors(65_535)).status_code))
-        audit.start()
-        assert started.wait(20)
-        ready = client.get("/readyz")
-        release.set()
-        audit.join(30)
-    assert ready.status_code == 200
-    assert outcome == {"released": True, "status": 200}
+    readyz_while_held(monkeypatch, gguf_reader, "parse_header", _gguf_tensors(65_535))
 
 
 @pytest.mark.parametrize(("data", "status", "words"), [

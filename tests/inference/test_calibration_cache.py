@@ -33,6 +33,7 @@ from posenc.service.inference.calibration_cache import (
     parse_entries,
     untrusted_because,
 )
+from tests.processes import as_user
 
 ATTACKER, SERVER = 65534, 65533
 as_root_only = pytest.mark.skipif(os.getuid() != 0, reason="another uid needs root")
@@ -70,42 +71,6 @@ def shared_tmp() -> Iterator[Path]:
     folder.chmod(0o1777)
     yield folder
     shutil.rmtree(folder)
-
-
-def as_user(uid: int, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """`probe()` (a JSON document) run in a forked child that dropped to uid and gid `uid`, no supplementary
-    groups; the test is skipped when the child cannot drop."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            try:
-                os.setgroups([])
-                os.setgid(uid)
-                os.setuid(uid)
-                result = {"uid": os.geteuid(), **probe()}
-            except PermissionError as exc:
-                result = {"setuid_failed": str(exc)} if os.geteuid() != uid else {"error": repr(exc)}
-            except Exception as exc:  # the parent asserts on it
-                result = {"error": repr(exc)}
-            with os.fdopen(write_end, "wb") as out:
-                out.write(json.dumps(result).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as source:
-        data = source.read()
-    _, wait_status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(wait_status) == 0
-    seen: dict[str, Any] = json.loads(data)
-    if "setuid_failed" in seen:
-        pytest.skip(f"cannot run as uid {uid}: {seen['setuid_failed']}")
-    assert "error" not in seen, seen["error"]
-    assert seen["uid"] == uid
-    return seen
 
 
 def _logging_probe(action: Callable[[], dict[str, Any]]) -> dict[str, Any]:

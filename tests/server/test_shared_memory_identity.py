@@ -36,6 +36,7 @@ from posenc.service.testing import (
     unix_http_request,
 )
 from tests.onnx_models import REPOSITORY, random_inputs, run, session
+from tests.processes import as_user
 
 NOBODY = 65534
 INPUTS = random_inputs(8, 8, 64, 1, 1)  # 6,152 bytes; the output 2,048
@@ -76,27 +77,7 @@ def _probe(socket_path: str, port: int, secret: str, own: str) -> dict[str, Any]
 
 def as_nobody(probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """`probe()` run in a forked child that dropped to uid/gid 65534 (no supplementary groups) first."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into pytest
-        status = 1
-        try:
-            os.close(read_end)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            result = json.dumps({"uid": os.getuid(), **probe()}).encode()
-            with os.fdopen(write_end, "wb") as out:
-                out.write(result)
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as source:
-        data = source.read()
-    _, wait_status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(wait_status) == 0, "the probe as uid 65534 failed"
-    return json.loads(data)
+    return as_user(NOBODY, probe)
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +208,7 @@ def test_a_fifo_registered_as_a_region_is_refused_at_once(server: ServerProcess)
         body = json.dumps({"key": fifo.name, "byte_size": 64}).encode()
         status, _, answer = unix_http_request(socket_path, "/v2/systemsharedmemory/region/f/register", "POST",
                                               body, timeout=10)
-        return {"status": status, "error": json.loads(answer).get("error", ""),
+        return {"status": status, "message": json.loads(answer).get("error", ""),
                 "seconds": time.monotonic() - started}
 
     try:
@@ -235,7 +216,7 @@ def test_a_fifo_registered_as_a_region_is_refused_at_once(server: ServerProcess)
     finally:
         fifo.unlink(missing_ok=True)
     assert seen["uid"] == NOBODY
-    assert seen["status"] == 400 and "not a regular shared-memory file" in seen["error"], seen
+    assert seen["status"] == 400 and "not a regular shared-memory file" in seen["message"], seen
     assert seen["seconds"] < 1.0
     started = time.monotonic()
     assert http_request(server.port, "/readyz", timeout=5)[0] == 200
