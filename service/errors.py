@@ -7,9 +7,10 @@ Unexpected exceptions are logged with their traceback and answered with a generi
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi.responses import JSONResponse
+if TYPE_CHECKING:  # imported where a response is built: the CLI imports this module without the web framework
+    from fastapi.responses import JSONResponse
 
 
 class ServiceError(Exception):
@@ -137,6 +138,8 @@ def format_bytes(n: int) -> str:
 def error_response(status_code: int, error_type: str, message: str,
                    headers: Mapping[str, str] | None = None, **extra: Any) -> JSONResponse:
     """The one error envelope `{"error", "type"}`; `extra` keys (e.g. readiness details) come after them."""
+    from fastapi.responses import JSONResponse
+
     return JSONResponse({"error": message, "type": error_type, **extra}, status_code=status_code,
                         headers=dict(headers or {}))
 

@@ -70,7 +70,7 @@ def _scalar(name: str, value: Any) -> Any:
     if value is None:
         return None
     if name in INTS:
-        return values.integer(f"extract: {name}", value, minimum=0)
+        return values.integer(f"extract: {name}", value)
     if name in FLOATS:
         return values.number(f"extract: {name}", value)
     if name in TEXT and isinstance(value, str):

@@ -208,7 +208,9 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
             found.notes.append(f"rope.scaling.type {kind[:40]!r} is not one llama.cpp knows")
         else:
             found.scaling["rope_type"] = GGUF_SCALING_TYPES[kind]
-    factor = key("rope.scaling.factor") or (1 / key("rope.scale_linear") if key("rope.scale_linear") else None)
+    # rope.scale_linear is the old name of rope.scaling.factor: llama.cpp reads it as the factor itself
+    # (rope_freq_scale = 1 / value, llama-model.cpp) and its converters write add_rope_scale_linear(factor)
+    factor = key("rope.scaling.factor") or key("rope.scale_linear") or None
     for name, value in (("factor", factor), ("original_max_position_embeddings",
                                              key("rope.scaling.original_context_length")),
                         ("beta_fast", key("rope.scaling.yarn_beta_fast")),

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from posenc.service.cli.remote import RemoteError, post
-from posenc.service.errors import ServiceError
+# The handler imports the audit (numpy, the readers, the settings): `posenc audit --help` imports none of it.
 
 
 def add_parser(commands: Any) -> None:
@@ -38,6 +37,8 @@ def add_parser(commands: Any) -> None:
 
 
 def _remote(base: str, body: bytes, preset: str | None, config: str | None, fmt: str) -> bytes:
+    from posenc.service.cli.remote import RemoteError, post  # urllib.request (ssl): with --remote only
+
     query = {k: v for k, v in {"preset": preset, "config": config, "format": fmt}.items() if v is not None}
     try:
         return post(base.rstrip("/") + "/v1/audit?" + urlencode(query), body, "application/json")
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from posenc.service.audit.run import parse_config, read_path
     from posenc.service.audit.run import run as run_audit
     from posenc.service.cli.settings_from_env import settings_or_exit
+    from posenc.service.errors import ServiceError
 
     settings = settings_or_exit(access_log=False)
     try:

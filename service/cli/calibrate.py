@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from posenc.service.cli.settings_from_env import settings_or_exit
-
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
@@ -34,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     import onnxruntime as ort
 
     from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, describe, rule_document
+    from posenc.service.cli.settings_from_env import settings_or_exit
     from posenc.service.inference.calibration import (
         Machine,
         cache_entry,

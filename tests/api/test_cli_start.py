@@ -1,0 +1,57 @@
+"""`posenc` starts without the web framework: a subcommand builds its own parser alone, and `posenc audit --help`
+imports no fastapi, starlette, uvicorn or pydantic-settings (what `python -X importtime` lists, in a fresh
+interpreter). The parser a command builds alone is the one `posenc --help` builds with every command."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from posenc.service.cli.main import COMMANDS, build_parser, main
+from tests.conftest import TESTS
+
+WEB = ("fastapi", "starlette", "uvicorn", "pydantic_settings")
+
+
+def imported_modules(code: str) -> list[str]:
+    """The modules a fresh interpreter imports running `code` (the names `-X importtime` prints)."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=TESTS.parent,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    names = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+             if line.startswith("import time:") and line.count("|") == 2]
+    assert "posenc.service.cli.main" in names, result.stderr[-2000:]
+    return names
+
+
+def test_audit_help_imports_no_web_framework() -> None:
+    names = imported_modules("from posenc.service.cli.main import main\n"
+                             "try:\n    main(['audit', '--help'])\n"
+                             "except SystemExit as exc:\n    assert exc.code == 0, exc.code\n")
+    assert "posenc.service.cli.audit" in names
+    web = [name for name in names if name.split(".")[0] in WEB]
+    assert web == [], f"posenc audit --help imported {web}"
+
+
+def test_the_console_script_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in COMMANDS)
+    subcommands = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert len(subcommands) == 1 and tuple(subcommands[0].choices) == COMMANDS
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_command_built_alone_has_the_help_of_the_whole_parser(command: str,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    helps = []
+    for parser in (build_parser(command), build_parser()):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--help"])
+        helps.append(capsys.readouterr().out)
+    assert helps[0] == helps[1] and f"usage: posenc {command}" in helps[0]
