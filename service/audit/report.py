@@ -8,7 +8,6 @@ import numpy as np
 
 from posenc.models.audit.rope_audit import Audit
 from posenc.models.diagnosis.rope import angle_steps
-from posenc.service.tables.png import Curve, Panel, Picture, render, titled
 
 MARKS = {"ok": "ok  ", "wrong": "WRONG", "missing": "MISSING", "note": "note", "unchecked": "-"}
 
@@ -56,6 +55,9 @@ def text(doc: dict[str, Any], path: str) -> str:
 def picture(result: Audit, path: str) -> bytes:
     """The error of the implied tables against the golden ones per position (binned maxima) against the contract,
     rows the file lacks up to the context; beside it the file's frequencies against the golden ones."""
+    # matplotlib and the tables room only for a picture: `posenc audit FILE` starts without them
+    from posenc.service.tables.png import Curve, Panel, Picture, render, titled
+
     doc = result.document()
     panels: list[Panel] = []
     tables = doc.get("tables")

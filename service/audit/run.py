@@ -7,8 +7,6 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from starlette.concurrency import run_in_threadpool
-
 from posenc.models.audit.found import Found
 from posenc.models.audit.reference import Reference, from_config, from_preset, from_repository_config, match_catalogue
 from posenc.models.audit.rope_audit import Audit, audit
@@ -97,6 +95,7 @@ async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: 
                                   "audit it with `posenc audit FILE --remote URL`, which sends only the extract")
     data = bytes(body)
     del body  # one copy held while it is parsed
+    from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
     return await run_in_threadpool(_whole_found, kind, data)  # parsed off the event loop
 
 

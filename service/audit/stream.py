@@ -16,8 +16,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from starlette.concurrency import run_in_threadpool
-
 from posenc.service.errors import BadRequest, PayloadTooLarge, format_bytes
 
 
@@ -146,6 +144,8 @@ async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: Hea
     """The same from a request body: the first 64 KiB are parsed in a worker thread; a header that needs more is
     read up to what it asks for (at least twice the bytes at hand, within `limit`) and parsed again. The body is
     then consumed and dropped but for the named ranges; reading stops after the last one."""
+    from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
+
     buffer = bytearray()
     want = min(FIRST_READ, limit)
     while True:
