@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,17 @@ def test_audit_help_imports_no_web_framework() -> None:
     assert "posenc.service.cli.audit" in names
     web = [name for name in names if name.split(".")[0] in WEB]
     assert web == [], f"posenc audit --help imported {web}"
+
+
+def test_an_audit_of_a_small_gguf_imports_no_web_framework(tmp_path: Path) -> None:
+    from tests.audit_files import llama_gguf_meta, write_gguf
+
+    path = write_gguf(tmp_path / "small.gguf", "llama", llama_gguf_meta(8192, 500000.0, kv=8))
+    names = imported_modules("from posenc.service.cli.main import main\n"
+                             f"assert main(['audit', {str(path)!r}]) == 0\n")
+    assert "posenc.service.audit.run" in names
+    web = [name for name in names if name.split(".")[0] in WEB[:3]]  # the settings are read (POSENC_AUDIT_*)
+    assert web == [], f"posenc audit FILE imported {web}"
 
 
 def test_the_console_script_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
