@@ -43,7 +43,7 @@ def examples(folder: Path) -> list[tuple[str, Path, list[str], dict[str, object]
     save_file({f"model.layers.{i}.self_attn.rotary_emb.inv_freq": wrong for i in range(4)}, str(checkpoint))
     lost = folder / "llama-3.1-config.json"
     lost.write_text(json.dumps({k: v for k, v in find_preset("llama-3.1-8b").config.items() if k != "rope_scaling"}))
-    return [("audit-gguf.png", gguf, [], None),
+    return [("audit-gguf.png", gguf, ["--preset", "llama-3.1-8b"], None),
             ("audit-onnx.png", onnx, ["--config", "config.json"], SMALL_LLAMA3),
             ("audit-safetensors.png", checkpoint, ["--config", "config.json"], SMALL_LLAMA3),
             ("audit-config.png", lost, ["--preset", "llama-3.1-8b"], None)]

@@ -19,6 +19,9 @@ FAILING: frozenset[str] = frozenset({"wrong", "missing"})
 # the keys `Found.scaling` may hold: RopeParameters fields but the sizes and base a Found states on its own
 SCALING_FIELDS: frozenset[str] = frozenset(f.name for f in fields(RopeParameters)) - {
     "head_dim", "rotary_dim", "rope_theta", "partial_rotary_factor"}
+# formats whose position tensors are optional: transformers >= 4.31 keeps inv_freq out of a checkpoint (a
+# non-persistent buffer), whose position handling is then all in its config.json
+OPTIONAL_POSITION_SOURCES: frozenset[str] = frozenset({"safetensors"})
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,14 @@ class Found:
     alibi_slopes: np.ndarray | None = None
     facts: list[Fact] = field(default_factory=list)  # facts the reader judged itself (config.json warnings)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def states_frequencies(self) -> bool:
+        """Whether the file states anything a runtime computes its frequencies from: a base, a rotary dimension,
+        scaling, a constant, factors or caches."""
+        stated = (self.rope_theta, self.rotary_dim, self.inv_freq, self.freq_factors, self.long_factors,
+                  self.short_factors, self.caches)
+        return bool(self.scaling) or any(value is not None for value in stated)
 
     def summary(self) -> dict[str, Any]:
         """The scalar facts as read (arrays by shape), for the report."""

@@ -47,7 +47,7 @@ class Reference:
     interleaved: bool = False
     learned_positions: int | None = None
     alibi_heads: int | None = None
-    also_matched: tuple[str, ...] = ()
+    fits: tuple[str, ...] = ()  # a guess by shape: every catalogue preset that fits the file, the chosen one first
     problem: str | None = None  # why a named config gives no RoPE reference
 
     def document(self) -> dict[str, Any]:
@@ -61,9 +61,15 @@ class Reference:
                 out[name] = getattr(self, name)
         if self.sections is not None:
             out["sections"] = list(self.sections)
-        if self.also_matched:
-            out["also_matched"] = list(self.also_matched)
+        if self.guessed:
+            out["chosen_by"] = "shape"
+            out["fits"] = list(self.fits)
         return out
+
+    @property
+    def guessed(self) -> bool:
+        """Chosen by the file's shape alone (no --preset, no --config): no model's word on the file."""
+        return self.kind == "catalogue"
 
 
 def _int(value: Any) -> int | None:
@@ -129,8 +135,8 @@ def _preset_reference(preset: Preset, kind: Kind) -> Reference:
 def match_catalogue(architecture: str | None, sizes: Mapping[str, int | None], context_length: int | None
                     ) -> Reference:
     """The catalogue presets whose architecture and sizes match the file's: the best one (same context length
-    first) as the reference, the others named in `also_matched`; none → kind "none"."""
-    matches: list[tuple[int, Reference]] = []
+    first) as the reference, all of them named in `fits`, best first; none → kind "none"."""
+    matches: list[tuple[int, str, Reference]] = []
     for preset in catalogue().values():
         if "rope" not in preset.tables:
             continue
@@ -151,15 +157,12 @@ def match_catalogue(architecture: str | None, sizes: Mapping[str, int | None], c
         if conflict or agreeing + (architecture is not None and ref.architecture == architecture) < 2:
             continue
         score = 2 * (context_length is not None and ref.context_length == context_length) + agreeing
-        matches.append((score, ref))
+        matches.append((score, preset.name, ref))
     if not matches:
         return Reference("none", "no catalogue preset matches the file's architecture and sizes: internal "
                                  "consistency only")
-    best = max(score for score, _ in matches)
-    chosen = [ref for score, ref in matches if score == best]
-    others = tuple(ref.label for ref in chosen[1:])
-    first = chosen[0]
-    return Reference(**{**vars(first), "also_matched": others})
+    matches.sort(key=lambda match: -match[0])  # stable: the catalogue's order among equals
+    return Reference(**{**vars(matches[0][2]), "fits": tuple(name for _, name, _ in matches)})
 
 
 def from_repository_config(config: Mapping[str, Any]) -> Reference:

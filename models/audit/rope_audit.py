@@ -2,7 +2,9 @@
 
 `audit(found, reference)` → `Audit`: the facts (expected, found, verdict, the named mistake), the
 frequencies the file implies, and their consequence (`posenc.models.audit.divergence`). Without a RoPE
-reference the file's own metadata is the reference for its caches and constants (internal consistency).
+reference the file's own metadata is the reference for its caches and constants (internal consistency). A
+reference guessed by shape alone (no --preset, no --config) is no model's word: the file is judged against
+itself, and where it differs from the assumed preset a note says how.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from posenc.models.alibi import alibi_slopes
 from posenc.models.audit.consistency import consistency_facts
 from posenc.models.audit.divergence import Divergence, compare_caches, compare_frequencies
 from posenc.models.audit.explain_caches import explain_caches
-from posenc.models.audit.found import Fact, Found, Verdict
+from posenc.models.audit.found import OPTIONAL_POSITION_SOURCES, Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
 from posenc.models.audit.reference import Reference
 from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
@@ -28,9 +30,10 @@ from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, rope_type_spec
 
 @dataclass
 class Audit:
-    """The verdict on one file. verdict: "correct" (every fact as the reference says and the tables within the
-    contract), "wrong" (a fact is wrong or missing, or the tables diverge), "consistent" (no reference: the
-    file agrees with itself), "unchecked" (nothing to compare)."""
+    """The verdict on one file. verdict: "correct" (every fact as the named reference says and the tables within
+    the contract), "wrong" (a fact is wrong or missing, or the tables diverge from a named reference's),
+    "consistent" (no reference, a reference guessed by shape, or a file that states nothing the reference could
+    judge: the file agrees with itself), "unchecked" (nothing to compare)."""
 
     found: Found
     reference: Reference
@@ -45,12 +48,20 @@ class Audit:
 
     @property
     def verdict(self) -> str:
-        if self.failing or (self.divergence is not None and not self.divergence.within_contract):
+        diverges = self.divergence is not None and not self.divergence.within_contract
+        if self.failing or (diverges and not self.reference.guessed):
             return "wrong"
-        if self.reference.params is None and self.reference.alibi_heads is None \
-                and self.reference.learned_positions is None:
+        if not self.judged:
             return "consistent" if self.facts or self.divergence is not None else "unchecked"
         return "correct"
+
+    @property
+    def judged(self) -> bool:
+        """Whether a named model judged something the file states (a fact or the tables)."""
+        ref = self.reference
+        named = not ref.guessed and (ref.params is not None or ref.alibi_heads is not None
+                                     or ref.learned_positions is not None)
+        return named and (self.divergence is not None or any(f.verdict == "ok" for f in self.facts))
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -118,7 +129,10 @@ def _found_params(found: Found, ref_params: RopeParameters | None, facts: list[F
 
 def implied_frequencies(found: Found, ref_params: RopeParameters | None, context: int, facts: list[Fact]
                         ) -> Frequencies | None:
-    """What a runtime computes from the file: its constant, its divisors, or its metadata."""
+    """What a runtime computes from the file: its constant, its divisors, or its metadata; None when it states
+    none of them."""
+    if not found.states_frequencies:
+        return None
     if found.inv_freq is not None:
         inv = found.inv_freq
         if inv.ndim == 2:  # [short, long]
@@ -144,8 +158,11 @@ def implied_frequencies(found: Found, ref_params: RopeParameters | None, context
 def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: list[Fact]) -> None:
     spec = rope_type_spec(params.rope_type)
     context = _context(found, ref)
-    _fact(facts, "rotary_dim", params.rotary_dim, found.rotary_dim, "partial_rotary_dim_wrong",
-          f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
+    if found.rotary_dim is None and found.source in OPTIONAL_POSITION_SOURCES:
+        facts.append(_not_stored("rotary_dim", params.rotary_dim, ref))
+    else:
+        _fact(facts, "rotary_dim", params.rotary_dim, found.rotary_dim, "partial_rotary_dim_wrong",
+              f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
     if found.source in ("gguf", "config.json"):
         theta = DEFAULT_ROPE_THETA if found.rope_theta is None else found.rope_theta  # llama.cpp's default
         _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
@@ -178,6 +195,11 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
             if getattr(params, name) is not None and found.scaling.get("rope_type") == params.rope_type:
                 _fact(facts, name, getattr(params, name), found.scaling.get(name), f"scaling_{name}_wrong",
                       f"{name} differs from the model's")
+
+
+def _not_stored(name: str, expected: Any, ref: Reference) -> Fact:
+    """A fact the file's format need not store: a note, the reference's value stands."""
+    return Fact(name, expected, None, "note", None, f"not in this file — judged from {ref.label}")
 
 
 def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: list[Fact]) -> None:
@@ -280,6 +302,30 @@ def audit(found: Found, ref: Reference) -> Audit:
 
 
 def _audit(found: Found, ref: Reference) -> Audit:
+    if ref.guessed:
+        return _assumed(found, ref)
+    return _judged(found, ref)
+
+
+def _assumed(found: Found, ref: Reference) -> Audit:
+    """Against a preset chosen by shape alone: the verdict is the file's against itself; the facts and tables
+    against the assumed preset are shown, a difference as a note (another model of that shape may be meant)."""
+    own = _judged(found, Reference("none", ref.label))
+    against = _judged(found, ref)
+    compared = [_if_assumed(fact, ref) for fact in against.facts[len(found.facts):]]
+    return Audit(found, ref, own.facts + compared, against.divergence, against.implied, against.golden)
+
+
+def _if_assumed(fact: Fact, ref: Reference) -> Fact:
+    if not fact.failing:
+        return fact
+    assumed = ref.fits[0] if ref.fits else ref.label
+    return Fact(fact.name, fact.expected, fact.found, "note", None,
+                f"{fact.mistake} if the model is {assumed}: {fact.explanation}" if fact.mistake
+                else f"differs from {assumed}: {fact.explanation}")
+
+
+def _judged(found: Found, ref: Reference) -> Audit:
     result = Audit(found, ref, list(found.facts))
     facts = result.facts
     _size_facts(found, ref, facts)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from posenc.models.audit.found import Found
+from posenc.models.audit.llama_cpp import ABSENT, MASK, SWA_KEYS, UNROTATED_FACTOR, WHOLE_HEAD_TYPE, convention
 from posenc.models.rope_types import GGUF_SCALING_TYPES
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout, NeedMore
@@ -178,11 +179,14 @@ def _number(meta: dict[str, Any], key: str) -> Any:
 
 # the keys (after `{arch}.`) that hold counts and sizes; the other numbers read are reals
 INT_KEYS = frozenset({"context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
-                      "attention.key_length", "rope.dimension_count", "rope.scaling.original_context_length"})
+                      "attention.key_length", "attention.key_length_swa", "rope.dimension_count",
+                      "rope.dimension_count_swa", "rope.scaling.original_context_length"})
 
 
 def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
-    """A parsed GGUF header and its small tensors → Found."""
+    """A parsed GGUF header and its small tensors → Found, with llama.cpp's conventions applied
+    (`posenc.models.audit.llama_cpp`: its defaults for absent keys, the `rope_freqs` mask, the sliding layers'
+    keys), each one quoted in the notes."""
     meta = header["meta"]
     arch = meta.get("general.architecture")
     if not isinstance(arch, str):
@@ -201,7 +205,8 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
                   rotary_dim=key("rope.dimension_count") or head_dim, rope_theta=key("rope.freq_base"),
                   theta_swa=key("rope.freq_base_swa"), attention_factor=key("rope.scaling.attn_factor"))
     if found.rope_theta is None:
-        found.notes.append(f"{arch}.rope.freq_base is missing: llama.cpp then uses 10000")
+        _note_absent(found, arch, "rope.freq_base")
+    _sliding_layers(found, arch, key)
     kind = meta.get(f"{arch}.rope.scaling.type")
     if isinstance(kind, str):
         if kind not in GGUF_SCALING_TYPES:
@@ -217,6 +222,11 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
                         ("beta_slow", key("rope.scaling.yarn_beta_slow"))):
         if value is not None:
             found.scaling[name] = value
+    if kind is None and factor is not None and factor != 1.0:  # a factor without a type: llama.cpp's default type
+        default = convention(arch, "rope.scaling.type")
+        if default is not None and isinstance(default.value, str):
+            found.scaling = {"rope_type": GGUF_SCALING_TYPES[default.value], "factor": factor}
+            found.notes.append(default.note(arch))
     factor_tensors = any(stem in tensors for stem in NEEDED)
     if found.scaling and "rope_type" not in found.scaling and not factor_tensors:
         found.scaling = {}  # scaling values without a type or factor tensors: llama.cpp applies none
@@ -228,4 +238,67 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     for stem, field_name in NEEDED.items():
         if stem in tensors:
             setattr(found, field_name, np.frombuffer(tensors[stem], dtype="<f4").copy())
+    _unrotated_pairs(found)
     return found
+
+
+def _note_absent(found: Found, arch: str, name: str, takes: float | None = None) -> None:
+    rule = convention(arch, name)
+    if rule is not None:
+        found.notes.append(rule.note(arch, takes=takes))
+
+
+def _sliding_layers(found: Found, arch: str, key: Any) -> None:
+    """The sliding-window layers' keys: those the file states in one note; an absent one as llama.cpp fills it (its
+    architecture's fixed base, else the full layers' value), said where the file has sliding layers at all."""
+    stated = {name: key(name) for name in SWA_KEYS}
+    stated = {name: value for name, value in stated.items() if value}
+    if stated:
+        found.notes.append("sliding layers: " + ", ".join(f"{arch}.{name} = {value:g}"
+                                                          for name, value in stated.items()))
+    base = convention(arch, "rope.freq_base_swa")
+    if base is not None and base.always and isinstance(base.value, float):
+        if found.theta_swa is None:
+            found.theta_swa = base.value  # what llama.cpp's loader uses for this architecture
+            found.notes.append(base.note(arch))
+        elif found.theta_swa != base.value:
+            found.notes.append(base.note(arch, absent=False) + f"; the file says {found.theta_swa:g}")
+        stated["rope.freq_base_swa"] = base.value
+    if not stated:
+        return
+    full = {"attention.key_length": found.head_dim, "rope.dimension_count": found.rotary_dim,
+            "rope.freq_base": found.rope_theta or ABSENT["rope.freq_base"].value}
+    for name in SWA_KEYS:
+        rule = convention(arch, name)
+        if name not in stated and rule is not None and rule.same_as is not None:
+            value = full.get(rule.same_as)
+            found.notes.append(rule.note(arch, takes=value if isinstance(value, int | float) else None))
+
+
+def _unrotated_pairs(found: Found) -> None:
+    """llama.cpp's partial rotary as a mask: `rope_freqs` factors from UNROTATED_FACTOR up leave their pairs
+    unrotated. The last pairs masked, the others 1 and dimension_count = head_dim (Gemma-4's converter) is RoPE
+    over the whole head rotating 2 x the unmasked pairs: read so. Otherwise the divisors compute the table, as
+    llama.cpp does, and the note says how many channels rotate."""
+    factors = found.freq_factors
+    if factors is None or factors.ndim != 1 or not factors.size:
+        return
+    masked = factors >= UNROTATED_FACTOR
+    count, pairs = int(masked.sum()), int(factors.size)
+    if not count:
+        return
+    kept = pairs - count
+    note = (f"rope_freqs marks {count} of {pairs} pairs unrotated (factors >= {UNROTATED_FACTOR:g}): llama.cpp "
+            f"rotates {2 * kept} channels of each head ({MASK.source})")
+    whole_head = (bool(masked[kept:].all()) and kept > 0 and bool(np.all(factors[:kept] == 1.0))
+                  and found.head_dim is not None and found.rotary_dim == found.head_dim == 2 * pairs
+                  and "rope_type" not in found.scaling)
+    if whole_head:
+        found.notes.append(f"{note}; read as rotary_dim {2 * kept} of head_dim {found.head_dim}, the frequencies "
+                           f"spread over the whole head ({WHOLE_HEAD_TYPE})")
+        found.rotary_dim = 2 * kept
+        found.scaling = {"rope_type": WHOLE_HEAD_TYPE}
+        found.freq_factors = None  # the mask is the rotary dimension now: no divisors left
+    else:
+        found.notes.append(f"{note}; not the last pairs of a head of dimension_count = head_dim with the others 1: "
+                           f"the table is computed from the divisors (rotary_dim {found.rotary_dim})")

@@ -1,8 +1,14 @@
 """ONNX graphs: every RotaryEmbedding node (com.microsoft's and opset 23's) with its cos_cache / sin_cache
-initializers and attributes, GroupQueryAttention's do_rotary caches, and inverse-frequency constants feeding a
-Cos/Sin subgraph (with a scalar Mul after them: the attention factor). Only those initializers are read; a local
-file's external data is read for them alone. Walks are bounded: subgraphs and local functions nest at most
-`MAX_DEPTH` deep (a function that calls itself is refused), at most `MAX_NODES` nodes are visited.
+and attributes, GroupQueryAttention's do_rotary caches, and inverse-frequency constants feeding a Cos/Sin subgraph
+(with a scalar Mul after them: the attention factor). Only those constants are read; a local file's external data
+is read for them alone. Walks are bounded: subgraphs and local functions nest at most `MAX_DEPTH` deep (a function
+that calls itself is refused), at most `MAX_NODES` nodes are visited.
+
+A constant is an initializer (of the main graph or of any subgraph) or a `Constant` node's `value`, reached through
+`Identity` and through the outputs of an `If` (each branch) or a `Loop` (its body's loop-carried outputs):
+onnxruntime-genai's model builder puts longrope's long and short caches as `Constant` nodes in the two branches of
+an `If` on `sequence length > original_max_position_embeddings`. Every branch is kept (`BranchedCaches`: the one
+taken past the condition's threshold first, the threshold when the condition is a comparison with a constant).
 
 Before protobuf builds the model, a walk over its bytes (`count`: varints, no object per entry) refuses a model of
 more than `MAX_NODES` nodes (subgraphs' and local functions' included), `MAX_INITIALIZERS` initializers or
@@ -15,13 +21,14 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from posenc.models.audit.explain_caches import BranchedCaches
 from posenc.models.audit.found import Caches, Found
 from posenc.service.audit import values
 from posenc.service.errors import BadRequest
@@ -169,23 +176,39 @@ def load(data: bytes | None = None, path: Path | None = None) -> Any:
         raise _unreadable(type(exc).__name__) from None
 
 
-def _nodes(graph: Any, functions: dict[tuple[str, str], Any], depth: int = 0, seen: list[int] | None = None
-           ) -> Iterator[Any]:
-    """Every node of the graph, its subgraphs and the local functions it calls, bounded."""
-    seen = seen if seen is not None else [0]
+@dataclass
+class _Walk:
+    """One walk's state: the nodes visited, the subgraphs met (each stored graph once: a function's body's
+    subgraphs on its first call only) and the functions called so far."""
+
+    seen: int = 0
+    graphs: list[Any] = field(default_factory=list)
+    called: set[tuple[str, str]] = field(default_factory=set)
+
+
+def _nodes(graph: Any, functions: dict[tuple[str, str], Any], depth: int = 0, walk: _Walk | None = None,
+           collect: bool = True) -> Iterator[Any]:
+    """Every node of the graph, its subgraphs and the local functions it calls, bounded; the subgraphs go to
+    `walk.graphs` (for their initializers) when `collect`."""
+    walk = walk if walk is not None else _Walk()
     if depth > MAX_DEPTH:
         raise BadRequest(f"ONNX: subgraphs or functions nest deeper than {MAX_DEPTH} levels (a recursive function?)")
     for node in graph.node if hasattr(graph, "node") else graph:
-        seen[0] += 1
-        if seen[0] > MAX_NODES:
+        walk.seen += 1
+        if walk.seen > MAX_NODES:
             raise BadRequest(f"ONNX: more than {MAX_NODES} nodes (counting each function call's body)")
         yield node
         for attribute in node.attribute:
             for sub in [attribute.g] if attribute.HasField("g") else list(attribute.graphs):
-                yield from _nodes(sub, functions, depth + 1, seen)
-        function = functions.get((node.domain, node.op_type))
+                if collect:
+                    walk.graphs.append(sub)
+                yield from _nodes(sub, functions, depth + 1, walk, collect)
+        key = (node.domain, node.op_type)
+        function = functions.get(key)
         if function is not None:
-            yield from _nodes(function.node, functions, depth + 1, seen)
+            first = key not in walk.called
+            walk.called.add(key)
+            yield from _nodes(function.node, functions, depth + 1, walk, first)
 
 
 def _attribute(node: Any, name: str, default: Any = None) -> Any:
@@ -208,14 +231,25 @@ def _index(nodes: list[Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     return producer, consumers
 
 
+Scope = tuple[dict[str, Any], dict[str, Any]]  # a subgraph's initializers and producers, by tensor name
+COMPARISONS = frozenset({"Greater", "GreaterOrEqual", "Less", "LessOrEqual"})
+
+
 class _Graph:
     def __init__(self, model: Any, base: Path | None) -> None:
         self.model, self.base = model, base
         functions = {(f.domain, f.name): f for f in model.functions}
-        self.nodes = list(_nodes(model.graph, functions))
+        walk = _Walk()
+        self.nodes = list(_nodes(model.graph, functions, walk=walk))
         self.initializers = {t.name: t for t in model.graph.initializer}
+        for sub in walk.graphs:  # each stored subgraph once: linear in the initializers `count` bounded
+            for tensor in sub.initializer:
+                self.initializers.setdefault(tensor.name, tensor)
         self.producer, self.consumers = _index(self.nodes)
         self.traced: set[str] = set()  # tensors already traced back towards their constants
+        # `constants` by (scope, name); a scope is a branch (its node's first output, the attribute), indexed once
+        self.resolved: dict[tuple[tuple[str, str] | None, str], list[tuple[str, Any]]] = {}
+        self.scopes: dict[tuple[str, str], Scope] = {}
         for node in self.nodes:
             if node.op_type == "Constant" and node.output:
                 value = _attribute(node, "value")
@@ -229,8 +263,9 @@ class _Graph:
 
     def array(self, name: str) -> np.ndarray | None:
         tensor = self.initializers.get(name)
-        if tensor is None:
-            return None
+        return None if tensor is None else self.array_of(tensor, name)
+
+    def array_of(self, tensor: Any, name: str) -> np.ndarray:
         onnx = _onnx()
         external = onnx.external_data_helper.uses_external_data(tensor)
         _check_tensor(onnx, tensor, name, external)
@@ -244,6 +279,62 @@ class _Graph:
         except Exception as exc:  # onnx's ValidationError, OSError: a location outside, a missing file
             raise BadRequest(f"ONNX: the external data of {name[:80]!r} cannot be read beside the model "
                              f"({type(exc).__name__})") from None
+
+    def constants(self, name: str) -> list[tuple[str, Any]]:
+        """The constant tensors `name` can hold, each with where ("" the graph's own; "If 'x' then_branch", ...):
+        through Identity, into each branch of an If and a Loop's body (its loop-carried outputs), nested at most
+        `MAX_DEPTH` deep. Memoized by scope and name, each branch indexed once: linear in the graph."""
+        return self._constants(name, None, 0)
+
+    def _constants(self, name: str, scope: tuple[str, str] | None, depth: int) -> list[tuple[str, Any]]:
+        key = (scope, name)
+        if key not in self.resolved:
+            self.resolved[key] = []  # a cycle finds nothing
+            self.resolved[key] = self._trace(name, scope, depth)
+        return self.resolved[key]
+
+    def _trace(self, name: str, scope: tuple[str, str] | None, depth: int) -> list[tuple[str, Any]]:
+        initializers, producers = self.scopes[scope] if scope is not None else ({}, {})
+        for _ in range(TRACE_STEPS):
+            if name in initializers:
+                return [("", initializers[name])]
+            node = producers.get(name)
+            if node is None:
+                if name in self.initializers:
+                    return [("", self.initializers[name])]
+                node = self.producer.get(name)
+            if node is None:
+                return []
+            if node.op_type == "Constant":
+                value = _attribute(node, "value")
+                return [] if value is None else [("", value)]
+            if node.op_type == "Identity" and node.input:
+                name = node.input[0]
+                continue
+            if node.op_type in ("If", "Loop") and depth < MAX_DEPTH:
+                return self._branches(node, name, depth)
+            return []
+        return []
+
+    def _branches(self, node: Any, name: str, depth: int) -> list[tuple[str, Any]]:
+        index = list(node.output).index(name)
+        if node.op_type == "Loop":
+            if index >= len(node.input) - 2:  # a scan output stacks every iteration's value
+                return []
+            index += 1  # the body's first output is the condition
+        out = []
+        for attribute in node.attribute:
+            if not attribute.HasField("g") or index >= len(attribute.g.output):
+                continue
+            scope = (node.output[0], attribute.name)
+            if scope not in self.scopes:
+                branch = attribute.g
+                self.scopes[scope] = ({t.name: t for t in branch.initializer},
+                                      {out: n for n in branch.node for out in n.output})
+            label = f"{node.op_type} {(node.name or node.output[0])[:80]!r} {attribute.name}"
+            out += [(f"{label} / {where}" if where else label, tensor)
+                    for where, tensor in self._constants(attribute.g.output[index].name, scope, depth + 1)]
+        return out
 
 
 def _check_tensor(onnx: Any, tensor: Any, name: str, external: bool) -> None:
@@ -315,6 +406,64 @@ def _caches(cos: np.ndarray | None, sin: np.ndarray | None, interleaved: bool | 
     return Caches(cos.reshape(-1, cos.shape[-1]), sin.reshape(-1, sin.shape[-1]), interleaved)
 
 
+def _scalar(graph: _Graph, name: str) -> float | None:
+    """The value of a one-element numeric constant `name` holds (through Identity), None otherwise."""
+    found = graph.constants(name)
+    if len(found) != 1 or found[0][0] or prod(found[0][1].dims) != 1 or found[0][1].data_type not in READ_TYPES:
+        return None
+    value = graph.array_of(found[0][1], name).reshape(-1)
+    return float(value[0]) if value.dtype.kind in "iuf" and np.isfinite(value[0]) else None
+
+
+def _switch(graph: _Graph, node: Any) -> tuple[bool | None, int | float | None]:
+    """An If's condition read as `length > threshold`: (whether its then branch is the one taken past the
+    threshold, the threshold); (None, None) when the condition is no comparison of a value with a constant.
+    onnxruntime-genai: Greater(sequence length, original_max_position_embeddings), the large caches in then."""
+    cond = graph.producer.get(node.input[0]) if node.input else None
+    if cond is None or cond.op_type not in COMPARISONS or len(cond.input) != 2:
+        return None, None
+    for side, name in enumerate(cond.input):
+        value = _scalar(graph, name)
+        if value is None or _scalar(graph, cond.input[1 - side]) is not None:
+            continue
+        then_long = (side == 1) == cond.op_type.startswith("Greater")
+        strict = cond.op_type in ("Greater", "Less")
+        threshold = value if strict == then_long else value - 1  # long when length > threshold
+        return then_long, int(threshold) if float(threshold).is_integer() else threshold
+    return None, None
+
+
+def _cache_pair(graph: _Graph, cos_name: str, sin_name: str, interleaved: bool | None, notes: list[str]
+                ) -> Caches | None:
+    """The caches two inputs hold: one pair of constants, or one per branch of the If (or Loop) computing them
+    (`BranchedCaches`, the branch taken past the condition's threshold first)."""
+    sines = dict(graph.constants(sin_name))
+    pairs = []
+    for where, cos in graph.constants(cos_name):
+        sin = sines.get(where)
+        caches = None if sin is None else _caches(graph.array_of(cos, cos_name), graph.array_of(sin, sin_name),
+                                                  interleaved)
+        if caches is not None:
+            pairs.append((where, caches))
+    if not pairs:
+        return None
+    if len(pairs) == 1 and not pairs[0][0]:
+        return pairs[0][1]
+    node = graph.producer.get(cos_name)
+    while node is not None and node.op_type == "Identity" and node.input:
+        node = graph.producer.get(node.input[0])
+    then_long, threshold = _switch(graph, node) if node is not None and node.op_type == "If" else (None, None)
+    # the branch taken past the threshold first (then, as onnxruntime-genai writes it, when not read)
+    pairs.sort(key=lambda pair: (" then_branch" in pair[0].split(" / ")[0]) == (then_long is False))
+    where, first = pairs[0]
+    notes.append(f"{cos_name[:80]}/{sin_name[:80]}: one pair per branch ("
+                 + "; ".join(f"{w}: {list(c.cos.shape)}" for w, c in pairs) + ")"
+                 + (f", the first taken when the sequence length > {threshold}" if threshold is not None
+                    else ", which branch is taken when was not read from the graph"))
+    return BranchedCaches(first.cos, first.sin, interleaved, where=where, branches=tuple(pairs[1:]),
+                          threshold=threshold)
+
+
 def to_found(model: Any, base: Path | None = None) -> Found:
     graph = _Graph(model, base)
     found = Found("onnx")
@@ -332,13 +481,13 @@ def to_found(model: Any, base: Path | None = None) -> Found:
         if _attribute(node, "is_packed_batching", 0):
             found.notes.append(f"{node.name or node.op_type}: is_packed_batching")
         if found.caches is None:
-            found.caches = _caches(graph.array(cos_name), graph.array(sin_name), found.interleaved)
+            found.caches = _cache_pair(graph, cos_name, sin_name, found.interleaved, found.notes)
     for node in gqa:
         found.interleaved = bool(_attribute(node, "rotary_interleaved", 0))
         found.num_heads = _attribute(node, "num_heads", 0) or found.num_heads
         found.num_kv_heads = _attribute(node, "kv_num_heads", 0) or found.num_kv_heads
         if len(node.input) > 8 and found.caches is None:
-            found.caches = _caches(graph.array(node.input[7]), graph.array(node.input[8]), found.interleaved)
+            found.caches = _cache_pair(graph, node.input[7], node.input[8], found.interleaved, found.notes)
     for node in graph.nodes:
         if node.op_type == "Cos" and found.inv_freq is None and node.input and node.output:
             found.inv_freq = _constant_feeding(graph, node.input[0])

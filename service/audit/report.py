@@ -22,9 +22,12 @@ def _value(value: Any) -> str:
 def text(doc: dict[str, Any], path: str) -> str:
     """The report as lines: verdict, reference, each fact, the tables' divergence."""
     ref = doc["reference"]
+    guessed = ref.get("chosen_by") == "shape"
     lines = [f"{path}: {doc['source']} — position handling: {doc['verdict'].upper()}",
-             f"reference: {ref['label']}" + (f" (also matched: {', '.join(ref['also_matched'])})"
-                                               if ref.get("also_matched") else "")]
+             f"reference: {ref['label']}" + (", assumed by shape (architecture and sizes)" if guessed else "")]
+    if guessed:
+        lines.append(f"  presets that fit: {', '.join(ref['fits'])}; name the model (--preset NAME or --config "
+                     "config.json) for a verdict against it")
     for fact in doc["facts"]:
         line = f"  {MARKS[fact['verdict']]:<7} {fact['name']:<32} expected {_value(fact['expected'])}, " \
                f"found {_value(fact['found'])}"
@@ -34,16 +37,17 @@ def text(doc: dict[str, Any], path: str) -> str:
             line += f"\n          ({fact['explanation']})"
         lines.append(line)
     tables = doc.get("tables")
+    label = "tables against the assumed preset" if guessed else "tables"
     if tables is not None:
         if tables["within_contract"]:
-            lines.append(f"tables: equal to the golden ones within the contract up to position {tables['scanned']} "
+            lines.append(f"{label}: equal to the golden ones within the contract up to position {tables['scanned']} "
                          f"(max error {tables['max_abs_error']:.3g})")
         else:
             first = tables["first_divergent_position"]
             over = ", ".join(f"> {k} from {v}" for k, v in tables["first_position_over"].items() if v is not None)
             head = f"wrong from position {first} on (the dtype's contract)" if first is not None else \
                 f"equal within the contract up to position {tables['scanned']}"
-            lines.append(f"tables: {head}; max error {tables['max_abs_error']:.3g} up to {tables['scanned']}"
+            lines.append(f"{label}: {head}; max error {tables['max_abs_error']:.3g} up to {tables['scanned']}"
                          + (f"; error {over}" if over else "")
                          + ("" if tables["missing_from"] is None else
                             f"; no rows from position {tables['missing_from']} on (context "

@@ -26,8 +26,9 @@ def _phi35() -> tuple[dict[str, Any], dict[str, Any]]:
 
 def test_llama31_correct_passes_and_without_rope_freqs_is_named(tmp_path: Path) -> None:
     good = audit_file(write_gguf(tmp_path / "good.gguf", "llama", llama_gguf_meta(131072, 500000.0), LLAMA31_FREQS))
-    assert good.verdict == "correct" and good.reference.label.startswith("preset llama-3.1-8b")
-    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "llama", llama_gguf_meta(131072, 500000.0)))
+    assert good.verdict == "consistent" and good.reference.label.startswith("preset llama-3.1-8b")  # a guess
+    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "llama", llama_gguf_meta(131072, 500000.0)),
+                     preset="llama-3.1-8b")
     assert bad.verdict == "wrong" and mistakes(bad) == {"frequency_factors_missing"}
     assert bad.divergence is not None and bad.divergence.first_position is not None
     assert bad.divergence.max_abs > 1.0  # the low frequencies run 8x too fast: far out of phase by 131072
@@ -35,8 +36,9 @@ def test_llama31_correct_passes_and_without_rope_freqs_is_named(tmp_path: Path) 
 
 def test_codellama_freq_base_not_picked_up(tmp_path: Path) -> None:
     good = audit_file(write_gguf(tmp_path / "good.gguf", "llama", llama_gguf_meta(16384, 1e6, kv=32)))
-    assert good.verdict == "correct" and "codellama-7b" in good.reference.label
-    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "llama", llama_gguf_meta(16384, 10000.0, kv=32)))
+    assert good.verdict == "consistent" and "codellama-7b" in good.reference.label  # a guess by shape
+    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "llama", llama_gguf_meta(16384, 10000.0, kv=32)),
+                     preset="codellama-7b")
     assert mistakes(bad) == {"wrong_freq_base"}
 
 
@@ -62,11 +64,12 @@ def test_longrope_factors_and_swapped(tmp_path: Path) -> None:
     long, short = np.asarray(rope["long_factor"], np.float32), np.asarray(rope["short_factor"], np.float32)
     good = audit_file(write_gguf(tmp_path / "good.gguf", "phi3", meta, {"rope_factors_long.weight": long,
                                                                         "rope_factors_short.weight": short}))
-    assert good.verdict == "correct" and "phi-3.5-mini" in good.reference.label, good.document()["facts"]
+    assert good.verdict == "consistent" and "phi-3.5-mini" in good.reference.label, good.document()["facts"]
     swapped = audit_file(write_gguf(tmp_path / "swapped.gguf", "phi3", meta, {"rope_factors_long.weight": short,
-                                                                             "rope_factors_short.weight": long}))
+                                                                             "rope_factors_short.weight": long}),
+                         preset="phi-3.5-mini-instruct")
     assert mistakes(swapped) == {"longrope_short_long_swapped"}
-    missing = audit_file(write_gguf(tmp_path / "missing.gguf", "phi3", meta))
+    missing = audit_file(write_gguf(tmp_path / "missing.gguf", "phi3", meta), preset="phi-3.5-mini-instruct")
     assert mistakes(missing) == {"scaling_missing"}
 
 
@@ -84,21 +87,23 @@ def test_mrope_sections(tmp_path: Path) -> None:
     meta = {**llama_gguf_meta(32768, 1e6, hidden=3584, heads=28, kv=4)}
     good = audit_file(write_gguf(tmp_path / "good.gguf", "qwen2vl",
                                  {**meta, "rope.dimension_sections": [16, 24, 24, 0]}))
-    assert good.verdict == "correct" and "qwen2-vl-7b" in good.reference.label
+    assert good.verdict == "consistent" and "qwen2-vl-7b" in good.reference.label  # a guess by shape
     bad = audit_file(write_gguf(tmp_path / "bad.gguf", "qwen2vl", {**meta, "rope.dimension_sections": [24, 20, 20, 0]}
-                                ))
+                                ), preset="qwen2-vl-7b-instruct")
     assert mistakes(bad) == {"mrope_sections_wrong"}
 
 
-def test_sliding_window_base_missing(tmp_path: Path) -> None:
+def test_a_gemma3_file_without_its_sliding_window_base_has_llama_cpp_s(tmp_path: Path) -> None:
+    """llama.cpp gives gemma3's sliding layers base 10000 whatever the file says (models/audit/llama_cpp.py): a file
+    without the key is no mistake; another architecture's missing key still is (test_llama_cpp_conventions.py)."""
     config = {**find_preset("gemma-3-4b-it").config, "rope_local_base_freq": 10000.0}
     meta = {"context_length": 131072, "embedding_length": 2560, "attention.head_count": 8, "attention.key_length": 256,
             "rope.freq_base": 1e6, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
     good = audit_file(write_gguf(tmp_path / "good.gguf", "gemma3", {**meta, "rope.freq_base_swa": 10000.0}),
                       config=config)
     assert good.verdict == "correct", good.document()["facts"]
-    bad = audit_file(write_gguf(tmp_path / "bad.gguf", "gemma3", meta), config=config)
-    assert mistakes(bad) == {"sliding_window_base_missing"}
+    without = audit_file(write_gguf(tmp_path / "without.gguf", "gemma3", meta), config=config)
+    assert mistakes(without) == set() and without.found.theta_swa == 10000.0
 
 
 def test_no_matching_preset_audits_internal_consistency(tmp_path: Path) -> None:
@@ -123,6 +128,6 @@ def test_a_multi_gigabyte_sparse_file_in_well_under_a_second(tmp_path: Path) -> 
     read = bytes_read() - before
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert result.verdict == "correct"
+    assert result.verdict == "consistent" and result.divergence is not None  # against the preset guessed by shape
     # the header and the position tensors only (the file is 16 GiB), held at once within 32 MiB
     assert read < 4 << 20 and peak < 32 << 20, (read, peak)

@@ -37,7 +37,7 @@ def test_a_large_gguf_upload_streams_through(server: str, tmp_path: Path) -> Non
     response = connection.getresponse()
     doc = json.loads(response.read())
     connection.close()
-    assert response.status == 200 and doc["verdict"] == "correct", doc
+    assert response.status == 200 and doc["verdict"] == "consistent", doc  # the reference is a guess by shape
     assert sent == 8 << 20 < path.stat().st_size  # answered from what was sent: 8 MiB of the GiB declared
     again = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
     again.request("GET", "/healthz")
@@ -47,5 +47,5 @@ def test_a_large_gguf_upload_streams_through(server: str, tmp_path: Path) -> Non
 
 def test_cli_remote(server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write_gguf(tmp_path / "bad.gguf", "llama", llama_gguf_meta(131072, 500000.0))
-    assert main(["audit", str(path), "--remote", server]) == 1
+    assert main(["audit", str(path), "--preset", "llama-3.1-8b", "--remote", server]) == 1
     assert "frequency_factors_missing" in capsys.readouterr().out
