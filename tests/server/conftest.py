@@ -11,5 +11,5 @@ from posenc.service.testing import ServerProcess
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """The URL of a `posenc serve` with default settings (log level warning), live for the module."""
-    with ServerProcess({"log_level": "warning"}, ready="/healthz", ready_timeout=60) as process:
+    with ServerProcess({"log_level": "warning"}, ready="/readyz", ready_timeout=60) as process:
         yield process.url

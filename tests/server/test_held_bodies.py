@@ -23,7 +23,7 @@ READERS = 6  # 6 x 64 MiB held, and a new table's 192 MiB of working memory do n
 def server() -> Iterator[ServerProcess]:
     settings = {"memory_budget_bytes": 512 * MiB, "memory_wait_seconds": 5, "cache_bytes": 200 * MiB,
                 "send_timeout": 120, "timeout_keep_alive": 120, "log_level": "warning"}
-    with ServerProcess(settings, ready="/healthz", ready_timeout=60) as process:
+    with ServerProcess(settings, ready="/readyz", ready_timeout=60) as process:
         yield process
 
 

@@ -32,7 +32,7 @@ def running_server(**settings: object) -> Iterator[tuple[ServerProcess, int]]:
     """`posenc serve` on a free port with the short timeouts and `settings`; stopped at the end if still running."""
     timeouts = {"log_level": "warning", "header_timeout": HEADER_TIMEOUT, "body_timeout": BODY_TIMEOUT,
                 "timeout_keep_alive": KEEP_ALIVE}
-    with ServerProcess({**timeouts, **settings}, ready="/healthz", ready_timeout=60) as server:
+    with ServerProcess({**timeouts, **settings}, ready="/readyz", ready_timeout=60) as server:
         yield server, server.port
 
 
