@@ -28,7 +28,6 @@ from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.inference.grpc_servicer import SERVICE, GrpcState, Servicer
 from posenc.service.inference.repository import RepositoryEntry
-from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.grpc")
 
@@ -38,9 +37,6 @@ _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 STREAM_METHODS = ("ModelStreamInfer",)
-# HTTP/2's per-call window (its default): what gRPC core receives of a call's messages before a handler reads;
-# a read then opens the window to the message's length, so large messages still arrive at full speed
-RECEIVE_WINDOW_BYTES = 65535
 
 
 class RestrictedHealth(health.aio.HealthServicer):
@@ -87,16 +83,6 @@ def health_statuses(problems: Sequence[str], models: Mapping[str, RepositoryEntr
     return statuses
 
 
-def server_options(settings: Settings, workers: int) -> list[tuple[str, int]]:
-    """gRPC core's options: what it may buffer of messages no handler asked for is HTTP/2's flow-control window
-    (`RECEIVE_WINDOW_BYTES` per call, no growing it from bandwidth probes)."""
-    return [("grpc.max_receive_message_length", settings.max_request_bytes),
-            ("grpc.max_send_message_length", -1),
-            ("grpc.http2.bdp_probe", 0),
-            ("grpc.http2.lookahead_bytes", RECEIVE_WINDOW_BYTES),
-            ("grpc.so_reuseport", 1 if workers > 1 else 0)]
-
-
 def listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -106,7 +92,10 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
     settings = state.settings
     # The call limit is the servicer's own: grpc.aio's `maximum_concurrent_rpcs` can undercount, and a stream
     # refused while its client is still writing ends as INTERNAL on the client (grpc/grpc#36066).
-    server = grpc.aio.server(options=server_options(settings, workers))
+    server = grpc.aio.server(
+        options=[("grpc.max_receive_message_length", settings.max_request_bytes),
+                 ("grpc.max_send_message_length", -1),
+                 ("grpc.so_reuseport", 1 if workers > 1 else 0)])
     servicer = Servicer(state)
     server.add_generic_rpc_handlers((inference_handler(servicer),))
     checker = RestrictedHealth(servicer)

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service import __version__
-from posenc.service.budget import MemoryBudget, Reservation
+from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
 from posenc.service.inference import phases
 from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_parsed
@@ -313,11 +313,8 @@ class Servicer:
                 async def read() -> None:
                     try:
                         async for data in request_iterator:
-                            # the message counts in the budget before the next one is read (a request that
-                            # cannot get its memory is answered busy, its bytes dropped)
-                            held = await self._hold_message(data)
                             await window.acquire()
-                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller, held)))
+                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller)))
                     finally:
                         pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
 
@@ -359,28 +356,16 @@ class Servicer:
 
         return handler
 
-    async def _hold_message(self, data: bytes) -> Reservation | ServiceError:
-        """`data`'s bytes held in the budget (waiting as `MemoryBudget.acquire` does), or the 503 refusing them."""
-        try:
-            return await self.state.budget.acquire(len(data), "a gRPC stream request")
-        except ServiceError as exc:
-            return exc
-
-    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller, held: Reservation | ServiceError) -> bytes:
+    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
         request = pb.ModelInferRequest()
         try:
-            if isinstance(held, ServiceError):
-                raise held
             request, raw = await maybe_offload(len(data), decode_infer, data)
-            return stream_response(await self.infer(request, raw, caller, len(data), held))
+            return stream_response(await self.infer(request, raw, caller, len(data)))
         except ServiceError as exc:
             message = exc.message
         except Exception as exc:  # this request's own failure; the stream goes on
             log.error("unhandled error in a gRPC stream request", exc_info=exc)
             message = INTERNAL_MESSAGE
-        finally:
-            if isinstance(held, Reservation):
-                held.release()
         return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
 
@@ -451,7 +436,7 @@ class Servicer:
         return await self.infer(*request, caller, size)
 
     async def infer(self, request: pb.ModelInferRequest, raw_inputs: list[memoryview], caller: SharedMemoryCaller,
-                    size: int, held: Reservation | None = None) -> bytes:
+                    size: int) -> bytes:
         """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`), as
         `posenc.service.inference.answer.infer` runs it: admitted by the model's queue, its memory reserved before
         its work, the same parser and checks, the same batcher; the serialized response. (The message is in memory
@@ -459,14 +444,9 @@ class Servicer:
         state = self.state
         model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
         with state.engine.admission(model):
-            # the message's copies, and its typed contents decoded (counted by the walk, not yet built); `held`: the
-            # message's bytes, held since gRPC read it, grown to that
-            need, what = 3 * size + decoded_bytes(raw_inputs), f"an inference on '{model.name}'"
-            if held is None:
-                reservation = await state.budget.acquire(need, what)
-            else:
-                reservation = held
-                await reservation.grow(need, what)
+            # the message's copies, and its typed contents decoded (counted by the walk, not yet built)
+            reservation = await state.budget.acquire(3 * size + decoded_bytes(raw_inputs),
+                                                     f"an inference on '{model.name}'")
             shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
             try:
                 raw = sum(len(chunk) for chunk in raw_inputs)
