@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from posenc.service.budget import BASE_BYTES, memory_bound  # noqa: E402
 from posenc.service.settings import Settings  # noqa: E402
+from posenc.service.testing import free_port  # noqa: E402
 
 PORT_SECONDS = 2.0  # from `run -d` returning to the port accepting: Python's imports, no model loaded yet
 RULES_READY_SECONDS = 10.0  # a start whose rules are known builds its sessions only
@@ -63,12 +64,6 @@ def quantity(text: str) -> int:
     if match is None:
         raise ValueError(f"unexpected quantity {text}")
     return int(match[1]) * UNITS.get(match[2] or "", 1)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Pod:

