@@ -54,7 +54,7 @@ from bench.inprocess import require_cuda, torch_version
 from bench.isolation import AnchorProcess, alone, burst_ms
 from bench.peers import kserve_python, start_kserve
 from bench.profile import HEADER, NOTE, SocketEcho, median_phases, profile_row
-from posenc.service.inference import phases
+from posenc.service.request_kit import phases
 from posenc.service.testing import (
     SHARED_MEMORY_HEADERS,
     RequestedOutput,

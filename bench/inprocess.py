@@ -32,7 +32,7 @@ def require_cuda() -> None:
 def model_file(model: str, device: str, seq: int) -> str:
     """The graph the server runs for a sequence of `seq` on `device`: on the CPU, the one config.json's rule names
     for `seq` (the run's calibrated repository: bench/harness.py `calibrated_repository`; the servers pin that
-    rule, POSENC_CPU_FORM_FROM=config), else model.onnx (posenc.service.inference.graph_forms)."""
+    rule, POSENC_CPU_FORM_FROM=config), else model.onnx (posenc.service.inference.runtime.graph_forms)."""
     rule = cpu_forms_of(model_config(model))[1]
     if device != "cpu" or rule is None:
         return STANDARD_FILE
@@ -66,7 +66,7 @@ def ort_session(model: str, device: str = "cpu", seq: int = 0) -> ort.InferenceS
     """The anchor: a session with onnxruntime's default options (its own thread pool size, spinning on), as a
     user running the model in-process gets it, on the graph the server runs for a sequence of `seq`
     (`model_file`); the CUDA provider first with device cuda. The server chooses its own options
-    (service/inference/repository.py); the anchor never copies them."""
+    (service/inference/runtime/repository.py); the anchor never copies them."""
     options = ort.SessionOptions()
     providers = [CUDA, "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     path = repository() / model / model_file(model, device, seq)

@@ -32,7 +32,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from posenc.service.inference.calibration import Machine
+from posenc.service.inference.runtime.calibration import Machine
 
 NOISE_LIMIT = 0.03  # two identical sides may differ by this much before a run is too noisy to judge
 TRIM = 0.2  # the share of a paired ratio's rounds left out at each end (`paired`)

@@ -5,7 +5,7 @@ transport and the client.
 
 * latency: the column's median in the latency table (HTTP binary, HTTP shm zero-copy);
 * route, parse, queue, run, encode: the median of each phase over calls of that path, from the answers'
-  `Server-Timing` header (the bench's servers run with POSENC_SERVER_TIMING on; `posenc.service.inference.phases`
+  `Server-Timing` header (the bench's servers run with POSENC_SERVER_TIMING on; `posenc.service.request_kit.phases`
   says what each phase holds: route is the request's head parsed to the handler's start, routing, middleware and
   dependencies; queue is everything between the parsed request and its run, run is onnxruntime's);
 * transport: the echo with a bare socket for a client (`SocketEcho`: the request written with sendall, the
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
 from bench.harness import med
-from posenc.service.inference import phases
+from posenc.service.request_kit import phases
 
 PHASES = ("route", "parse", "queue", "run", "encode")
 HEADER = ("| model | B | S | path | latency | client library | transport | route | parse | queue | run | encode | "

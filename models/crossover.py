@@ -1,5 +1,5 @@
 """Which way of computing to take at each size, from each way's timings at growing sizes. Pure: the timings are
-measured elsewhere (the CPU forms' calibration, `posenc.service.inference.calibration`)."""
+measured elsewhere (the CPU forms' calibration, `posenc.service.inference.runtime.calibration`)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from safetensors.numpy import save_file
 
 from posenc.models.rope import make_rope_parameters, rope_cos_sin
 from posenc.service.http.app import create_app
-from posenc.service.inference.sessions import share_sessions
+from posenc.service.inference.runtime.sessions import share_sessions
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer

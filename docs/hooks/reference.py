@@ -120,7 +120,7 @@ def presets() -> str:
 
 def grpc_status() -> str:
     from posenc.service import errors as taxonomy
-    from posenc.service.inference.grpc_servicer import grpc_status as status_of
+    from posenc.service.grpc.servicer import grpc_status as status_of
 
     classes = [cls for _, cls in inspect.getmembers(taxonomy, inspect.isclass)
                if issubclass(cls, taxonomy.ServiceError) and cls.__module__ == taxonomy.__name__]

@@ -6,7 +6,7 @@ On the CPU no one graph of a causal attention is fastest everywhere, and which i
 masked keys (`model.blocked<N>.onnx`, `posenc.models.export.attention_forms`). Each is written beside
 model.onnx and listed in config.json's `cpu_forms` (form, file, sha256, ops); `cpu_rule` names the graph that
 runs from each sequence length (`posenc.models.graph_rule`; measured where the model was exported; null: model.onnx
-only). The serving machine measures its own rule at start-up (`posenc.service.inference.calibration`).
+only). The serving machine measures its own rule at start-up (`posenc.service.inference.runtime.calibration`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, cpu_forms_of
 # S=16 and S=1024 on the CPUs measured (4 at short sequences, 16 at long ones)
 SHIPPED_FORMS = ("gqa", "blocked4", "blocked8", "blocked16")
 # (graph bytes by file, model.onnx first; config.json) -> the rule measured on this machine (`posenc export`
-# passes posenc.service.inference.calibration.measure_rule)
+# passes posenc.service.inference.runtime.calibration.measure_rule)
 Measure = Callable[[Mapping[str, bytes], Mapping[str, Any]], Rule]
 
 

@@ -1,5 +1,5 @@
 """`posenc calibrate`: which of each model's CPU graphs runs fastest at each sequence length on this machine, the
-measurement the service makes at start-up (`posenc.service.inference.calibration`), shown with its timings;
+measurement the service makes at start-up (`posenc.service.inference.runtime.calibration`), shown with its timings;
 `--write` records the rule in config.json (`cpu_rule`: the rule POSENC_CPU_FORM_FROM=config uses); `--print`
 writes the measured rules to stdout in the calibration cache's format (the table goes to stderr), the file
 POSENC_CALIBRATION_RULES reads: a cluster measures once per node type and mounts it in every pod
@@ -33,15 +33,15 @@ def run(args: argparse.Namespace) -> int:
 
     from posenc.models.graph_rule import STANDARD_FILE, cpu_forms_of, describe, rule_document
     from posenc.service.cli.settings_from_env import settings_or_exit
-    from posenc.service.inference.calibration import (
+    from posenc.service.inference.runtime.calibration import (
         Machine,
         cache_entry,
         config_inputs,
         measuring_sessions,
         time_graphs,
     )
-    from posenc.service.inference.calibration_cache import Refused, file_bytes, parse_entries
-    from posenc.service.inference.repository import ConfigError, ModelConfig, calibration_key, cpu_graphs, model_folders
+    from posenc.service.inference.runtime.calibration_cache import Refused, file_bytes, parse_entries
+    from posenc.service.inference.runtime.repository import ConfigError, ModelConfig, calibration_key, cpu_graphs, model_folders
 
     settings = settings_or_exit()
     repository = args.repository or Path(settings.model_repository)

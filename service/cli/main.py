@@ -16,7 +16,7 @@ COMMANDS = ("table", "check", "calibrate", "audit", "serve", "export")
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """`posenc serve`: the exit status says how it stopped (see `posenc.service.http.server.serve`)."""
+    """`posenc serve`: the exit status says how it stopped (see `posenc.service.serving.server.serve`)."""
     import os
 
     from posenc.service.cli.settings_from_env import settings_or_exit
@@ -27,7 +27,7 @@ def _serve(args: argparse.Namespace) -> int:
     # Workers re-read the environment: pass the CLI overrides down through it.
     for key, value in overrides.items():
         os.environ[f"POSENC_{key.upper()}"] = str(value)
-    from posenc.service.http.server import serve
+    from posenc.service.serving.server import serve
 
     return serve(settings)
 
@@ -43,7 +43,7 @@ def _export(args: argparse.Namespace) -> int:
     from posenc.models.errors import ParameterError
 
     try:
-        from posenc.service.inference.calibration import measure_rule
+        from posenc.service.inference.runtime.calibration import measure_rule
 
         folders = exporter.run_export(args, measure_rule)
     except (ParameterError, exporter.ExportError, OSError, ValueError, KeyError) as exc:

@@ -21,11 +21,11 @@ from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
-from posenc.service.inference.calibration_child import CHILD_BYTES
-from posenc.service.inference.devices import HostPinning
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.phases import HEAD_AT
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.inference.runtime.calibration_child import CHILD_BYTES
+from posenc.service.inference.runtime.devices import HostPinning
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.request_kit.phases import HEAD_AT
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
 from posenc.service.properties.routes import properties_router
 from posenc.service.request_kit.restricted import RestrictedApi
@@ -63,7 +63,7 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False, load_in_
         async def on_change() -> None:
             problems[:] = engine.problems() if engine.loaded or engine.models else ["starting"]
             if grpc_server is not None:
-                from posenc.service.inference.grpc_server import update_health
+                from posenc.service.grpc.server import update_health
 
                 await update_health(grpc_server, problems, engine.models)
             if engine.loaded:
@@ -83,7 +83,7 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False, load_in_
             if load_in_background and not loader.done():
                 loader.cancel()
             if grpc_server is not None:
-                from posenc.service.inference.grpc_server import stop
+                from posenc.service.grpc.server import stop
 
                 await stop(grpc_server, settings.graceful_shutdown_timeout)
             await engine.close()
@@ -142,8 +142,8 @@ def _loaded(app: FastAPI, engine: Engine, problems: list[str]) -> None:
 
 async def _start_grpc(app: FastAPI, settings: Settings, engine: Engine, problems: list[str]) -> Any:
     """The gRPC server on the app's own engine, budget, shared memory and recorder."""
-    from posenc.service.inference.grpc_server import start_grpc_server
-    from posenc.service.inference.grpc_servicer import GrpcState
+    from posenc.service.grpc.server import start_grpc_server
+    from posenc.service.grpc.servicer import GrpcState
 
     state = GrpcState(engine, settings, app.state.memory_budget, app.state.shared_memory, problems,
                       app.state.request_recorder.record_grpc)

@@ -41,7 +41,7 @@ _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 class Listener:
     """One listening socket whose waiting connections are accepted in batches.
 
-    It offers what `posenc.service.http.server.Server` uses of an `asyncio.Server`: `sockets` and `close()`.
+    It offers what `posenc.service.serving.server.Server` uses of an `asyncio.Server`: `sockets` and `close()`.
     """
 
     def __init__(self, sock: socket.socket, protocol_factory: Callable[[], asyncio.Protocol], backlog: int,

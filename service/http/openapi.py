@@ -18,8 +18,8 @@ from posenc.models.dtypes import BY_KSERVE
 from posenc.service.check.request import accepted_tensors
 from posenc.service.check.routes import CHECK_FORMATS
 from posenc.service.codec.encode import FORMATS, MEDIA_TYPES
-from posenc.service.inference.kserve_request import HEADER_LENGTH
-from posenc.service.inference.repository import VERSION
+from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH
+from posenc.service.inference.runtime.repository import VERSION
 from posenc.service.tables.registry import table_routes
 
 ERROR_SCHEMA = {

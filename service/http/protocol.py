@@ -47,7 +47,7 @@ from uvicorn.server import ServerState
 
 from posenc.service.errors import HeadersTooLarge
 from posenc.service.http.metrics import count_send_timeout
-from posenc.service.inference.phases import HEAD_AT
+from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.bodies import RECEIVE_INTO
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
 from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
@@ -114,7 +114,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
                  _loop: asyncio.AbstractEventLoop | None = None) -> None:
         super().__init__(config, server_state, app_state, _loop)
         if not isinstance(config, ServerConfig):
-            raise TypeError("TimeoutHttpToolsProtocol needs a posenc.service.http.server.ServerConfig")
+            raise TypeError("TimeoutHttpToolsProtocol needs a posenc.service.serving.server.ServerConfig")
         self.timeouts = config.timeouts
         self.max_header_bytes = config.max_header_bytes
         self.head_bytes = 0  # bytes received while the current request's head is incomplete

@@ -19,14 +19,14 @@ from starlette.types import Receive, Scope, Send
 
 from posenc.models.dtypes import BY_KSERVE
 from posenc.service.budget import MemoryBudget, Reservation
-from posenc.service.inference import phases
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.kserve_json import CLIENT_GONE
-from posenc.service.inference.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput, parse_infer_request
-from posenc.service.inference.kserve_response import encode_infer_response_parts, requested_outputs
+from posenc.service.request_kit import phases
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.inference.codecs.kserve_json import CLIENT_GONE
+from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.codecs.kserve_response import encode_infer_response_parts, requested_outputs
 from posenc.service.inference.model_inputs import check_inputs, check_outputs
-from posenc.service.inference.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
-from posenc.service.inference.shared_memory import RegionsFor, SharedMemoryRegistry
+from posenc.service.inference.runtime.repository import VERSION, LoadedModel, RepositoryEntry, ensure_ready
+from posenc.service.inference.shared_memory.registry import RegionsFor, SharedMemoryRegistry
 from posenc.service.request_kit.bodies import declared_length, read_aligned_body, receive_into_of
 from posenc.service.request_kit.restricted import shared_memory_caller
 from posenc.service.request_kit.sending import HeldResponse

@@ -1,7 +1,7 @@
 """The KServe v2 view of a repository model: its metadata document and the checks of a request's
 tensors against its config.json (every mismatch a 400 naming the tensor).
 
-Beside `posenc.service.inference.kserve_request` (the wire codec); the engine knows neither.
+Beside `posenc.service.inference.codecs.kserve_request` (the wire codec); the engine knows neither.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve_request import InputTensor
-from posenc.service.inference.repository import VERSION, FailedModel, LoadedModel, ModelTensor, RepositoryEntry
+from posenc.service.inference.codecs.kserve_request import InputTensor
+from posenc.service.inference.runtime.repository import VERSION, FailedModel, LoadedModel, ModelTensor, RepositoryEntry
 
 
 def model_metadata(model: RepositoryEntry) -> dict[str, Any]:

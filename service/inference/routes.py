@@ -25,10 +25,10 @@ from posenc.service import __version__
 from posenc.service.check.attention import EXPECTED, bound_attention_work, check_attention
 from posenc.service.errors import BadRequest, Unavailable, error_response
 from posenc.service.inference import answer
-from posenc.service.inference.kserve_request import HEADER_LENGTH, InputTensor, extensions, parse_infer_request
+from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH, InputTensor, extensions, parse_infer_request
 from posenc.service.inference.model_inputs import check_inputs, model_metadata
-from posenc.service.inference.repository import VERSION, RepositoryEntry, ensure_ready
-from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.inference.runtime.repository import VERSION, RepositoryEntry, ensure_ready
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry, parse_register
 from posenc.service.inference.triton_config import repository_index, triton_config
 from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import (
@@ -210,7 +210,7 @@ async def check_model(request: Request,
 
 
 # System shared memory (on when POSENC_SHARED_MEMORY=true, else each answers 400); the registry is
-# posenc.service.inference.shared_memory. Register and unregister answer an empty 200, as Triton does. Each
+# posenc.service.inference.shared_memory.registry. Register and unregister answer an empty 200, as Triton does. Each
 # caller sees and changes only its own regions (its uid on the Unix socket; the key's holders over TCP).
 
 REGISTER_BODY_LIMIT = 64 * 1024

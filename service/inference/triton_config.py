@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc.models.dtypes import BY_KSERVE
-from posenc.service.inference.devices import CUDA
-from posenc.service.inference.repository import VERSION, LoadedModel, LoadingModel, ModelTensor, RepositoryEntry
+from posenc.service.inference.runtime.devices import CUDA
+from posenc.service.inference.runtime.repository import VERSION, LoadedModel, LoadingModel, ModelTensor, RepositoryEntry
 from posenc.service.settings import Settings
 
 

@@ -20,8 +20,8 @@ from posenc.service.errors import Unavailable
 from posenc.service.settings import Settings
 
 if TYPE_CHECKING:
-    from posenc.service.inference.engine import Engine
-    from posenc.service.inference.shared_memory import SharedMemoryRegistry
+    from posenc.service.inference.runtime.engine import Engine
+    from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
     from posenc.service.tables.blocks import RowBlocks
     from posenc.service.tables.cache import ByteLRUCache
 

@@ -10,7 +10,7 @@ Shared memory lets a client make the server read and write memory on the server'
 reaching the port:
 
 * over the Unix socket (`POSENC_UDS`), the peer's credentials decide, object by object
-  (`posenc.service.inference.shared_memory_guard`), whether or not the shared-memory group is restricted (a peer
+  (`posenc.service.inference.shared_memory.guard`), whether or not the shared-memory group is restricted (a peer
   that sends the key as well is trusted like a TCP client with it);
 * over TCP, only a request that carries the `shared-memory` group's header may use it, and without that group
   in POSENC_RESTRICTED_API nobody may: the server cannot tell who is at the other end.

@@ -4,7 +4,7 @@ Over TCP the server cannot tell who a client is. On a Unix socket the kernel tel
 uid and gid of the process that connected; SO_PEERGROUPS: its supplementary groups), as they were when it
 connected. Nothing is looked up through the pid, which another process may own by the time it is read. The
 protocol (`posenc.service.http.protocol`) reads them once per connection and puts them in every request's scope under
-`PEER_SCOPE_KEY`; shared memory judges access by them (`posenc.service.inference.shared_memory_guard`).
+`PEER_SCOPE_KEY`; shared memory judges access by them (`posenc.service.inference.shared_memory.guard`).
 """
 
 from __future__ import annotations

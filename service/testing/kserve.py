@@ -3,7 +3,7 @@
 The binary tensor extension: the body is `<JSON header><raw tensor bytes...>`, the header's length in
 `Inference-Header-Content-Length`, each binary tensor's size in `parameters.binary_data_size`, bytes in
 input order, little-endian, C order. Datatype names come from models/dtypes.py. This is the client side,
-written apart from the service's codec (service/inference/kserve_request.py), so that tests check one against
+written apart from the service's codec (service/inference/codecs/kserve_request.py), so that tests check one against
 the other.
 """
 

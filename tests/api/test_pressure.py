@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve_request import parse_infer_request
+from posenc.service.inference.codecs.kserve_request import parse_infer_request
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
 from tests.onnx_models import random_inputs

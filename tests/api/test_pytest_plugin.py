@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from posenc import pytest_plugin
-from posenc.service.inference import sessions
+from posenc.service.inference.runtime import sessions
 from tests.conftest import assert_runs_in_fresh_python
 from tests.onnx_models import ROOT
 

@@ -19,8 +19,8 @@ from safetensors.numpy import load as safetensors_load
 
 from posenc.service.codec.encode import encode_safetensors, negotiate_format
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
-from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.codecs.kserve_response import encode_infer_response
 from posenc.service.testing import decode_response
 
 # --- safetensors header padding -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from bench.harness import Report, Row, inputs
 from bench.inprocess import graph_path, ort_session_at
 from bench.isolation import RESOLUTION, AnchorProcess, Paired, cpu_isa, cpu_lines, paired, plan_cores
 from bench.peers import kserve_python
-from posenc.service.inference.calibration import ISA_FLAGS
+from posenc.service.inference.runtime.calibration import ISA_FLAGS
 
 
 @pytest.mark.parametrize(("control", "ratio", "status"), [

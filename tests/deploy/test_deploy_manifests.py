@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from posenc.service.http.server import BACKSTOP_MARGIN_SECONDS
+from posenc.service.serving.server import BACKSTOP_MARGIN_SECONDS
 from posenc.service.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from posenc.service.budget import memory_bound
-from posenc.service.inference.calibration_cache import parse_entries
+from posenc.service.inference.runtime.calibration_cache import parse_entries
 from posenc.service.settings import Settings
 from tests.deploy.test_deploy_manifests import OVERLAYS, REPO, render
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from posenc.service.errors import Unavailable
-from posenc.service.inference.batcher import Batcher
-from posenc.service.inference.engine import Engine, run_model
-from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.runtime.batcher import Batcher
+from posenc.service.inference.runtime.engine import Engine, run_model
+from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY, SHIPPED, random_inputs
 
@@ -327,7 +327,7 @@ def test_the_engine_runs_a_short_repeated_request_on_the_event_loop() -> None:
 
 def test_the_run_times_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every new shape is remembered; past MAX_SHAPES_TIMED the oldest is forgotten (a client cannot grow it)."""
-    monkeypatch.setattr("posenc.service.inference.run_times.MAX_SHAPES_TIMED", 2)
+    monkeypatch.setattr("posenc.service.inference.runtime.run_times.MAX_SHAPES_TIMED", 2)
     batcher = Batcher(ThreadRecorder(), ThreadPoolExecutor(2), max_batch_size=8, max_queue_delay_us=0,
                       max_queue_size=64, inline_run_us=1_000_000)
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from posenc.service.inference.batcher import Batcher
+from posenc.service.inference.runtime.batcher import Batcher
 
 
 class Depths:

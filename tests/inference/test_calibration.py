@@ -1,4 +1,4 @@
-"""The CPU form's length rule, decided on the serving machine (`posenc.service.inference.calibration`): measured
+"""The CPU form's length rule, decided on the serving machine (`posenc.service.inference.runtime.calibration`): measured
 at start-up within its time bound, cached by machine, onnxruntime version, threads and graph hashes, pinned by
 POSENC_CPU_FORM_FROM, and fixed for the life of a process."""
 
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from posenc.service.inference import calibration
-from posenc.service.inference.calibration import CalibrationCache, Machine, Timings, cache_key, choose_rule
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.graph_forms import STANDARD
-from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.runtime import calibration
+from posenc.service.inference.runtime.calibration import CalibrationCache, Machine, Timings, cache_key, choose_rule
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.inference.runtime.graph_forms import STANDARD
+from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY
 

@@ -1,4 +1,4 @@
-"""The calibration cache is data, not trust (`posenc.service.inference.calibration_cache`): a file nested too deep,
+"""The calibration cache is data, not trust (`posenc.service.inference.runtime.calibration_cache`): a file nested too deep,
 too large, with too many entries or too long a rule is measured again without an exception; a folder or file
 another user made is neither read nor written, and no link planted at the temporary name is written through.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from posenc.service.inference import calibration_cache
-from posenc.service.inference.calibration import CalibrationCache as ReExported
-from posenc.service.inference.calibration_cache import (
+from posenc.service.inference.runtime import calibration_cache
+from posenc.service.inference.runtime.calibration import CalibrationCache as ReExported
+from posenc.service.inference.runtime.calibration_cache import (
     MAX_BYTES,
     MAX_ENTRIES,
     MAX_RULE_STEPS,

@@ -1,4 +1,4 @@
-"""`config_inputs` (`posenc.service.inference.calibration`): the sequence axis of each input calibration times, the
+"""`config_inputs` (`posenc.service.inference.runtime.calibration`): the sequence axis of each input calibration times, the
 first dynamic axis after the batch axis (axis 0 is the batch even though it is dynamic too)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from posenc.service.inference.calibration import config_inputs
+from posenc.service.inference.runtime.calibration import config_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from posenc.service.http.app import create_app
-from posenc.service.inference.engine import Engine, run_model
-from posenc.service.inference.repository import CPU, CUDA, intra_op_threads, resolve_providers
+from posenc.service.inference.runtime.engine import Engine, run_model
+from posenc.service.inference.runtime.repository import CPU, CUDA, intra_op_threads, resolve_providers
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY, random_inputs
 

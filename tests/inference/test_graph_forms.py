@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from posenc.models.graph_rule import cpu_forms_of
-from posenc.service.inference.engine import Engine, run_model
-from posenc.service.inference.graph_forms import STANDARD, GraphForms
-from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.runtime.engine import Engine, run_model
+from posenc.service.inference.runtime.graph_forms import STANDARD, GraphForms
+from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 

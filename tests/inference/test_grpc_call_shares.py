@@ -9,8 +9,8 @@ import pytest
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
-from posenc.service.inference.grpc_servicer import GrpcState, Servicer
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.grpc.servicer import GrpcState, Servicer
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.settings import Settings
 
 

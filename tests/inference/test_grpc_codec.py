@@ -19,14 +19,14 @@ from posenc.service.errors import (
     ServiceError,
     Unavailable,
 )
-from posenc.service.inference.grpc_codec import (
+from posenc.service.inference.codecs.protobuf import (
     CONTENTS_FIELD,
     decode_infer_request,
     encode_infer_response,
     split_infer_request,
 )
-from posenc.service.inference.grpc_server import inference_handler
-from posenc.service.inference.grpc_servicer import METHOD_GROUPS, GrpcState, Servicer, grpc_status
+from posenc.service.grpc.server import inference_handler
+from posenc.service.grpc.servicer import METHOD_GROUPS, GrpcState, Servicer, grpc_status
 from posenc.service.request_kit.restricted import GROUP_ROUTES
 from posenc.service.settings import RESTRICTED_API_GROUPS, Settings
 
@@ -131,7 +131,7 @@ def test_raw_entries_are_one_per_input_outside_shared_memory(entries: int) -> No
 def test_response_bytes_are_protobufs_own_encoding() -> None:
     """The response assembled around the outputs' buffers is the message protobuf would build, with an empty raw
     entry for an output in shared memory and lengths that take several varint bytes."""
-    from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, ShmRef
+    from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, ShmRef
 
     outputs = {"a": np.arange(40_000, dtype=np.float32).reshape(200, 200), "b": np.ones((2, 3), np.int64),
                "c": np.zeros(0, np.float16)}

@@ -17,10 +17,10 @@ from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
-from posenc.service.inference import grpc_server
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.grpc_servicer import STREAM_WINDOW, GrpcState, Servicer
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.grpc import server as grpc_server
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.grpc.servicer import STREAM_WINDOW, GrpcState, Servicer
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY, grpc_infer_request, random_inputs

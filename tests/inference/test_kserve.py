@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
-from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.codecs.kserve_response import encode_infer_response
 from posenc.service.testing import request_with_header
 
 

@@ -1,4 +1,4 @@
-"""Large JSON tensor data read and written a chunk at a time (posenc.service.inference.kserve_json): the same
+"""Large JSON tensor data read and written a chunk at a time (posenc.service.inference.codecs.kserve_json): the same
 arrays, the same 400s and byte-identical JSON as the generic path, and memory within the reservation."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import numpy as np
 import pydantic_core
 import pytest
 
-import posenc.service.inference.kserve_request as kserve
+import posenc.service.inference.codecs.kserve_request as kserve
 from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest, ClientClosedRequest
-from posenc.service.inference import kserve_json
+from posenc.service.inference.codecs import kserve_json
 from posenc.service.inference.answer import (
     JSON_NUMBER_BYTES,
     OFFLOAD_BYTES,
@@ -29,10 +29,10 @@ from posenc.service.inference.answer import (
     memory_needed,
     parse_watched,
 )
-from posenc.service.inference.kserve_json import json_data, lift_data
-from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
-from posenc.service.inference.kserve_response import encode_infer_response_parts
-from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.codecs.kserve_json import json_data, lift_data
+from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.codecs.kserve_response import encode_infer_response_parts
+from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.request_kit.bodies import read_aligned_body
 from posenc.service.testing import attention_inputs, kserve_request
 from tests.conftest import running_client

@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from posenc.service.http.app import create_app
-from posenc.service.inference import calibration_child, repository
-from posenc.service.inference.calibration import Timings
-from posenc.service.inference.calibration_child import CHILD_BYTES, measure_apart, run_child
-from posenc.service.inference.repository import LoadedModel
+from posenc.service.inference.runtime import calibration_child, repository
+from posenc.service.inference.runtime.calibration import Timings
+from posenc.service.inference.runtime.calibration_child import CHILD_BYTES, measure_apart, run_child
+from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.settings import Settings
 from posenc.service.testing import attention_inputs, kserve_request
 from tests.onnx_models import REPOSITORY

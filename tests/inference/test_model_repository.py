@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc.service.inference import calibration
-from posenc.service.inference.repository import ConfigError, ModelConfig, calibration_caches
+from posenc.service.inference.runtime import calibration
+from posenc.service.inference.runtime.repository import ConfigError, ModelConfig, calibration_caches
 from posenc.service.settings import Settings
 from tests.conftest import running_client
 from tests.onnx_models import REPOSITORY, SHIPPED

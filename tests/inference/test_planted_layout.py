@@ -39,7 +39,7 @@ def test_grpc_shares_its_port_only_between_workers(monkeypatch: pytest.MonkeyPat
 
     import grpc
 
-    from posenc.service.inference import grpc_server
+    from posenc.service.grpc import server as grpc_server
 
     seen: dict[str, Any] = {}
 

@@ -16,11 +16,11 @@ import onnxruntime as ort
 import pytest
 
 from posenc.service.budget import MemoryBudget
-from posenc.service.inference.batcher import Batcher
-from posenc.service.inference.devices import CPU, CUDA, cuda_memory_info, process_memory_bytes
-from posenc.service.inference.engine import Engine, run_model
-from posenc.service.inference.repository import LoadedModel, _with_options
-from posenc.service.inference.run_bound import AttentionCost, default_run_bytes
+from posenc.service.inference.runtime.batcher import Batcher
+from posenc.service.inference.runtime.devices import CPU, CUDA, cuda_memory_info, process_memory_bytes
+from posenc.service.inference.runtime.engine import Engine, run_model
+from posenc.service.inference.runtime.repository import LoadedModel, _with_options
+from posenc.service.inference.runtime.run_bound import AttentionCost, default_run_bytes
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client
@@ -84,7 +84,7 @@ def test_llama3_1_at_8192_is_413_under_the_default_bound_never_500(monkeypatch: 
     """One row needs 17 GB of scores: with the default bound (a quarter of RAM) on a machine of 32 GiB it is
     refused before running. The RAM figure is set, so the 413 path runs on machines of any size."""
     ram = 32 << 30
-    monkeypatch.setattr("posenc.service.inference.run_bound.process_memory_bytes", lambda: ram)
+    monkeypatch.setattr("posenc.service.inference.runtime.run_bound.process_memory_bytes", lambda: ram)
     limit = default_run_bytes(on_cuda=False)
     assert limit == ram // 4 < AttentionCost(32).run_bytes(1, 8192)
     inputs = random_inputs(32, 8, 128, 1, 8192)  # 201 MB of binary tensors

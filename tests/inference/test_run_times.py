@@ -1,4 +1,4 @@
-"""The batcher's memory of run times (`posenc.service.inference.run_times`): what it expects, how it judges a
+"""The batcher's memory of run times (`posenc.service.inference.runtime.run_times`): what it expects, how it judges a
 batch, and that no memory grows past its bound."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from posenc.service.inference.run_times import RunTimes, Shape
+from posenc.service.inference.runtime.run_times import RunTimes, Shape
 
 KEY = (("x", "<f4", (4,)),)
 OTHER = (("x", "<f4", (8,)),)
@@ -58,7 +58,7 @@ def test_the_judgement_is_the_last_one() -> None:
 
 
 def test_every_memory_keeps_at_most_the_bound_forgetting_the_oldest(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("posenc.service.inference.run_times.MAX_SHAPES_TIMED", 3)
+    monkeypatch.setattr("posenc.service.inference.runtime.run_times.MAX_SHAPES_TIMED", 3)
     times = RunTimes()
     shapes: list[Shape] = [(KEY, 1, seq) for seq in range(10)]
     for shape in shapes:
@@ -71,7 +71,7 @@ def test_every_memory_keeps_at_most_the_bound_forgetting_the_oldest(monkeypatch:
 
 
 def test_runs_recorded_from_many_threads_keep_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("posenc.service.inference.run_times.MAX_SHAPES_TIMED", 16)
+    monkeypatch.setattr("posenc.service.inference.runtime.run_times.MAX_SHAPES_TIMED", 16)
     times = RunTimes()
 
     def record(first: int) -> None:

@@ -1,4 +1,4 @@
-"""Server-Timing: where one inference's time went on the server (`posenc.service.inference.phases`), in the
+"""Server-Timing: where one inference's time went on the server (`posenc.service.request_kit.phases`), in the
 answer's header when POSENC_SERVER_TIMING is on, with the run the batcher measured for each request."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from posenc.service.http.app import create_app
-from posenc.service.inference import phases
-from posenc.service.inference.batcher import Batcher
+from posenc.service.request_kit import phases
+from posenc.service.inference.runtime.batcher import Batcher
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client

@@ -1,4 +1,4 @@
-"""Sessions shared between the engines of one process (`posenc.service.inference.sessions`): the same model bytes,
+"""Sessions shared between the engines of one process (`posenc.service.inference.runtime.sessions`): the same model bytes,
 options and providers give the same session once sharing is on, anything else a session of its own; failures are
 never kept; the cache is bounded."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from posenc.service.inference import sessions
-from posenc.service.inference.engine import Engine
+from posenc.service.inference.runtime import sessions
+from posenc.service.inference.runtime.engine import Engine
 from posenc.service.settings import Settings
 from tests.onnx_models import REPOSITORY
 

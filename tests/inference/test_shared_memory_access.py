@@ -18,9 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from posenc.service.errors import BadRequest, Forbidden, PayloadTooLarge
-from posenc.service.inference.kserve_request import ShmRef
-from posenc.service.inference.shared_memory import Region, SharedMemoryRegistry, shm_file
-from posenc.service.inference.shared_memory_guard import may_access
+from posenc.service.inference.codecs.kserve_request import ShmRef
+from posenc.service.inference.shared_memory.registry import Region, SharedMemoryRegistry, shm_file
+from posenc.service.inference.shared_memory.guard import may_access
 from posenc.service.request_kit.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
 from posenc.service.request_kit.unix import Peer
 from posenc.service.settings import Settings
@@ -248,7 +248,7 @@ def test_registered_bytes_are_bounded(shm_path: Path) -> None:
 DESCRIPTOR_LIMIT_SCRIPT = """
 import json, os, resource, sys
 from posenc.service.errors import ServiceError
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from tests.conftest import TRUSTED
 resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
 open_before = len(os.listdir("/proc/self/fd"))

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from posenc.service.errors import BadRequest, Forbidden
-from posenc.service.inference.kserve_request import ShmRef
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
-from posenc.service.inference.shared_memory_guard import may_access
+from posenc.service.inference.codecs.kserve_request import ShmRef
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
+from posenc.service.inference.shared_memory.guard import may_access
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.request_kit.unix import Peer, peer_of
 from posenc.service.testing import RequestedOutput, SharedMemory, kserve_request, shared_memory_inputs

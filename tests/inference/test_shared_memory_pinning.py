@@ -16,15 +16,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-import posenc.service.inference.engine as engine_module
+import posenc.service.inference.runtime.engine as engine_module
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest
-from posenc.service.inference.devices import HostPinning
-from posenc.service.inference.engine import Engine, run_model
-from posenc.service.inference.grpc_servicer import GrpcState, Servicer
-from posenc.service.inference.kserve_request import ShmRef
-from posenc.service.inference.repository import CUDA, LoadedModel
-from posenc.service.inference.shared_memory import SharedMemoryRegistry
+from posenc.service.inference.runtime.devices import HostPinning
+from posenc.service.inference.runtime.engine import Engine, run_model
+from posenc.service.grpc.servicer import GrpcState, Servicer
+from posenc.service.inference.codecs.kserve_request import ShmRef
+from posenc.service.inference.runtime.repository import CUDA, LoadedModel
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.settings import Settings
 from posenc.service.testing import (
     KServeRequest,

@@ -1,5 +1,5 @@
 """`posenc.models.crossover`: which of a model's graphs runs at which sequence length, from timings (the serving
-machine's calibration, `posenc.service.inference.calibration`)."""
+machine's calibration, `posenc.service.inference.runtime.calibration`)."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from posenc.models.dtypes import lookup
-from posenc.service.inference import phases
+from posenc.service.request_kit import phases
 from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
 from tests.onnx_models import REPOSITORY, SHIPPED, grpc_infer_request, random_inputs, run, session, triton_inputs
 

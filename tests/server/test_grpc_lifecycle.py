@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.http.server import EXIT_STARTUP_FAILURE
+from posenc.service.serving.server import EXIT_STARTUP_FAILURE
 from posenc.service.testing import ServerProcess
 from tests.onnx_models import grpc_infer_request, random_inputs
 

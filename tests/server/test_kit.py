@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from posenc.models.dtypes import DTYPES, DType
-from posenc.service.inference.kserve_request import InferRequest, RequestedOutput, parse_infer_request
-from posenc.service.inference.kserve_response import encode_infer_response
+from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, parse_infer_request
+from posenc.service.inference.codecs.kserve_response import encode_infer_response
 from posenc.service.testing import (
     LOOPBACK,
     HttpRequest,

@@ -17,7 +17,7 @@ import pytest
 import uvloop
 
 from posenc.service.http.listener import ACCEPT_BATCH, Listener
-from posenc.service.http.server import Server, build_config
+from posenc.service.serving.server import Server, build_config
 from posenc.service.settings import Settings
 
 BURST = 60  # connections completed by the kernel before the loop looks at the listener

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from posenc.service.inference import phases
+from posenc.service.request_kit import phases
 from posenc.service.testing import ServerProcess, attention_inputs, kserve_request, read_response, request_bytes
 
 TABLE = "/v1/alibi/bias?num_heads=32&query_length=1024&key_length=1024&format=raw"  # 128 MiB, uncached

@@ -1,4 +1,4 @@
-"""Connection timeouts and shutdown of a real `posenc serve` (service/http/server.py), over raw sockets.
+"""Connection timeouts and shutdown of a real `posenc serve` (service/serving/server.py), over raw sockets.
 
 Timeouts are set small through the environment. The exit-status rule under test: 0 after SIGTERM/SIGINT
 when every request in flight at the signal ended within POSENC_GRACEFUL_SHUTDOWN_TIMEOUT (answered, or

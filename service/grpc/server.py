@@ -1,12 +1,12 @@
 """The gRPC server `posenc serve` runs beside HTTP (POSENC_GRPC_PORT; 0 = none), in the same event loop and on
-the same objects: `inference.GRPCInferenceService` (`posenc.service.inference.grpc_servicer`), `grpc.health.v1.Health`
+the same objects: `inference.GRPCInferenceService` (`posenc.service.grpc.servicer`), `grpc.health.v1.Health`
 and server reflection.
 
 Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED by gRPC itself from
 its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
 RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes;
 streams hold at most three quarters of the places, health and metadata calls none, and an idle stream ends after
-POSENC_GRPC_STREAM_IDLE_SECONDS (`posenc.service.inference.grpc_servicer`).
+POSENC_GRPC_STREAM_IDLE_SECONDS (`posenc.service.grpc.servicer`).
 Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model loaded, and each
 model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. A model's name
 follows the `health` group of POSENC_RESTRICTED_API (PERMISSION_DENIED without its metadata, as ModelReady);
@@ -26,8 +26,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.inference.grpc_servicer import SERVICE, GrpcState, Servicer
-from posenc.service.inference.repository import RepositoryEntry
+from posenc.service.grpc.servicer import SERVICE, GrpcState, Servicer
+from posenc.service.inference.runtime.repository import RepositoryEntry
 
 log = logging.getLogger("posenc.grpc")
 

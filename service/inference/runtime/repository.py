@@ -6,7 +6,7 @@ model runs on the CPU only).
 Loading a folder gives a `LoadedModel` (config and session agree) or a `FailedModel` naming the
 problem (unreadable config.json, sha256 mismatch, a session whose inputs/outputs differ from
 config.json, no CUDA device when `POSENC_PROVIDERS=cuda`): one broken model never stops the others.
-This module loads and describes the models; running them is `posenc.service.inference.engine`.
+This module loads and describes the models; running them is `posenc.service.inference.runtime.engine`.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ import onnxruntime as ort
 from posenc.models.dtypes import BY_KSERVE, BY_ONNX
 from posenc.models.graph_rule import STANDARD_FILE, CpuForm, cpu_forms_of
 from posenc.service.errors import Unavailable
-from posenc.service.inference import calibration
-from posenc.service.inference.calibration_child import measure_apart
-from posenc.service.inference.devices import CPU, CUDA
-from posenc.service.inference.graph_forms import GraphForms
-from posenc.service.inference.run_bound import cuda_arena_limit
-from posenc.service.inference.sessions import new_session, session_options
+from posenc.service.inference.runtime import calibration
+from posenc.service.inference.runtime.calibration_child import measure_apart
+from posenc.service.inference.runtime.devices import CPU, CUDA
+from posenc.service.inference.runtime.graph_forms import GraphForms
+from posenc.service.inference.runtime.run_bound import cuda_arena_limit
+from posenc.service.inference.runtime.sessions import new_session, session_options
 from posenc.service.settings import Settings, usable_cores
 
 log = logging.getLogger("posenc.inference.repository")
@@ -119,7 +119,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model whose session was built and agrees with its config.json (run by `posenc.service.inference.engine`)."""
+    """A model whose session was built and agrees with its config.json (run by `posenc.service.inference.runtime.engine`)."""
 
     name: str
     config: ModelConfig
@@ -127,13 +127,13 @@ class LoadedModel:
     providers: list[str]
     # Bind inputs and outputs to the device (default: on CUDA): one host→device copy per input, one device→host
     # copy per output, instead of onnxruntime staging numpy arrays through extra copies on every run
-    # (`posenc.service.inference.engine.run_model` reads it).
+    # (`posenc.service.inference.runtime.engine.run_model` reads it).
     io_binding: bool | None = None
     # Each output's dims: a fixed size, or (input name, axis) whose size it takes (the same symbolic dim in
     # model.onnx); outputs with a dim no input names are left out.
     output_dims: Mapping[str, tuple[int | tuple[str, int], ...]] = field(default_factory=dict)
     # every CPU graph (model.onnx and its CPU forms), when the model has forms and runs on the CPU: each request
-    # runs on its sequence length's graph (`posenc.service.inference.graph_forms`); None: every run on `session`
+    # runs on its sequence length's graph (`posenc.service.inference.runtime.graph_forms`); None: every run on `session`
     forms: GraphForms | None = None
 
     ready = True

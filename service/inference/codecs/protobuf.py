@@ -5,7 +5,7 @@ The messages are the ones `tritonclient` ships, generated from Triton's `grpc_se
 `model_config.proto` (BSD-3-Clause, github.com/triton-inference-server/common): posenc keeps no copy of them.
 
 An infer request is turned into the JSON header's form of the HTTP protocol and parsed by the same parser
-(`posenc.service.inference.kserve_request.parse_infer_document`), so both protocols apply one set of rules with one set
+(`posenc.service.inference.codecs.kserve_request.parse_infer_document`), so both protocols apply one set of rules with one set
 of messages. What only gRPC has is checked here: `raw_input_contents` (one entry per input outside shared
 memory, in input order, its length that of the tensor) and typed `contents` (the field of the datatype, as
 Triton reads it; FP16 and BF16 travel as raw bytes only). Outputs are always answered in `raw_output_contents`.
@@ -24,8 +24,8 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from posenc.models.dtypes import BY_KSERVE, lookup
 from posenc.service.errors import BadRequest
-from posenc.service.inference.kserve_request import InferRequest, TensorSource, parse_infer_document
-from posenc.service.inference.kserve_response import requested_outputs
+from posenc.service.inference.codecs.kserve_request import InferRequest, TensorSource, parse_infer_document
+from posenc.service.inference.codecs.kserve_response import requested_outputs
 from posenc.service.request_kit.bodies import ALIGNMENT
 
 pb = service_pb2

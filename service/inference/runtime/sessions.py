@@ -39,7 +39,7 @@ def session_options(threads: int) -> ort.SessionOptions:
     threads that never spin, and one inter-op thread (the graph is a chain of fused nodes: nothing to overlap).
     Idle intra-op threads would spin and steal CPU from the event loop and other models. onnxruntime's CPU arena
     stays on (without it each large run faults its buffers' pages in again: 1.1-1.5 × the time of a run at
-    S=512-1024); what the arenas keep is handed back once a model is idle (`posenc.service.inference.arena`)."""
+    S=512-1024); what the arenas keep is handed back once a model is idle (`posenc.service.inference.runtime.arena`)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

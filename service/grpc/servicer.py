@@ -32,10 +32,10 @@ from tritonclient.grpc import service_pb2 as pb
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
-from posenc.service.inference import phases
+from posenc.service.request_kit import phases
 from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_parsed
-from posenc.service.inference.engine import Engine
-from posenc.service.inference.grpc_codec import (
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.inference.codecs.protobuf import (
     decode_infer_request,
     decoded_bytes,
     encode_infer_response,
@@ -47,10 +47,10 @@ from posenc.service.inference.grpc_codec import (
     statistics_message,
     stream_response,
 )
-from posenc.service.inference.kserve_request import extensions
+from posenc.service.inference.codecs.kserve_request import extensions
 from posenc.service.inference.model_inputs import model_metadata
-from posenc.service.inference.repository import VERSION, ensure_ready
-from posenc.service.inference.shared_memory import SharedMemoryRegistry, parse_register
+from posenc.service.inference.runtime.repository import VERSION, ensure_ready
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry, parse_register
 from posenc.service.inference.triton_config import repository_index, triton_config
 from posenc.service.request_kit.restricted import (
     SHARED_MEMORY_GROUP,

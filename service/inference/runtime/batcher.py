@@ -38,7 +38,7 @@ call back into the loop) costs about as much as such a run, which holds the loop
 bound. The first run of a shape, and any shape whose last run took longer, goes to a worker thread.
 
 The array work (chunks, stacking with right-padding, handing each request its rows) is
-`posenc.service.inference.batch_arrays`; this module is the queue and its scheduling.
+`posenc.service.inference.runtime.batch_arrays`; this module is the queue and its scheduling.
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ import numpy as np
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
-from posenc.service.inference import phases
-from posenc.service.inference.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
-from posenc.service.inference.run_times import BatchKey, RunTimes, Shape
+from posenc.service.request_kit import phases
+from posenc.service.inference.runtime.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
+from posenc.service.inference.runtime.run_times import BatchKey, RunTimes, Shape
 
 log = logging.getLogger("posenc.inference.batcher")
 
@@ -158,7 +158,7 @@ class Batcher:
 
         `out`: arrays (batch-first, each output's exact shape and dtype) that those outputs are written into and
         returned as; a request that runs alone has onnxruntime write there directly
-        (`posenc.service.inference.engine`)."""
+        (`posenc.service.inference.runtime.engine`)."""
         with self.admission():
             return await self.run_admitted(inputs, out)
 

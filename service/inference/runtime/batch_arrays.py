@@ -1,6 +1,6 @@
 """The arrays of dynamic batching: requests split into chunks, stacked into one batch (right-padded), and
 the batch's outputs handed back per request. Pure numpy; the queue and its scheduling are
-`posenc.service.inference.batcher`.
+`posenc.service.inference.runtime.batcher`.
 
 Every array is batch-first: [rows, ...]. A sequence axis, where given, is the axis of the model's
 dynamic sequence dimension (e.g. 2 for `query` [B, H, S, D], 1 for `position_ids` [B, S]).

@@ -2,7 +2,7 @@
 
 `run_model` is one onnxruntime run (called from worker threads: onnxruntime releases the GIL), with
 the inputs and outputs bound to the device where that saves copies and a failed allocation answered
-as a 507; `Engine` holds every model of the repository (loaded by `posenc.service.inference.repository`)
+as a 507; `Engine` holds every model of the repository (loaded by `posenc.service.inference.runtime.repository`)
 and feeds each ready model through its batcher within the run bound. Nothing here knows the wire
 protocol: the KServe v2 view of a model (metadata, request checks) is `posenc.service.inference.model_inputs`.
 """
@@ -29,11 +29,11 @@ import onnxruntime as ort
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import InsufficientStorage, NotFound, PayloadTooLarge
-from posenc.service.inference.arena import IdleShrinker, one_position
-from posenc.service.inference.batcher import Batcher, BatchObserver
-from posenc.service.inference.calibration_child import stop_children
-from posenc.service.inference.devices import CPU, CUDA
-from posenc.service.inference.repository import (
+from posenc.service.inference.runtime.arena import IdleShrinker, one_position
+from posenc.service.inference.runtime.batcher import Batcher, BatchObserver
+from posenc.service.inference.runtime.calibration_child import stop_children
+from posenc.service.inference.runtime.devices import CPU, CUDA
+from posenc.service.inference.runtime.repository import (
     ORT_ERRORS,
     VERSION,
     FailedModel,
@@ -44,7 +44,7 @@ from posenc.service.inference.repository import (
     loading,
     model_folders,
 )
-from posenc.service.inference.run_bound import AttentionCost, attention_cost, default_run_bytes
+from posenc.service.inference.runtime.run_bound import AttentionCost, attention_cost, default_run_bytes
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.inference.engine")
@@ -190,7 +190,7 @@ class Engine:
                                        wait_seconds=None, setting="POSENC_MAX_RUN_BYTES")
         self.executor = ThreadPoolExecutor(max_workers=settings.inference_threads, thread_name_prefix="posenc-infer")
         self.loaded = False  # every model loaded (or failed): `load_in_background` has finished
-        # the CPU arenas of a model idle for a while handed back (`posenc.service.inference.arena`)
+        # the CPU arenas of a model idle for a while handed back (`posenc.service.inference.runtime.arena`)
         self.shrinker = IdleShrinker(self.executor, lambda name: self.batchers[name].busy)
         self._arena_runs: dict[str, tuple[list[ort.InferenceSession], dict[str, np.ndarray]]] = {}
 

@@ -8,7 +8,7 @@ Parsing a JSON infer body whole (`pydantic_core.from_json`) makes a Python float
   text, which is parsed with a short placeholder string in its place;
 * `span_array`: the list's text is parsed `CHUNK_BYTES` at a time (the same parser, so the same numbers and
   the same strictness) into one array of the input's datatype, with the element count, datatype and range
-  rules of the generic path (`posenc.service.inference.kserve_request._json_data`).
+  rules of the generic path (`posenc.service.inference.codecs.kserve_request._json_data`).
 
 Anything this does not reproduce exactly raises `Fallback`, and the caller parses the body the generic way:
 a JSON syntax error (so its message is the parser's own, at its place in the whole body), a list of a

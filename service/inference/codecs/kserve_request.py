@@ -10,12 +10,12 @@ System shared memory (Triton's `system_shared_memory` extension, when the server
 requested output with `parameters.shared_memory_region` (+ `shared_memory_byte_size`, optional
 `shared_memory_offset`) names bytes of a registered region instead of carrying them. The parser turns such an
 input into an array through a `TensorSource` (the registry of regions,
-`posenc.service.inference.shared_memory`); outputs keep
+`posenc.service.inference.shared_memory.registry`); outputs keep
 their `ShmRef` and are answered with metadata only, after the route has written them into the region.
 
 Everything malformed is a `BadRequest` (400) with a message naming the tensor and the mismatch;
 nothing here knows the model (checks against config.json are in `posenc.service.inference.model_inputs`).
-The response side is `posenc.service.inference.kserve_response`.
+The response side is `posenc.service.inference.codecs.kserve_response`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
 from posenc.service.errors import BadRequest, echo
-from posenc.service.inference.kserve_json import LIFT_MIN_BYTES, Fallback, Span, check_syntax, lift_data, span_array
+from posenc.service.inference.codecs.kserve_json import LIFT_MIN_BYTES, Fallback, Span, check_syntax, lift_data, span_array
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
@@ -64,7 +64,7 @@ class ShmRef:
 
 
 class TensorSource(Protocol):
-    """Where shared-memory inputs are read from (`posenc.service.inference.shared_memory.Lease`)."""
+    """Where shared-memory inputs are read from (`posenc.service.inference.shared_memory.registry.Lease`)."""
 
     def input_array(self, ref: ShmRef, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
         """A read-only array of `shape` and `dtype` over the region's bytes (a view where aligned)."""
@@ -345,7 +345,7 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: str
 
 def parse_infer_document(header: dict[str, Any], binary: bytes | bytearray | memoryview,
                          shared_memory: TensorSource | None = None) -> InferRequest:
-    """An infer request already in the JSON header's form (the gRPC messages: `posenc.service.inference.grpc_codec`),
+    """An infer request already in the JSON header's form (the gRPC messages: `posenc.service.inference.codecs.protobuf`),
     its binary inputs' bytes in `binary`, in input order: the checks and messages of `parse_infer_request`."""
     return _parse_header(header, binary, 0, shared_memory, {})
 

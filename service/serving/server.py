@@ -107,7 +107,7 @@ class Server(uvicorn.Server):
             listener.close()
         for sock in sockets or []:
             sock.close()
-        from posenc.service.inference.grpc_server import drain
+        from posenc.service.grpc.server import drain
 
         drain(self.timeouts.graceful_shutdown)  # gRPC's calls drain beside HTTP's
         for connection in list(self.server_state.connections):

@@ -7,7 +7,7 @@ requests instead of sending the tensors' bytes; requested outputs are written in
 The server opens memory that another process controls, so:
 * a region belongs to its owner (the peer's uid on the Unix socket, the shared-memory key's holders over
   TCP): names are per owner, and status, unregister and infer see only the caller's owner's regions;
-* only a caller entitled to an object gets it registered (`posenc.service.inference.shared_memory_guard`): a
+* only a caller entitled to an object gets it registered (`posenc.service.inference.shared_memory.guard`): a
   Unix-socket peer that could open the object itself, or a TCP client with the shared-memory key;
 * a key is a shared-memory object name (`name` or `/name`: letters, digits, `_`, `-`, `.`, no leading dot),
   never a path, opened under /dev/shm with O_NOFOLLOW; or, from a Unix-socket peer, `fd:N`: the descriptor
@@ -39,20 +39,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from posenc.service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
-from posenc.service.inference.kserve_request import SHARED_MEMORY_OFF, ShmRef
-from posenc.service.inference.shared_memory_guard import (
+from posenc.service.inference.codecs.kserve_request import SHARED_MEMORY_OFF, ShmRef
+from posenc.service.inference.shared_memory.guard import (
     OpenedObject,
     adopt_descriptor,
     open_object,
     require_input_access,
     require_output_access,
 )
-from posenc.service.inference.shared_memory_region import Region, check_room, map_region
+from posenc.service.inference.shared_memory.region import Region, check_room, map_region
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
 
 if TYPE_CHECKING:
-    from posenc.service.inference.devices import HostPinning
+    from posenc.service.inference.runtime.devices import HostPinning
 
 log = logging.getLogger("posenc.inference.shared_memory")
 

@@ -1,4 +1,4 @@
-"""The calibration's timing runs (`posenc.service.inference.calibration.time_graphs`) in a child process.
+"""The calibration's timing runs (`posenc.service.inference.runtime.calibration.time_graphs`) in a child process.
 
 Timing every CPU graph of a model up to S=1024 grows each of its sessions' buffers to that length's attention
 (for a 32-head model about 130 MB a graph): done in the serving process, the arenas and heaps stayed resident
@@ -7,7 +7,7 @@ cache), and the start-up peak passed a 2 GiB container limit. A child process pe
 from the model's files, times them, prints the timings as one JSON line, and exits: the kernel takes back all
 it used. The serving process builds only the sessions of the graphs its rule names, and never runs the others.
 
-    python -m posenc.service.inference.calibration_child < request.json
+    python -m posenc.service.inference.runtime.calibration_child < request.json
 
 The request: {"graphs": {file: path}, "inputs": [[name, datatype, shape, sequence axis], ...], "threads": N,
 "seconds": the time left, "parent": the parent's pid}. The answer (stdout): {"sequences": [...], "seconds":
@@ -55,7 +55,7 @@ _running_lock = threading.Lock()
 def measure_apart(graphs: Mapping[str, Path], inputs: Sequence[InputShape], threads: int, deadline: float) -> Any:
     """Time `graphs` (path by file, model.onnx first) in a child process until `deadline` (time.monotonic): a
     `Timings`, or None when the time ran out or the child failed (logged)."""
-    from posenc.service.inference.calibration import Timings
+    from posenc.service.inference.runtime.calibration import Timings
 
     answer = run_child(graphs, inputs, threads, deadline - time.monotonic())
     if answer is None or answer.get("timings", True) is None:
@@ -139,7 +139,7 @@ def _die_with(parent: int) -> None:
 def main() -> int:
     request = json.loads(sys.stdin.read())
     _die_with(int(request["parent"]))
-    from posenc.service.inference.calibration import measuring_sessions, time_graphs
+    from posenc.service.inference.runtime.calibration import measuring_sessions, time_graphs
 
     deadline = time.monotonic() + float(request["seconds"])
     sessions = measuring_sessions(request["graphs"], int(request["threads"]))

@@ -1,5 +1,5 @@
 """Which of a model's graphs runs a request on the CPU: by its sequence length, from the rule measured on this
-machine (`posenc.service.inference.calibration`), or pinned.
+machine (`posenc.service.inference.runtime.calibration`), or pinned.
 
 A model exported with CPU forms (`posenc.models.export.cpu_forms`) has several graphs of one attention on the CPU:
 model.onnx (the opset-23 Attention node), model.cpu.onnx (GroupQueryAttention) and model.blocked<N>.onnx

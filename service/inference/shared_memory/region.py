@@ -1,8 +1,8 @@
 """One registered shared-memory region: the bytes it reaches, and how (mapped, or read and written through
 its descriptor), with every read and write checked against what the object allows at that moment.
 
-The registry of regions is `posenc.service.inference.shared_memory`; who may open which object is
-`posenc.service.inference.shared_memory_guard`.
+The registry of regions is `posenc.service.inference.shared_memory.registry`; who may open which object is
+`posenc.service.inference.shared_memory.guard`.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from posenc.service.errors import BadRequest, echo
-from posenc.service.inference.kserve_request import ShmRef
-from posenc.service.inference.shared_memory_guard import OpenedObject, WriteRefusal, mapping_failed, write_refusal
+from posenc.service.inference.codecs.kserve_request import ShmRef
+from posenc.service.inference.shared_memory.guard import OpenedObject, WriteRefusal, mapping_failed, write_refusal
 
 if TYPE_CHECKING:
-    from posenc.service.inference.devices import HostPinning
+    from posenc.service.inference.runtime.devices import HostPinning
 
 
 @dataclass(eq=False)

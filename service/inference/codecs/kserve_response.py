@@ -2,7 +2,7 @@
 
 Outputs are sent binary when the request says so (`parameters.binary_data_output` for all, or
 `outputs[i].parameters.binary_data`), as a JSON `data` list otherwise, and as metadata only when they
-went to shared memory. The request side (its types and the parser) is `posenc.service.inference.kserve_request`.
+went to shared memory. The request side (its types and the parser) is `posenc.service.inference.codecs.kserve_request`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import numpy as np
 import pydantic_core
 
 from posenc.models.dtypes import lookup
-from posenc.service.inference.kserve_json import placeholder, splice
-from posenc.service.inference.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput
+from posenc.service.inference.codecs.kserve_json import placeholder, splice
+from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH, InferRequest, RequestedOutput
 
 
 def encode_infer_response(

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from posenc.service.inference.devices import cuda_memory_bytes, process_memory_bytes
+from posenc.service.inference.runtime.devices import cuda_memory_bytes, process_memory_bytes
 
 log = logging.getLogger("posenc.inference.run_bound")
 

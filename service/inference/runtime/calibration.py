@@ -34,8 +34,8 @@ import onnxruntime as ort
 from posenc.models.crossover import fastest_by_size
 from posenc.models.dtypes import BY_KSERVE
 from posenc.models.graph_rule import GQA_FILE, STANDARD_FILE, Rule, one_form_rule
-from posenc.service.inference.calibration_cache import CalibrationCache
-from posenc.service.inference.sessions import session_options
+from posenc.service.inference.runtime.calibration_cache import CalibrationCache
+from posenc.service.inference.runtime.sessions import session_options
 from posenc.service.settings import usable_cores
 
 log = logging.getLogger("posenc.inference.calibration")

@@ -1,0 +1,1 @@
+"""inference/shared_memory"""
