@@ -26,9 +26,9 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from posenc.service.http.app import app_from_env
-from posenc.service.serving.server import Server, build_config
 from posenc.service.request_kit.bodies import receive_into_of
+from posenc.service.serving.process import app_from_env
+from posenc.service.serving.server import Server, build_config
 from posenc.service.settings import Settings
 
 ECHO_PATH = "/bench/echo"

@@ -29,7 +29,7 @@ from pathlib import Path
 from bench.harness import CLIENTS, LARGE, SMALL, Bench, Report, Servers, Target, infer_target, inputs, interleaved, log
 from posenc.service.testing import LoadResult, ServerProcess
 
-APP = "posenc.service.http.app:app_from_env"
+APP = "posenc.service.serving.process:app_from_env"
 
 
 @dataclass(frozen=True)

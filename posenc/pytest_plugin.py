@@ -15,7 +15,8 @@ wherever posenc is installed (entry point `pytest11`, name `posenc`; `-p no:pose
   `.log()`, `.stop()` (also at the end of the session). One per session (per xdist worker).
 
 Each test gets a fresh app, but the apps of a session share their models' onnxruntime sessions (one per model
-file, session options and providers: `posenc.service.inference.runtime.sessions`), so a fresh app costs no model loading.
+file, session options and providers: `posenc.service.inference.runtime.sessions`), so a fresh app costs no model
+loading.
 The fixtures' apps and server pick each model's CPU graph by config.json's rule (`cpu_form_from=config`,
 `FIXTURE_DEFAULTS`) instead of measuring the graphs at start-up, unless POSENC_CPU_FORM_FROM, a marker or
 posenc_server_settings says otherwise.

@@ -120,6 +120,24 @@ class Unavailable(ServiceError):
         self.overloaded = overloaded
 
 
+# The gRPC status (its code's name: this module imports no gRPC) of each HTTP status of the taxonomy; any other
+# status is INTERNAL. The one table both protocols answer by (`grpc_code_name`; HTTP answers the status itself).
+GRPC_CODE_NAMES: dict[int, str] = {
+    400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 406: "INVALID_ARGUMENT",
+    412: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
+    431: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 503: "UNAVAILABLE", 507: "RESOURCE_EXHAUSTED",
+}
+INTERNAL_MESSAGE = "internal server error; the service log has the details"  # the text of a 500 (and of INTERNAL)
+
+
+def grpc_code_name(exc: ServiceError) -> str:
+    """The gRPC status code's name for `exc`: its HTTP status's (`GRPC_CODE_NAMES`), but RESOURCE_EXHAUSTED for a
+    503 that says the server is too busy now (`Unavailable.overloaded`) rather than not ready."""
+    if isinstance(exc, Unavailable) and exc.overloaded:
+        return "RESOURCE_EXHAUSTED"
+    return GRPC_CODE_NAMES.get(exc.status_code, "INTERNAL")
+
+
 ECHO_LIMIT = 200  # characters of a client's own input repeated in an error message
 
 

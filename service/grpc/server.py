@@ -1,6 +1,7 @@
 """The gRPC server `posenc serve` runs beside HTTP (POSENC_GRPC_PORT; 0 = none), in the same event loop and on
-the same objects: `inference.GRPCInferenceService` (`posenc.service.grpc.servicer`), `grpc.health.v1.Health`
-and server reflection.
+the same data plane (`posenc.service.serving.process` starts and stops it; the serving process's `Server` begins its
+drain): `inference.GRPCInferenceService` (`posenc.service.grpc.servicer`), `grpc.health.v1.Health` and server
+reflection.
 
 Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_EXHAUSTED by gRPC itself from
 its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
@@ -26,7 +27,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.grpc.servicer import SERVICE, GrpcState, Servicer
+from posenc.service.grpc.servicer import SERVICE, Recorder, Servicer
+from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.repository import RepositoryEntry
 
 log = logging.getLogger("posenc.grpc")
@@ -87,19 +89,20 @@ def listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Server:
-    """Build, bind and start the server (RuntimeError naming the address when the port cannot be bound)."""
-    settings = state.settings
+async def start_grpc_server(plane: DataPlane, record: Recorder, *, workers: int) -> grpc.aio.Server:
+    """Build, bind and start the server on `plane` (`record`: every call's method, code, time, size and peer);
+    RuntimeError naming the address when the port cannot be bound. Its health follows the plane's readiness."""
+    settings = plane.settings
     # The call limit is the servicer's own: grpc.aio's `maximum_concurrent_rpcs` can undercount, and a stream
     # refused while its client is still writing ends as INTERNAL on the client (grpc/grpc#36066).
     server = grpc.aio.server(
         options=[("grpc.max_receive_message_length", settings.max_request_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1 if workers > 1 else 0)])
-    servicer = Servicer(state)
+    servicer = Servicer(plane, record)
     server.add_generic_rpc_handlers((inference_handler(servicer),))
     checker = RestrictedHealth(servicer)
-    for name, status in health_statuses(list(state.problems), state.engine.models).items():
+    for name, status in health_statuses(list(plane.problems), plane.engine.models).items():
         await checker.set(name, status)
     health_pb2_grpc.add_HealthServicer_to_server(checker, server)
     reflection.enable_server_reflection((SERVICE, HEALTH_SERVICE, reflection.SERVICE_NAME), server)
@@ -112,6 +115,11 @@ async def start_grpc_server(state: GrpcState, *, workers: int) -> grpc.aio.Serve
         raise RuntimeError(f"gRPC cannot listen on {address} (POSENC_GRPC_PORT; 0 turns gRPC off)")
     await server.start()
     _SERVING[server] = checker
+
+    async def changed() -> None:
+        await update_health(server, plane.problems, plane.engine.models)
+
+    plane.watch(changed)
     log.info("gRPC (KServe v2 / Triton, health, reflection) on %s", address)
     return server
 

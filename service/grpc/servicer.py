@@ -1,10 +1,10 @@
-"""`inference.GRPCInferenceService`: the KServe v2 / Triton gRPC methods, on the engine, batcher, memory budget,
-shared-memory registry, restricted protocol groups and error taxonomy the HTTP routes use.
+"""`inference.GRPCInferenceService`: the KServe v2 / Triton gRPC methods, an adapter over the data plane
+(`posenc.service.inference.dataplane`) that the HTTP routes use too.
 
-Each method checks its protocol group (the header of POSENC_RESTRICTED_API travels as call metadata, once: a key
-sent twice is INVALID_ARGUMENT, as HTTP's 400), runs
-the same code as its HTTP route and answers a `ServiceError` with the gRPC status of its HTTP status
-(`grpc_status`) and the same message. Every call is recorded (metrics by method and code, the access log).
+Each method checks its protocol group (`posenc.service.request_kit.restricted.PROTOCOL_GROUPS`; the header of
+POSENC_RESTRICTED_API travels as call metadata, once: a key sent twice is INVALID_ARGUMENT, as HTTP's 400), asks the
+plane, and answers a `ServiceError` with the gRPC status the taxonomy's table gives its HTTP status (`grpc_status`)
+and the same message. Every call is recorded (metrics by method and code, the access log).
 Methods posenc does not serve (model load and unload, CUDA shared memory, trace and log settings) answer
 UNIMPLEMENTED, as the generated base class does.
 
@@ -17,25 +17,24 @@ while none of its requests is in progress ends DEADLINE_EXCEEDED, giving its pla
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service import __version__
-from posenc.service.budget import MemoryBudget
-from posenc.service.errors import BadRequest, Forbidden, ServiceError, Unavailable
-from posenc.service.request_kit import phases
-from posenc.service.inference.answer import copied_to_shm, maybe_offload, run_parsed
-from posenc.service.inference.runtime.engine import Engine
+from posenc.service.errors import INTERNAL_MESSAGE, BadRequest, Forbidden, ServiceError, Unavailable, grpc_code_name
+from posenc.service.inference.codecs.kserve_request import InferRequest
 from posenc.service.inference.codecs.protobuf import (
+    RawInputs,
     decode_infer_request,
     decoded_bytes,
     encode_infer_response,
@@ -47,49 +46,29 @@ from posenc.service.inference.codecs.protobuf import (
     statistics_message,
     stream_response,
 )
-from posenc.service.inference.codecs.kserve_request import extensions
-from posenc.service.inference.model_inputs import model_metadata
-from posenc.service.inference.runtime.repository import VERSION, ensure_ready
-from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry, parse_register
-from posenc.service.inference.triton_config import repository_index, triton_config
+from posenc.service.inference.dataplane import Buffer, DataPlane, offload, work
+from posenc.service.inference.runtime.repository import VERSION
+from posenc.service.inference.shared_memory.registry import RegionsFor
+from posenc.service.request_kit import phases
 from posenc.service.request_kit.restricted import (
+    METHOD_GROUPS,
     SHARED_MEMORY_GROUP,
     SharedMemoryCaller,
     duplicate_key_message,
     repeated_key,
     restricted_message,
 )
-from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.grpc")
 
 SERVICE = "inference.GRPCInferenceService"
-# The protocol group of each method (Triton's grouping, as `posenc.service.request_kit.restricted.GROUP_ROUTES`).
-METHOD_GROUPS: dict[str, str] = {
-    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
-    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
-    "ModelInfer": "inference", "ModelStreamInfer": "inference",
-    "ModelConfig": "model-config", "ModelStatistics": "statistics", "RepositoryIndex": "model-repository",
-    "SystemSharedMemoryStatus": SHARED_MEMORY_GROUP, "SystemSharedMemoryRegister": SHARED_MEMORY_GROUP,
-    "SystemSharedMemoryUnregister": SHARED_MEMORY_GROUP,
-}
-# The gRPC status of each HTTP status of the error taxonomy (`grpc_status`); anything else is INTERNAL.
-STATUS_CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT, 403: grpc.StatusCode.PERMISSION_DENIED, 404: grpc.StatusCode.NOT_FOUND,
-    406: grpc.StatusCode.INVALID_ARGUMENT, 412: grpc.StatusCode.FAILED_PRECONDITION,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED, 415: grpc.StatusCode.INVALID_ARGUMENT,
-    422: grpc.StatusCode.INVALID_ARGUMENT, 431: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED, 503: grpc.StatusCode.UNAVAILABLE, 507: grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-INTERNAL_MESSAGE = "internal server error; the service log has the details"  # the HTTP 500's text
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
-COPY_PER_PARSED_BYTE = 32  # bytes copied in the time of one byte parsed (`_work`)
 STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
 # Groups whose methods are never refused by the call limit: they answer at once from memory (no queue, no
 # await), and a probe must get through however many calls and streams are open.
 UNLIMITED_GROUPS = frozenset({"health", "metadata"})
 UNARY_SHARE = 4  # 1/UNARY_SHARE of POSENC_GRPC_MAX_CONCURRENT_RPCS (rounded down) is never given to streams
-# The health service names of the whole server (`grpc_server.health_statuses`): open to a probe without metadata
+# The health service names of the whole server (`server.health_statuses`): open to a probe without metadata
 # (the kubelet's gRPC probe sends none); a model's name follows the `health` group's restriction.
 SERVER_HEALTH_NAMES = frozenset({"", SERVICE})
 
@@ -99,24 +78,10 @@ M = TypeVar("M", bound=Message)
 
 
 def grpc_status(exc: ServiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
-    """The status code of a service error, and its trailing metadata (the retry hint of a 503)."""
-    overloaded = isinstance(exc, Unavailable) and exc.overloaded
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED if overloaded else STATUS_CODES.get(exc.status_code,
-                                                                                  grpc.StatusCode.INTERNAL)
+    """The status code of a service error (the taxonomy's table, `posenc.service.errors.grpc_code_name`), and its
+    trailing metadata (the retry hint of a 503)."""
     retry = exc.headers.get("Retry-After") if isinstance(exc, Unavailable) else None
-    return code, ((RETRY_AFTER_KEY, retry),) if retry else ()
-
-
-@dataclass
-class GrpcState:
-    """What the gRPC methods share with the HTTP routes: the app's objects, and the readiness problems."""
-
-    engine: Engine
-    settings: Settings
-    budget: MemoryBudget
-    shared_memory: SharedMemoryRegistry
-    problems: Sequence[str]
-    record: Recorder
+    return grpc.StatusCode[grpc_code_name(exc)], ((RETRY_AFTER_KEY, retry),) if retry else ()
 
 
 def _carries(metadata: Mapping[str, str | bytes], restriction: tuple[str, str]) -> bool:
@@ -140,7 +105,7 @@ def decode(message: type[M], data: bytes) -> M:
     return _parsed(message, data, message.FromString)
 
 
-InferMessage = tuple[pb.ModelInferRequest, list[memoryview]]  # the message without its raw inputs, and those
+InferMessage = tuple[pb.ModelInferRequest, RawInputs]  # the message without its raw inputs, and those
 
 
 def decode_infer(data: bytes) -> InferMessage:
@@ -150,12 +115,12 @@ def decode_infer(data: bytes) -> InferMessage:
 
 
 class Servicer:
-    """The methods, each `(request, caller) -> response`; `grpc_server` wraps them (`unary`, `stream`) with the
+    """The methods, each `(request, caller) -> response`; `server` wraps them (`unary`, `stream`) with the
     decoding, the protocol group check, the error mapping and the record."""
 
-    def __init__(self, state: GrpcState) -> None:
-        self.state = state
-        self.restrictions = state.settings.restrictions()
+    def __init__(self, plane: DataPlane, record: Recorder) -> None:
+        self.plane, self.record = plane, record
+        self.restrictions = plane.settings.restrictions()
         self.keys = frozenset(header for header, _ in self.restrictions.values())  # metadata names, lower case
         self.active = 0  # calls in progress, streams included (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
         self.streams = 0  # streams in progress (`stream_cap` bounds them)
@@ -164,12 +129,12 @@ class Servicer:
     @property
     def stream_cap(self) -> int:
         """Streams in progress at once: the call limit less the share kept for unary calls."""
-        limit = self.state.settings.grpc_max_concurrent_rpcs
+        limit = self.plane.settings.grpc_max_concurrent_rpcs
         return limit - limit // UNARY_SHARE
 
     def admit(self) -> None:
         """One more unary call in progress, or RESOURCE_EXHAUSTED with a retry hint when the limit is reached."""
-        limit = self.state.settings.grpc_max_concurrent_rpcs
+        limit = self.plane.settings.grpc_max_concurrent_rpcs
         if self.active >= limit:
             raise Unavailable(f"busy: {self.active} gRPC calls in progress (POSENC_GRPC_MAX_CONCURRENT_RPCS={limit}); "
                               "retry later", retry_after=1, overloaded=True)
@@ -179,7 +144,7 @@ class Servicer:
         """One more stream in progress, once there is room among the calls and among the streams (`stream_cap`):
         a stream refused while its client still writes would end as INTERNAL on the client, so it waits, unread
         (its deadline still applies)."""
-        while self.active >= self.state.settings.grpc_max_concurrent_rpcs or self.streams >= self.stream_cap:
+        while self.active >= self.plane.settings.grpc_max_concurrent_rpcs or self.streams >= self.stream_cap:
             if self.freed is None:
                 self.freed = asyncio.Event()
             await self.freed.wait()
@@ -240,7 +205,7 @@ class Servicer:
         caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
         an `InferMessage` (`decode_infer`), every other one the message."""
         read: Callable[[bytes], Any] = decode_infer if method == "ModelInfer" else partial(decode, request_type)
-        timing = method == "ModelInfer" and self.state.settings.server_timing
+        timing = method == "ModelInfer" and self.plane.settings.server_timing
         limited = METHOD_GROUPS.get(method) not in UNLIMITED_GROUPS
 
         async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -251,7 +216,7 @@ class Servicer:
                     admitted = True
                 caller = self.caller(method, self.metadata(context))
                 timed = phases.started(timing)
-                request = await maybe_offload(len(data), read, data)  # (a large message: a worker thread)
+                request = await offload(work(len(data)), None, read, data)  # (a large message: a worker thread)
                 phases.lap("parse")
                 response = await handle(request, caller, len(data))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
@@ -267,7 +232,7 @@ class Servicer:
             finally:
                 if admitted:
                     self.leave()
-                self.state.record(method, code, time.perf_counter() - start, size, context.peer() or "")
+                self.record(method, code, time.perf_counter() - start, size, context.peer() or "")
 
         return handler
 
@@ -297,7 +262,7 @@ class Servicer:
         progress: later ones stay unread until a response is written, so a client that stops reading its
         responses stops the server reading its requests. With every request answered, a stream that sends no
         request for POSENC_GRPC_STREAM_IDLE_SECONDS ends DEADLINE_EXCEEDED (an idle stream holds a place)."""
-        idle = self.state.settings.grpc_stream_idle_seconds
+        idle = self.plane.settings.grpc_stream_idle_seconds
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             start, code, count, admitted = time.perf_counter(), "OK", 0, False
@@ -352,14 +317,14 @@ class Servicer:
                         future.exception()  # retrieved: a read the call's end (an abort, a cancel) broke is no error
                 if admitted:
                     self.leave_stream()
-                self.state.record(method, code, time.perf_counter() - start, count, context.peer() or "")
+                self.record(method, code, time.perf_counter() - start, count, context.peer() or "")
 
         return handler
 
     async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
         request = pb.ModelInferRequest()
         try:
-            request, raw = await maybe_offload(len(data), decode_infer, data)
+            request, raw = await offload(work(len(data)), None, decode_infer, data)
             return stream_response(await self.infer(request, raw, caller, len(data)))
         except ServiceError as exc:
             message = exc.message
@@ -369,65 +334,50 @@ class Servicer:
         return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
 
-    # -- health and metadata
+    # -- health and metadata: the data plane's answers as messages
 
     async def ServerLive(self, request: pb.ServerLiveRequest, caller: SharedMemoryCaller, size: int) -> Message:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
-        return pb.ServerReadyResponse(ready=not self.state.problems)
+        return pb.ServerReadyResponse(ready=not self.plane.problems)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, caller: SharedMemoryCaller, size: int) -> Message:
-        return pb.ModelReadyResponse(ready=self.state.engine.get(request.name, request.version or None).ready)
+        return pb.ModelReadyResponse(ready=self.plane.model(request.name, request.version).ready)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
-        return pb.ServerMetadataResponse(name="posenc", version=__version__,
-                                         extensions=extensions(self.state.settings.shared_memory))
+        return pb.ServerMetadataResponse(**self.plane.server_metadata())
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, caller: SharedMemoryCaller, size: int) -> Message:
-        return model_metadata_message(model_metadata(self.state.engine.get(request.name, request.version or None)))
+        return model_metadata_message(self.plane.model_metadata(request.name, request.version))
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, caller: SharedMemoryCaller, size: int) -> Message:
-        entry = self.state.engine.get(request.name, request.version or None)
-        return model_config_message(triton_config(ensure_ready(entry), self.state.settings))
+        return model_config_message(self.plane.model_config(request.name, request.version))
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, caller: SharedMemoryCaller,
                               size: int) -> Message:
-        engine = self.state.engine
-        if request.name:
-            entries = [engine.get(request.name, request.version or None)]
-        else:  # Triton: no name = every model
-            entries = [engine.models[name] for name in sorted(engine.models)]
-        return statistics_message([engine.statistics(entry) for entry in entries])
+        return statistics_message(self.plane.statistics(request.name or None, request.version))
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, caller: SharedMemoryCaller,
                               size: int) -> Message:
-        return repository_index_message(repository_index(self.state.engine.models, request.ready))
+        return repository_index_message(self.plane.repository_index(request.ready))
 
-    # -- system shared memory (the rules of the HTTP routes: `posenc.service.inference.routes`)
-
-    def _registry(self, caller: SharedMemoryCaller, method: str) -> SharedMemoryRegistry:
-        registry = self.state.shared_memory
-        registry.require_enabled()
-        caller.require(f"/{SERVICE}/{method}")
-        return registry
+    # -- system shared memory
 
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        caller: SharedMemoryCaller, size: int) -> Message:
-        registry = self._registry(caller, "SystemSharedMemoryStatus")
-        return shared_memory_status_message(registry.status(caller, request.name or None))
+        regions = await self.plane.shared_memory_status(caller, request.name, f"/{SERVICE}/SystemSharedMemoryStatus")
+        return shared_memory_status_message(regions)
 
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
                                          caller: SharedMemoryCaller, size: int) -> Message:
-        registry = self._registry(caller, "SystemSharedMemoryRegister")
-        key, offset, byte_size = parse_register({"key": request.key, "offset": request.offset,
-                                                 "byte_size": request.byte_size})
-        await asyncio.to_thread(registry.register, request.name, key, offset, byte_size, caller)
+        body = {"key": request.key, "offset": request.offset, "byte_size": request.byte_size}
+        await self.plane.register(caller, request.name, body, f"/{SERVICE}/SystemSharedMemoryRegister")
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
                                            caller: SharedMemoryCaller, size: int) -> Message:
-        self._registry(caller, "SystemSharedMemoryUnregister").unregister(caller, request.name or None)
+        await self.plane.unregister(caller, request.name, f"/{SERVICE}/SystemSharedMemoryUnregister")
         return pb.SystemSharedMemoryUnregisterResponse()
 
     # -- inference
@@ -435,43 +385,42 @@ class Servicer:
     async def ModelInfer(self, request: InferMessage, caller: SharedMemoryCaller, size: int) -> bytes:
         return await self.infer(*request, caller, size)
 
-    async def infer(self, request: pb.ModelInferRequest, raw_inputs: list[memoryview], caller: SharedMemoryCaller,
+    async def infer(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
                     size: int) -> bytes:
-        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`), as
-        `posenc.service.inference.answer.infer` runs it: admitted by the model's queue, its memory reserved before
-        its work, the same parser and checks, the same batcher; the serialized response. (The message is in memory
-        already: gRPC read it, within its size limit.)"""
-        state = self.state
-        model = ensure_ready(state.engine.get(request.model_name, request.model_version or None))
-        with state.engine.admission(model):
-            # the message's copies, and its typed contents decoded (counted by the walk, not yet built)
-            reservation = await state.budget.acquire(3 * size + decoded_bytes(raw_inputs),
-                                                     f"an inference on '{model.name}'")
-            shm = state.shared_memory.for_caller(caller) if state.shared_memory.enabled else None
-            try:
-                raw = sum(len(chunk) for chunk in raw_inputs)
-                parsed, body = await maybe_offload(_work(size - raw, raw), decode_infer_request, request, shm,
-                                                   raw_inputs)
-                phases.lap("parse")
-                outputs, written = await run_parsed(state.engine, model, parsed, body, shm, reservation)
-                phases.lap("queue")
-                del body
-                order = model.config.output_names
-                for out in copied_to_shm(parsed, outputs, written, order):
-                    if out.shm is not None and shm is not None:
-                        shm.write_output(out.shm, outputs[out.name], f"output '{out.name}'")
-                answer = await maybe_offload(_work(0, sum(a.nbytes for a in outputs.values())),
-                                             encode_infer_response, model.name, VERSION, parsed, outputs, order)
-                phases.lap("encode")
-                return answer
-            finally:
-                if shm is not None:
-                    shm.release()
-                reservation.release()
+        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`), run by the data plane: the
+        serialized response."""
+        answered = await self.plane.infer(GrpcInferCall(request, raw_inputs, caller, size))
+        answered.release()  # the response's bytes are gRPC's from here
+        return answered.value
 
 
-def _work(parsed: int, copied: int) -> int:
-    """The work of decoding or encoding a message, in bytes parsed: typed contents and fields are parsed, raw bytes
-    only copied (once, about 32 times faster), so a raw request goes to a worker thread only when large (the
-    hand-off costs more than a small copy)."""
-    return parsed + copied // COPY_PER_PARSED_BYTE
+class GrpcInferCall:
+    """A `ModelInferRequest` as the data plane runs it: already in memory (gRPC read it, within its size limit),
+    decoded from its fields and `raw_input_contents`, answered as a serialized `ModelInferResponse`."""
+
+    def __init__(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
+                 size: int) -> None:
+        self.request, self.raw_inputs, self.caller, self.size = request, raw_inputs, caller, size
+        self.model_name, self.model_version = request.model_name, request.model_version or None
+        # the message's copies, and its typed contents decoded (counted by the walk, not yet built)
+        self.reserve_bytes = 3 * size + decoded_bytes(raw_inputs)
+
+    async def read(self) -> pb.ModelInferRequest:
+        return self.request
+
+    def parse_work(self, request: pb.ModelInferRequest) -> int:
+        raw = sum(len(chunk) for chunk in self.raw_inputs)
+        return work(self.size - raw, raw)
+
+    def parse(self, request: pb.ModelInferRequest, regions: RegionsFor | None) -> tuple[InferRequest, Buffer]:
+        return decode_infer_request(request, regions, self.raw_inputs)
+
+    def encode_work(self, request: InferRequest, outputs: Mapping[str, np.ndarray]) -> int:
+        return work(0, sum(array.nbytes for array in outputs.values()))
+
+    def encode(self, model_name: str, request: InferRequest, outputs: Mapping[str, np.ndarray],
+               order: Sequence[str]) -> bytes:
+        return encode_infer_response(model_name, VERSION, request, dict(outputs), order)
+
+    def watching(self) -> AbstractAsyncContextManager[None]:
+        return contextlib.nullcontext()  # a cancelled call cancels the task awaiting the worker thread

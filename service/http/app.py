@@ -1,12 +1,10 @@
 """Application factory: `create_app(settings)`; nothing here reads the environment at import."""
 
-import asyncio
 import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from starlette.types import Receive, Scope, Send
@@ -21,13 +19,13 @@ from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
-from posenc.service.inference.runtime.calibration_child import CHILD_BYTES
+from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.devices import HostPinning
 from posenc.service.inference.runtime.engine import Engine
-from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
 from posenc.service.properties.routes import properties_router
+from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.restricted import RestrictedApi
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
@@ -46,48 +44,29 @@ def _registry_routers() -> tuple[APIRouter, APIRouter, APIRouter]:
     return table_router(), properties_router(), check_router()
 
 
-def create_app(settings: Settings | None = None, *, grpc: bool = False, load_in_background: bool = False) -> FastAPI:
-    """Build the service with `settings` (default: read from `POSENC_*` now, at call time). `grpc`: its lifespan
-    also runs the gRPC server on POSENC_GRPC_PORT; `load_in_background`: the app serves while its models load,
-    each model not ready until loaded (both what `posenc serve` does; an in-process app, as in tests, leaves them
-    off and has every model loaded when its lifespan has started)."""
+def create_app(settings: Settings | None = None, *, load_in_background: bool = False) -> FastAPI:
+    """Build the service with `settings` (default: read from `POSENC_*` now, at call time). Its lifespan makes the
+    data plane (`app.state.dataplane`) and loads the models: before serving, or with `load_in_background` while
+    serving, each model not ready until loaded (what `posenc serve` does, `posenc.service.serving.process`)."""
     settings = settings if settings is not None else Settings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = Engine(settings, observer=app.state.metrics)
-        app.state.engine = engine
-        problems: list[str] = app.state.readiness_problems  # one list, kept current: gRPC's readiness reads it too
-        grpc_server = await _start_grpc(app, settings, engine, problems) if grpc and settings.grpc_port else None
+        plane = DataPlane(Engine(settings, observer=app.state.metrics), settings, app.state.memory_budget,
+                          app.state.shared_memory, problems=app.state.readiness_problems)
+        app.state.dataplane, app.state.engine = plane, plane.engine
 
         async def on_change() -> None:
-            problems[:] = engine.problems() if engine.loaded or engine.models else ["starting"]
-            if grpc_server is not None:
-                from posenc.service.grpc.server import update_health
+            if plane.engine.loaded:
+                _loaded(app, plane)
 
-                await update_health(grpc_server, problems, engine.models)
-            if engine.loaded:
-                _loaded(app, engine, problems)
-
-        if load_in_background:
-            # The port opens now: tables, checks and the audit answer at once, each model once it is loaded.
-            loader = asyncio.create_task(engine.load_in_background(
-                lambda: app.state.memory_budget.hold(CHILD_BYTES, "the CPU-graph calibration of a model"),
-                on_change))
-        else:
-            await asyncio.to_thread(engine.load)
-            await on_change()
+        plane.watch(on_change)
+        # In the background, the port opens now: tables, checks and the audit answer at once, each model once loaded.
+        await plane.start(in_background=load_in_background)
         try:
             yield
         finally:
-            if load_in_background and not loader.done():
-                loader.cancel()
-            if grpc_server is not None:
-                from posenc.service.grpc.server import stop
-
-                await stop(grpc_server, settings.graceful_shutdown_timeout)
-            await engine.close()
-            app.state.shared_memory.close()  # unmap every registered region
+            await plane.close()
             app.state.row_blocks.close()
 
     app = PosencApp(
@@ -130,24 +109,15 @@ def create_app(settings: Settings | None = None, *, grpc: bool = False, load_in_
     return app
 
 
-def _loaded(app: FastAPI, engine: Engine, problems: list[str]) -> None:
+def _loaded(app: FastAPI, plane: DataPlane) -> None:
     """Every model loaded (or failed): pin shared memory on CUDA, say so in the log."""
+    engine, problems = plane.engine, plane.problems
     if engine.on_cuda and app.state.settings.cuda_pin_shared_memory and app.state.shared_memory.pinning is None:
         app.state.shared_memory.pinning = HostPinning.open()
     if problems:
         log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
     else:
         log.info("posenc %s ready (%d models)", __version__, len(engine.models))
-
-
-async def _start_grpc(app: FastAPI, settings: Settings, engine: Engine, problems: list[str]) -> Any:
-    """The gRPC server on the app's own engine, budget, shared memory and recorder."""
-    from posenc.service.grpc.server import start_grpc_server
-    from posenc.service.grpc.servicer import GrpcState
-
-    state = GrpcState(engine, settings, app.state.memory_budget, app.state.shared_memory, problems,
-                      app.state.request_recorder.record_grpc)
-    return await start_grpc_server(state, workers=settings.workers)
 
 
 class PosencApp(FastAPI):
@@ -168,8 +138,3 @@ class PosencApp(FastAPI):
 
     async def full_path(self, scope: Scope, receive: Receive, send: Send) -> None:
         await super().__call__(scope, receive, send)
-
-
-def app_from_env() -> FastAPI:
-    """uvicorn factory (`posenc.service.http.app:app_from_env`): settings from the environment of the worker."""
-    return create_app(Settings(), grpc=True, load_in_background=True)

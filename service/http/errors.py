@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from posenc.models.errors import ParameterError
 from posenc.service.errors import (
+    INTERNAL_MESSAGE,
     ClientClosedRequest,
     InvalidParameter,
     NotFound,
@@ -52,4 +53,4 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        return error_response(500, "internal", "internal server error; the service log has the details")
+        return error_response(500, ServiceError.error_type, INTERNAL_MESSAGE)

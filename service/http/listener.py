@@ -25,7 +25,8 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from posenc.service.request_kit.descriptors import PassedDescriptors, peek_descriptors
+from posenc.service.http.descriptor_passing import peek_descriptors
+from posenc.service.request_kit.descriptors import PassedDescriptors
 
 log = logging.getLogger("posenc.http.server")
 

@@ -3,7 +3,8 @@
 Every app gets its own `CollectorRegistry` (never the process-global default one), so several apps in
 one process — tests, `posenc table` — do not collide.
 
-What the rest of the service reports (the engine's batchers, through `posenc.service.inference.runtime.batcher.BatchObserver`;
+What the rest of the service reports (the engine's batchers, through
+`posenc.service.inference.runtime.batcher.BatchObserver`;
 `create_app` hands them the app's `Metrics`):
 
 - `metrics.observe_batch(model, size)`: one onnxruntime batch of `size` requests was formed.

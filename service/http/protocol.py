@@ -47,11 +47,12 @@ from uvicorn.server import ServerState
 
 from posenc.service.errors import HeadersTooLarge
 from posenc.service.http.metrics import count_send_timeout
-from posenc.service.request_kit.phases import HEAD_AT
+from posenc.service.http.unix_socket import peer_of
 from posenc.service.request_kit.bodies import RECEIVE_INTO
 from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, PassedDescriptors
+from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
-from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer, peer_of
+from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")

@@ -39,18 +39,36 @@ CALLER_SCOPE_KEY = "posenc.shared_memory_caller"
 SHARED_MEMORY_GROUP = "shared-memory"
 
 _MODEL = r"/v2/models/[^/]+(?:/versions/[^/]+)?"
-# The routes of each protocol group (Triton's grouping); a path in none of them is never restricted.
-GROUP_ROUTES: dict[str, re.Pattern[str]] = {
-    "health": re.compile(rf"/v2/health/(?:live|ready)|{_MODEL}/ready"),
-    "metadata": re.compile(rf"/v2/?|{_MODEL}"),
-    "inference": re.compile(rf"{_MODEL}/(?:infer|check)"),
-    "shared-memory": re.compile(r"/v2/(?:system|cuda)sharedmemory(?:/.*)?"),
-    "model-config": re.compile(rf"{_MODEL}/config"),
-    "model-repository": re.compile(r"/v2/repository(?:/.*)?"),
-    "statistics": re.compile(rf"(?:{_MODEL}|/v2/models)/stats"),
-    "trace": re.compile(r"/v2(?:/models/[^/]+)?/trace/setting"),
-    "logging": re.compile(r"/v2/logging"),
+
+
+@dataclass(frozen=True)
+class ProtocolGroup:
+    """One protocol group (Triton's grouping): its HTTP routes and its gRPC methods
+    (`inference.GRPCInferenceService`)."""
+
+    routes: re.Pattern[str]
+    methods: frozenset[str] = frozenset()
+
+
+def _group(routes: str, *methods: str) -> ProtocolGroup:
+    return ProtocolGroup(re.compile(routes), frozenset(methods))
+
+
+# The one table of the protocol groups, both protocols: a path or method in none of them is never restricted.
+PROTOCOL_GROUPS: dict[str, ProtocolGroup] = {
+    "health": _group(rf"/v2/health/(?:live|ready)|{_MODEL}/ready", "ServerLive", "ServerReady", "ModelReady"),
+    "metadata": _group(rf"/v2/?|{_MODEL}", "ServerMetadata", "ModelMetadata"),
+    "inference": _group(rf"{_MODEL}/(?:infer|check)", "ModelInfer", "ModelStreamInfer"),
+    "shared-memory": _group(r"/v2/(?:system|cuda)sharedmemory(?:/.*)?", "SystemSharedMemoryStatus",
+                            "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister"),
+    "model-config": _group(rf"{_MODEL}/config", "ModelConfig"),
+    "model-repository": _group(r"/v2/repository(?:/.*)?", "RepositoryIndex"),
+    "statistics": _group(rf"{_MODEL}/stats", "ModelStatistics"),
+    "trace": _group(r"/v2(?:/models/[^/]+)?/trace/setting"),
+    "logging": _group(r"/v2/logging"),
 }
+GROUP_ROUTES: dict[str, re.Pattern[str]] = {name: group.routes for name, group in PROTOCOL_GROUPS.items()}
+METHOD_GROUPS: dict[str, str] = {method: name for name, group in PROTOCOL_GROUPS.items() for method in group.methods}
 
 
 def group_of(path: str) -> str | None:

@@ -1,1 +1,2 @@
-"""serving"""
+"""The serving process: the app of `posenc serve` with gRPC beside it (`process`), and how uvicorn runs it
+(`server`: the connection protocol, the drain of both protocols, the exit status)."""

@@ -28,7 +28,7 @@ from posenc.service.http.listener import Listener
 from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import shared_metrics_dir
 from posenc.service.http.protocol import DrainState, ServerConfig, TimeoutHttpToolsProtocol, Timeouts
-from posenc.service.request_kit.unix import bind_unix_socket
+from posenc.service.http.unix_socket import bind_unix_socket
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
@@ -154,7 +154,7 @@ def build_config(settings: Settings) -> ServerConfig:
     """The uvicorn configuration of `posenc serve` (the app is built in each worker, from the environment)."""
     timeouts = Timeouts.from_settings(settings)
     return ServerConfig(
-        "posenc.service.http.app:app_from_env",
+        "posenc.service.serving.process:app_from_env",
         timeouts=timeouts,
         max_header_bytes=settings.max_header_bytes,
         factory=True,

@@ -16,10 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.codec.encode import FORMATS, negotiate_format
 from posenc.service.request_kit.bodies import declared_length, read_body
-from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, RowBlocksDep, SettingsDep, TableCacheDep
+from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, SettingsDep
 from posenc.service.request_kit.sending import HeldResponse
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
+from posenc.service.tables.deps import RowBlocksDep, TableCacheDep
 from posenc.service.tables.registry import TableQuery, TableRoute
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.errors import Forbidden
 from posenc.service.http.app import create_app
-from posenc.service.request_kit.deps import engine_of, shared_memory_of
+from posenc.service.inference.deps import dataplane_of
 from posenc.service.request_kit.restricted import GROUP_ROUTES, group_of, shared_memory_caller
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
@@ -24,7 +24,7 @@ from tests.onnx_models import random_inputs
 
 ALL_GROUPS = ",".join(GROUP_ROUTES)
 RESTRICTED = {"restricted_api": f"{ALL_GROUPS}:x-key=secret", "shared_memory": True}
-REACHES = (engine_of, shared_memory_of)
+REACHES = (dataplane_of,)
 PATH_VALUES = {"name": "rope_attention", "version": "1", "preset": "llama3"}
 
 

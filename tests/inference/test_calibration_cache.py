@@ -1,4 +1,5 @@
-"""The calibration cache is data, not trust (`posenc.service.inference.runtime.calibration_cache`): a file nested too deep,
+"""The calibration cache is data, not trust (`posenc.service.inference.runtime.calibration_cache`): a file nested too
+deep,
 too large, with too many entries or too long a rule is measured again without an exception; a folder or file
 another user made is neither read nor written, and no link planted at the temporary name is written through.
 

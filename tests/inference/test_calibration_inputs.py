@@ -1,4 +1,5 @@
-"""`config_inputs` (`posenc.service.inference.runtime.calibration`): the sequence axis of each input calibration times, the
+"""`config_inputs` (`posenc.service.inference.runtime.calibration`): the sequence axis of each input calibration times,
+the
 first dynamic axis after the batch axis (axis 0 is the batch even though it is dynamic too)."""
 
 from __future__ import annotations

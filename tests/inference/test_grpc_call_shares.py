@@ -9,15 +9,16 @@ import pytest
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
-from posenc.service.grpc.servicer import GrpcState, Servicer
+from posenc.service.grpc.servicer import Servicer
+from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.settings import Settings
 
 
 def _servicer(settings: Settings) -> Servicer:
     budget = MemoryBudget(1 << 30, max_waiters=8, wait_seconds=None)
-    return Servicer(GrpcState(None, settings, budget, SharedMemoryRegistry(False), [],  # type: ignore[arg-type]
-                              lambda *args: None))
+    plane = DataPlane(None, settings, budget, SharedMemoryRegistry(False), problems=[])  # type: ignore[arg-type]
+    return Servicer(plane, lambda *args: None)
 
 
 @pytest.mark.parametrize(("limit", "cap"), [(1, 1), (2, 2), (4, 3), (8, 6), (256, 192)])

@@ -19,15 +19,16 @@ from posenc.service.errors import (
     ServiceError,
     Unavailable,
 )
+from posenc.service.grpc.server import inference_handler
+from posenc.service.grpc.servicer import Servicer, grpc_status
 from posenc.service.inference.codecs.protobuf import (
     CONTENTS_FIELD,
     decode_infer_request,
     encode_infer_response,
     split_infer_request,
 )
-from posenc.service.grpc.server import inference_handler
-from posenc.service.grpc.servicer import METHOD_GROUPS, GrpcState, Servicer, grpc_status
-from posenc.service.request_kit.restricted import GROUP_ROUTES
+from posenc.service.inference.dataplane import DataPlane
+from posenc.service.request_kit.restricted import GROUP_ROUTES, METHOD_GROUPS
 from posenc.service.settings import RESTRICTED_API_GROUPS, Settings
 
 
@@ -131,7 +132,8 @@ def test_raw_entries_are_one_per_input_outside_shared_memory(entries: int) -> No
 def test_response_bytes_are_protobufs_own_encoding() -> None:
     """The response assembled around the outputs' buffers is the message protobuf would build, with an empty raw
     entry for an output in shared memory and lengths that take several varint bytes."""
-    from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, ShmRef
+    from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput
+    from posenc.service.inference.shared_memory.refs import ShmRef
 
     outputs = {"a": np.arange(40_000, dtype=np.float32).reshape(200, 200), "b": np.ones((2, 3), np.int64),
                "c": np.zeros(0, np.float16)}
@@ -170,15 +172,15 @@ def test_every_served_method_has_a_protocol_group() -> None:
     assert set(METHOD_GROUPS.values()) <= set(RESTRICTED_API_GROUPS) and set(GROUP_ROUTES) == set(RESTRICTED_API_GROUPS)
     names = {m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
     assert served <= names
-    state = GrpcState(None, Settings(), None, None, [], lambda *args: None)  # type: ignore[arg-type]
-    handler = inference_handler(Servicer(state))
+    plane = DataPlane(None, Settings(), None, None, problems=[])  # type: ignore[arg-type]
+    handler = inference_handler(Servicer(plane, lambda *args: None))
     call = type("Details", (), {"method": "/inference.GRPCInferenceService/ModelInfer", "invocation_metadata": ()})
     assert handler.service(call()) is not None
 
 
 def test_restricted_methods_need_their_header_as_metadata() -> None:
     settings = Settings(restricted_api="inference:x-infer-key=s3cret;shared-memory:x-shm=k")
-    servicer = Servicer(GrpcState(None, settings, None, None, [], lambda *args: None))  # type: ignore[arg-type]
+    servicer = Servicer(DataPlane(None, settings, None, None), lambda *args: None)  # type: ignore[arg-type]
     with pytest.raises(Forbidden) as refused:
         servicer.caller("ModelStreamInfer", {"x-infer-key": "wrong"})
     assert refused.value.message == (

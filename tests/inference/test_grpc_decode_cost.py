@@ -12,8 +12,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.errors import BadRequest
-from posenc.service.inference.codecs.protobuf import MAX_FIELDS, decode_infer_request, decoded_bytes
 from posenc.service.grpc.servicer import decode_infer
+from posenc.service.inference.codecs.protobuf import MAX_FIELDS, decode_infer_request, decoded_bytes
 
 MiB = 1024 * 1024
 

@@ -18,8 +18,9 @@ from tritonclient.grpc import service_pb2 as pb
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
 from posenc.service.grpc import server as grpc_server
+from posenc.service.grpc.servicer import STREAM_WINDOW, Servicer
+from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.engine import Engine
-from posenc.service.grpc.servicer import STREAM_WINDOW, GrpcState, Servicer
 from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
@@ -31,9 +32,8 @@ NOBODY = SharedMemoryCaller(None, False)
 
 def _servicer(settings: Settings, engine: Engine | None = None, budget: MemoryBudget | None = None) -> Servicer:
     budget = budget or MemoryBudget(1 << 34, max_waiters=8, wait_seconds=None)
-    state = GrpcState(engine, settings, budget, SharedMemoryRegistry(False), [],  # type: ignore[arg-type]
-                      lambda *args: None)
-    return Servicer(state)
+    plane = DataPlane(engine, settings, budget, SharedMemoryRegistry(False), problems=[])  # type: ignore[arg-type]
+    return Servicer(plane, lambda *args: None)
 
 
 class Context:

@@ -21,17 +21,11 @@ from posenc.models.dtypes import BFLOAT16
 from posenc.service.codec.encode import json_values
 from posenc.service.errors import BadRequest, ClientClosedRequest
 from posenc.service.inference.codecs import kserve_json
-from posenc.service.inference.answer import (
-    JSON_NUMBER_BYTES,
-    OFFLOAD_BYTES,
-    PartsResponse,
-    _answer_work,
-    memory_needed,
-    parse_watched,
-)
 from posenc.service.inference.codecs.kserve_json import json_data, lift_data
 from posenc.service.inference.codecs.kserve_request import InferRequest, RequestedOutput, parse_infer_request
 from posenc.service.inference.codecs.kserve_response import encode_infer_response_parts
+from posenc.service.inference.dataplane import JSON_NUMBER_BYTES, OFFLOAD_WORK, memory_needed, offload
+from posenc.service.inference.routes import HttpInferCall, PartsResponse
 from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.request_kit.bodies import read_aligned_body
 from posenc.service.testing import attention_inputs, kserve_request
@@ -217,12 +211,14 @@ def test_memory_needed_counts_the_body_the_decoded_inputs_the_outputs_and_their_
 
 @pytest.mark.parametrize("binary_output", [False, True])
 def test_only_outputs_encoded_as_json_are_answer_work(binary_output: bool) -> None:
-    """What `maybe_offload` weighs: JSON encoding grows with the outputs, binary outputs are sent as views."""
+    """What the offload rule weighs for an HTTP answer: JSON encoding grows with the outputs, binary outputs are sent
+    as views."""
     arrays = _inputs()
     request = kserve_request(arrays, binary_output=binary_output)
     parsed = parse_infer_request(request.body, request.headers.get("Inference-Header-Content-Length"))
     outputs = {"output": np.zeros((4, 256, 64), np.float32)}
-    assert _answer_work(parsed, outputs, [], ["output"]) == (0 if binary_output else outputs["output"].nbytes)
+    call = HttpInferCall.__new__(HttpInferCall)
+    assert call.encode_work(parsed, outputs) == (0 if binary_output else outputs["output"].nbytes)
 
 
 def test_json_data_memory_before_and_after_the_chunks() -> None:
@@ -316,13 +312,14 @@ def test_a_parse_stops_when_its_client_has_left() -> None:
     assert parse_infer_request(body, None).inputs[0].array.size == 300 * 400
 
 
-@pytest.mark.parametrize(("size", "stopped"), [(OFFLOAD_BYTES + 1, True), (OFFLOAD_BYTES, False)])
+@pytest.mark.parametrize(("size", "stopped"), [(OFFLOAD_WORK + 1, True), (OFFLOAD_WORK, False)])
 def test_a_large_parse_stops_once_the_client_has_left(size: int, stopped: bool) -> None:
-    """A parse of more than OFFLOAD_BYTES runs in a worker thread, watched: the client's disconnect (the next ASGI
+    """A parse of more than OFFLOAD_WORK runs in a worker thread, watched: the client's disconnect (the next ASGI
     message once the body is read) stops it with a 499. A small one runs on the event loop, unwatched."""
     async def scenario() -> str:
         messages: asyncio.Queue[dict[str, str]] = asyncio.Queue()
-        request = SimpleNamespace(receive=messages.get)
+        call = HttpInferCall.__new__(HttpInferCall)
+        call.request = SimpleNamespace(receive=messages.get)  # type: ignore[assignment]
         asyncio.get_running_loop().call_later(0.05, messages.put_nowait, {"type": "http.disconnect"})
 
         def parse() -> str:
@@ -333,7 +330,7 @@ def test_a_large_parse_stops_once_the_client_has_left(size: int, stopped: bool) 
             return "parsed"
 
         try:
-            return await parse_watched(request, size, parse)  # type: ignore[arg-type]
+            return await offload(size, call, parse)
         except ClientClosedRequest:
             return "stopped"
 

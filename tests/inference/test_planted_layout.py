@@ -53,5 +53,5 @@ def test_grpc_shares_its_port_only_between_workers(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(grpc.aio, "server", server)
     state: Any = type("State", (), {"settings": type("S", (), {"max_request_bytes": 1 << 20})()})()
     with pytest.raises(Stop):
-        asyncio.run(grpc_server.start_grpc_server(state, workers=workers))
+        asyncio.run(grpc_server.start_grpc_server(state, lambda *args: None, workers=workers))
     assert seen["grpc.so_reuseport"] == reuse

@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from posenc.service.http.app import create_app
-from posenc.service.request_kit import phases
 from posenc.service.inference.runtime.batcher import Batcher
+from posenc.service.request_kit import phases
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
 from tests.conftest import running_client

@@ -1,4 +1,5 @@
-"""Sessions shared between the engines of one process (`posenc.service.inference.runtime.sessions`): the same model bytes,
+"""Sessions shared between the engines of one process (`posenc.service.inference.runtime.sessions`): the same model
+bytes,
 options and providers give the same session once sharing is on, anything else a session of its own; failures are
 never kept; the cache is bounded."""
 

@@ -18,9 +18,9 @@ import pytest
 from pydantic import ValidationError
 
 from posenc.service.errors import BadRequest, Forbidden, PayloadTooLarge
-from posenc.service.inference.codecs.kserve_request import ShmRef
-from posenc.service.inference.shared_memory.registry import Region, SharedMemoryRegistry, shm_file
 from posenc.service.inference.shared_memory.guard import may_access
+from posenc.service.inference.shared_memory.refs import ShmRef
+from posenc.service.inference.shared_memory.registry import Region, SharedMemoryRegistry, shm_file
 from posenc.service.request_kit.restricted import GROUP_ROUTES, SharedMemoryCaller, group_of
 from posenc.service.request_kit.unix import Peer
 from posenc.service.settings import Settings

@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 
 from posenc.service.errors import BadRequest, Forbidden
-from posenc.service.inference.codecs.kserve_request import ShmRef
-from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
+from posenc.service.http.unix_socket import peer_of
 from posenc.service.inference.shared_memory.guard import may_access
+from posenc.service.inference.shared_memory.refs import ShmRef
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.request_kit.restricted import SharedMemoryCaller
-from posenc.service.request_kit.unix import Peer, peer_of
+from posenc.service.request_kit.unix import Peer
 from posenc.service.testing import RequestedOutput, SharedMemory, kserve_request, shared_memory_inputs
 from tests.conftest import TRUSTED, shared_memory_client
 from tests.onnx_models import random_inputs

@@ -19,11 +19,12 @@ import pytest
 import posenc.service.inference.runtime.engine as engine_module
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import BadRequest
+from posenc.service.grpc.servicer import Servicer
+from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.devices import HostPinning
 from posenc.service.inference.runtime.engine import Engine, run_model
-from posenc.service.grpc.servicer import GrpcState, Servicer
-from posenc.service.inference.codecs.kserve_request import ShmRef
 from posenc.service.inference.runtime.repository import CUDA, LoadedModel
+from posenc.service.inference.shared_memory.refs import ShmRef
 from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.settings import Settings
 from posenc.service.testing import (
@@ -227,9 +228,9 @@ def test_a_grpc_request_releases_its_regions_whether_it_succeeds_or_fails(memfd:
     caller = peer_sending(fd)
     registry.register("r", key, 0, 2 * TENSOR_BYTES, caller=caller)
     region = registry._regions[SELF_PEER.owner, "r"]
-    state = GrpcState(engine, engine.settings, MemoryBudget(1 << 30, max_waiters=8, wait_seconds=None), registry, [],
-                      lambda *args: None)
-    servicer = Servicer(state)
+    plane = DataPlane(engine, engine.settings, MemoryBudget(1 << 30, max_waiters=8, wait_seconds=None), registry,
+                      problems=[])
+    servicer = Servicer(plane, lambda *args: None)
     arrays = random_inputs(8, 8, 64, 1, 2)
     os.pwrite(fd, arrays["query"].tobytes(), 0)
 

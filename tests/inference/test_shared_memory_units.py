@@ -17,9 +17,10 @@ from starlette.requests import ClientDisconnect
 
 import posenc.service.inference.runtime.engine as engine_module
 from posenc.service.errors import BadRequest, ClientClosedRequest, PayloadTooLarge
+from posenc.service.inference.codecs.kserve_request import parse_infer_request
 from posenc.service.inference.runtime.engine import Engine
-from posenc.service.inference.codecs.kserve_request import ShmRef, parse_infer_request
 from posenc.service.inference.runtime.repository import LoadedModel
+from posenc.service.inference.shared_memory.refs import ShmRef
 from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.request_kit.bodies import ALIGNMENT, read_aligned_body
 from posenc.service.testing import (

@@ -87,8 +87,9 @@ def inference_never_imports_tables(modules: list[Module]) -> list[str]:
 
 
 ASSEMBLY = "posenc.service.http"
-# Who may import the assembly: itself, the CLI (`posenc serve`) and the test kit (servers for tests).
-ASSEMBLY_USERS = (ASSEMBLY, "posenc.service.cli", "posenc.service.testing")
+SERVING = "posenc.service.serving"  # the process: the HTTP app and the gRPC server on one data plane
+# Who may import the assembly: itself, the serving process, the CLI (`posenc serve`) and the test kit.
+ASSEMBLY_USERS = (ASSEMBLY, SERVING, "posenc.service.cli", "posenc.service.testing")
 
 
 def nothing_below_the_assembly_imports_it(modules: list[Module]) -> list[str]:
@@ -105,11 +106,12 @@ def the_numeric_core_imports_no_torch_or_onnx(modules: list[Module]) -> list[str
     return list(_forbidden(core, ("posenc.models",), HEAVY))
 
 
-APP_MODULES = ("posenc.service.http.app",)  # the factory: create_app, app_from_env
+APP_MODULES = ("posenc.service.http.app", "posenc.service.serving.process")  # the factories: create_app, app_from_env
 APP_NAMES = {("fastapi", "FastAPI"), ("fastapi.applications", "FastAPI")}
 
 
-APP_STATE_READER = "posenc.service.request_kit.deps"  # the typed dependencies: app.state -> what a route needs
+# the typed dependencies, the shared ones and each room's own: app.state -> what a route needs
+APP_STATE_READERS = ("posenc.service.request_kit.deps", "posenc.service.tables.deps", "posenc.service.inference.deps")
 
 
 def _touches_app(node: ast.AST) -> bool:
@@ -124,7 +126,7 @@ def _touches_app(node: ast.AST) -> bool:
 def only_http_knows_the_app(modules: list[Module]) -> list[str]:
     found = []
     for module in modules:
-        if within(module.name, ASSEMBLY) or module.name == APP_STATE_READER:
+        if within(module.name, ASSEMBLY) or within(module.name, SERVING) or module.name in APP_STATE_READERS:
             continue
         names = module.imported_names()
         found += [f"{module.name} imports {m}.{n}" for m, n in sorted(names & APP_NAMES)]

@@ -256,7 +256,7 @@ def test_server_timing_in_the_trailing_metadata(server: ServerProcess) -> None:
         infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
         _, call = infer.with_call(request.SerializeToString(), timeout=30)
         spans = phases.parse(dict(call.trailing_metadata())["server-timing"])
-        assert list(spans) == ["parse", "queue", "run", "encode", "total"] and spans["run"] > 0
+        assert list(spans) == ["admit", "read", "parse", "queue", "run", "encode", "total"] and spans["run"] > 0
         del request.inputs[-1], request.raw_input_contents[-1]
         with pytest.raises(grpc.RpcError) as failed:
             infer.with_call(request.SerializeToString(), timeout=30)

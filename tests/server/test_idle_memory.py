@@ -1,7 +1,8 @@
 """Memory returns after serving: after a burst of large inferences on every shipped model, uncached 16 MiB tables
 and 8 MiB check uploads, the idle server is back within 150 MB of its size before the burst, beside what its
 table cache holds (`posenc_table_cache_bytes`, bounded by POSENC_CACHE_BYTES). The runs' buffers go back from
-onnxruntime's arenas once a model is idle (`posenc.service.inference.runtime.arena`): 930-960 MB after this burst when the
+onnxruntime's arenas once a model is idle (`posenc.service.inference.runtime.arena`): 930-960 MB after this burst when
+the
 arenas kept everything, 375 MB after it with 232 MB of cached tables (131 MB before it)."""
 
 from __future__ import annotations

@@ -30,13 +30,19 @@ import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
 from posenc.service.errors import BadRequest, echo
-from posenc.service.inference.codecs.kserve_json import LIFT_MIN_BYTES, Fallback, Span, check_syntax, lift_data, span_array
+from posenc.service.inference.codecs.kserve_json import (
+    LIFT_MIN_BYTES,
+    Fallback,
+    Span,
+    check_syntax,
+    lift_data,
+    span_array,
+)
+from posenc.service.inference.shared_memory.refs import SHARED_MEMORY_OFF, ShmRef
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 EXTENSIONS = ["binary_tensor_data"]
 SHARED_MEMORY_EXTENSION = "system_shared_memory"
-SHARED_MEMORY_OFF = ("the system shared-memory extension is off: start posenc with POSENC_SHARED_MEMORY=true to "
-                     "use it (clients on the same host only; see docs/inference.md, \"Shared memory\")")
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _OUTPUT_KEYS = {"name", "parameters"}
 _INPUT_KEYS = {"name", "datatype", "shape", "data", "parameters"}
@@ -45,22 +51,6 @@ _INPUT_KEYS = {"name", "datatype", "shape", "data", "parameters"}
 def extensions(shared_memory: bool) -> list[str]:
     """The protocol extensions `GET /v2` advertises."""
     return [*EXTENSIONS, SHARED_MEMORY_EXTENSION] if shared_memory else list(EXTENSIONS)
-
-
-@dataclass(frozen=True)
-class ShmRef:
-    """`byte_size` bytes at `offset` of the registered shared-memory region `region`."""
-
-    region: str
-    offset: int
-    byte_size: int
-
-    def parameters(self, byte_size: int) -> dict[str, Any]:
-        """The tensor parameters of a response entry whose `byte_size` bytes were written here."""
-        params: dict[str, Any] = {"shared_memory_region": self.region, "shared_memory_byte_size": byte_size}
-        if self.offset:
-            params["shared_memory_offset"] = self.offset
-        return params
 
 
 class TensorSource(Protocol):
@@ -345,7 +335,8 @@ def parse_infer_request(body: bytes | bytearray | memoryview, header_length: str
 
 def parse_infer_document(header: dict[str, Any], binary: bytes | bytearray | memoryview,
                          shared_memory: TensorSource | None = None) -> InferRequest:
-    """An infer request already in the JSON header's form (the gRPC messages: `posenc.service.inference.codecs.protobuf`),
+    """An infer request already in the JSON header's form (the gRPC messages:
+    `posenc.service.inference.codecs.protobuf`),
     its binary inputs' bytes in `binary`, in input order: the checks and messages of `parse_infer_request`."""
     return _parse_header(header, binary, 0, shared_memory, {})
 

@@ -5,7 +5,8 @@ The messages are the ones `tritonclient` ships, generated from Triton's `grpc_se
 `model_config.proto` (BSD-3-Clause, github.com/triton-inference-server/common): posenc keeps no copy of them.
 
 An infer request is turned into the JSON header's form of the HTTP protocol and parsed by the same parser
-(`posenc.service.inference.codecs.kserve_request.parse_infer_document`), so both protocols apply one set of rules with one set
+(`posenc.service.inference.codecs.kserve_request.parse_infer_document`), so both protocols apply one set of rules
+with one set
 of messages. What only gRPC has is checked here: `raw_input_contents` (one entry per input outside shared
 memory, in input order, its length that of the tensor) and typed `contents` (the field of the datatype, as
 Triton reads it; FP16 and BF16 travel as raw bytes only). Outputs are always answered in `raw_output_contents`.

@@ -53,15 +53,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from posenc.service.budget import MemoryBudget
 from posenc.service.errors import Unavailable
-from posenc.service.request_kit import phases
 from posenc.service.inference.runtime.batch_arrays import Arrays, joined, rows_of, split_rows, stack, unstack
 from posenc.service.inference.runtime.run_times import BatchKey, RunTimes, Shape
+from posenc.service.request_kit import phases
 
 log = logging.getLogger("posenc.inference.batcher")
 
@@ -205,7 +205,14 @@ class Batcher:
         if seconds is not None and seconds < self.inline_below:
             self.inline_runs += 1
             return self._timed(shape, fn, *args)
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self._timed, shape, fn, *args)
+        run = asyncio.get_running_loop().run_in_executor(self.executor, self._timed, shape, fn, *args)
+        try:
+            return await asyncio.shield(run)
+        except asyncio.CancelledError:
+            # A thread cannot be stopped: the run goes on, holding its inputs and its scores. Its caller ends once
+            # the run has, so what counts the run (its place, the caller's memory reservation) is given back then.
+            await _finished(run)
+            raise
 
     def _timed(self, shape: Shape, fn: Callable[..., T], *args: object) -> T:
         """`fn(*args)`, remembering how long it took for `shape` (what it would hold the event loop for)."""
@@ -442,3 +449,12 @@ def _settle(item: _Item, *, result: dict[str, np.ndarray] | None = None, exc: Ba
     else:
         assert result is not None
         item.future.set_result(result)
+
+
+async def _finished(run: asyncio.Future[Any]) -> None:
+    """Wait until `run` is done, whatever it ends with, through any further cancellation of the waiting task."""
+    while not run.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({run})
+    if not run.cancelled():
+        run.exception()  # retrieved: the caller was cancelled, nobody else reads it

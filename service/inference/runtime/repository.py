@@ -119,7 +119,8 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A model whose session was built and agrees with its config.json (run by `posenc.service.inference.runtime.engine`)."""
+    """A model whose session was built and agrees with its config.json (run by
+    `posenc.service.inference.runtime.engine`)."""
 
     name: str
     config: ModelConfig

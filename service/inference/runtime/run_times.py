@@ -1,4 +1,5 @@
-"""What the runs of each shape took, the batcher's memory for its choices (`posenc.service.inference.runtime.batcher`): a run
+"""What the runs of each shape took, the batcher's memory for its choices (`posenc.service.inference.runtime.batcher`):
+a run
 on the event loop or in a worker thread, a request alone or in a batch.
 
 A shape is a run's batch key (the inputs' shapes without the batch axis, and without the sequence axis where

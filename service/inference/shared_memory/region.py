@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from posenc.service.errors import BadRequest, echo
-from posenc.service.inference.codecs.kserve_request import ShmRef
 from posenc.service.inference.shared_memory.guard import OpenedObject, WriteRefusal, mapping_failed, write_refusal
+from posenc.service.inference.shared_memory.refs import ShmRef
 
 if TYPE_CHECKING:
     from posenc.service.inference.runtime.devices import HostPinning

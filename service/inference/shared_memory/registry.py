@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from posenc.service.errors import BadRequest, NotFound, PayloadTooLarge, echo, format_bytes
-from posenc.service.inference.codecs.kserve_request import SHARED_MEMORY_OFF, ShmRef
 from posenc.service.inference.shared_memory.guard import (
     OpenedObject,
     adopt_descriptor,
@@ -47,6 +46,7 @@ from posenc.service.inference.shared_memory.guard import (
     require_input_access,
     require_output_access,
 )
+from posenc.service.inference.shared_memory.refs import SHARED_MEMORY_OFF, ShmRef
 from posenc.service.inference.shared_memory.region import Region, check_room, map_region
 from posenc.service.request_kit.restricted import SharedMemoryCaller
 from posenc.service.settings import Settings
