@@ -41,7 +41,13 @@ def run(args: argparse.Namespace) -> int:
         time_graphs,
     )
     from posenc.service.inference.runtime.calibration_cache import Refused, file_bytes, parse_entries
-    from posenc.service.inference.runtime.repository import ConfigError, ModelConfig, calibration_key, cpu_graphs, model_folders
+    from posenc.service.inference.runtime.repository import (
+        ConfigError,
+        ModelConfig,
+        calibration_key,
+        cpu_graphs,
+        model_folders,
+    )
 
     settings = settings_or_exit()
     repository = args.repository or Path(settings.model_repository)

@@ -12,7 +12,7 @@ import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from posenc.service.request_kit.descriptors import send_with_descriptors
+from posenc.service.http.descriptor_passing import send_with_descriptors
 from posenc.service.testing.ports import LOOPBACK, require_loopback
 
 Response = tuple[int, dict[str, str], bytes]  # status, lower-cased headers, body
