@@ -1,5 +1,6 @@
 """config.json alone: what transformers builds from it (`posenc.models.rope_config`), and the warnings it
-raises on the way (unknown rope_type, original length missing, the legacy `type` key)."""
+raises on the way (unknown rope_type, original length missing, the legacy `type` key). A JSON file audited is
+that, or `posenc audit --remote`'s extract (`document_found`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from posenc.models.audit.reference import text_section
 from posenc.models.errors import ParameterError
 from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_types import ROPE_TYPES
-from posenc.service.audit import values
-from posenc.service.errors import BadRequest
+from posenc.service.audit import extract, values
+from posenc.service.codec.safetensors_header import json_object
 
 # A config.json is a few KB: a few hundred values, nested 3 or 4 deep; the largest hold a classifier's id2label
 # and label2id (ImageNet-21k's: 2 x 21,843 entries). The bounds are well above any real one and keep a parse of
@@ -23,11 +24,16 @@ LIMITS = values.JsonLimits(values=100_000, depth=64)
 
 def parse(body: bytes | str, what: str = "config.json") -> Mapping[str, Any]:
     """A JSON object, counted within LIMITS before it is parsed (`values.json_document`)."""
-    config = values.json_document(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body, what,
-                                  LIMITS)
-    if not isinstance(config, dict):
-        raise BadRequest(f"{what}: must be a JSON object")
-    return config
+    return json_object(values.json_document(body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body,
+                                            what, LIMITS), what)
+
+
+def document_found(body: bytes) -> Found:
+    """The facts of a JSON file: `posenc audit --remote`'s extract (it holds `extract.MARK`), else a config.json."""
+    document = parse(body, "JSON upload")
+    if extract.MARK in document:
+        return extract.load(document)
+    return to_found(document)
 
 
 def to_found(config: Mapping[str, Any]) -> Found:

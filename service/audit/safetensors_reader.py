@@ -4,7 +4,6 @@ by their shape, read from the header alone."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import ml_dtypes
@@ -13,6 +12,7 @@ import numpy as np
 from posenc.models.audit.found import Found
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout
+from posenc.service.codec import safetensors_header
 from posenc.service.errors import BadRequest
 
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype(ml_dtypes.bfloat16), "F64": np.dtype("<f8")}
@@ -37,43 +37,40 @@ def _wanted(name: str) -> str | None:
 
 
 def parse_header(c: Cursor) -> Layout:
+    """The header, checked as the upload decoder checks it (`safetensors_header`: offsets within the data the file
+    holds, consistent with dtype and shape, tiling it without holes or overlaps; every dtype code of the format),
+    every shape within the audit's bound (`values.shape`); the ranges of the position tensors it names."""
     length = c.unpack("Q")
     if length > c.room():
         raise BadRequest(f"{c.what}: the safetensors header declares {length} bytes, more than the header may hold")
-    header = values.json_document(c.take(length), f"{c.what}: the safetensors header", HEADER_LIMITS)
-    if not isinstance(header, dict):
-        raise BadRequest(f"{c.what}: the safetensors header is not a JSON object")
+    counted = f"{c.what}: the safetensors header"
+    header = safetensors_header.parse(c.take(length), c.what,
+                                      count=lambda raw: values.count_json(raw, counted, HEADER_LIMITS))
+    for name, entry in header.items():  # the bound every reader of the audit puts on a shape (rank, elements)
+        if name != "__metadata__" and isinstance(entry, dict) and "shape" in entry:
+            values.shape(f"{c.what}: tensor {name[:80]!r} has invalid offsets or shape: its shape", entry["shape"])
     base = 8 + length
-    layout = Layout({"tensors": {}, "count": {}})
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
+    tensors, end = safetensors_header.entries(header, None if c.size is None else c.size - base, c.what,
+                                              safetensors_header.FORMAT_BITS)
+    layout = Layout({"tensors": {}, "count": {}}, extent=base + end,
+                    check_size=lambda size: safetensors_header.covered(end, size - base, c.what))
+    for name, entry in tensors.items():
         label = f"{c.what}: tensor {name[:80]!r}"
-        if not isinstance(entry, dict) or not all(key in entry for key in ("dtype", "shape", "data_offsets")):
-            raise BadRequest(f"{label} has no dtype, shape and data_offsets")
-        offsets = values.integers(f"{label}: data_offsets", entry["data_offsets"])
-        if len(offsets) != 2 or offsets[0] > offsets[1]:
-            raise BadRequest(f"{label} has invalid offsets or shape: data_offsets must be [begin, end], begin <= end")
-        (begin, end), dtype = offsets, entry["dtype"]
-        shape = values.shape(f"{label} has invalid offsets or shape: its shape", entry["shape"])
-        layout.extent = max(layout.extent, base + end)
-        kind = _wanted(name)
         if name.endswith(LEARNED):
-            layout.header["tensors"].setdefault("learned", (name, shape, dtype))
+            layout.header["tensors"].setdefault("learned", (name, entry.shape, entry.dtype))
+        kind = _wanted(name)
         if kind is None:
             continue
         layout.header["count"][kind] = layout.header["count"].get(kind, 0) + 1
         if kind in layout.ranges:
             continue  # one buffer of each kind is read (every layer stores the same)
-        if dtype not in DTYPES:
-            raise BadRequest(f"{label} must be a float tensor ({', '.join(DTYPES)}), got dtype {values.shown(dtype)}")
-        values.shape(f"{label}: its shape", shape, MAX_SMALL)  # read for its values
-        values.position_shape(label, kind, shape)
-        if end - begin != math.prod(shape) * DTYPES[dtype].itemsize:
-            raise BadRequest(f"{c.what}: tensor {name[:80]!r}: its data_offsets span {end - begin} bytes, its "
-                             "shape and dtype need another size")
-        layout.ranges[kind] = (base + begin, end - begin)
-        layout.header["tensors"][kind] = (name, shape, dtype)
+        if entry.dtype not in DTYPES:
+            raise BadRequest(f"{label} must be a float tensor ({', '.join(DTYPES)}), got dtype "
+                             f"{values.shown(entry.dtype)}")
+        values.shape(f"{label}: its shape", entry.shape, MAX_SMALL)  # read for its values
+        values.position_shape(label, kind, entry.shape)
+        layout.ranges[kind] = (base + entry.begin, entry.end - entry.begin)
+        layout.header["tensors"][kind] = (name, entry.shape, entry.dtype)
     return layout
 
 

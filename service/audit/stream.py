@@ -1,4 +1,5 @@
-"""Bounded reading of a file's header and of a few byte ranges after it, from a local file or a request stream.
+"""Bounded reading of a file's header and of a few byte ranges after it, from a local file or a request stream,
+and the two sources the readers take (`Source`: `FileSource`, `UploadSource`).
 
 A header parser reads through a `Cursor` and parses the header once, from its start to its end. Over a local file
 the cursor reads on as the parser needs (doubling, up to the header limit). Over a request stream the bytes at
@@ -7,14 +8,19 @@ with the total it needs (a safetensors header declares its length; a GGUF header
 limit, since it declares none), the driver reads that much once and parses again: at most twice, the first time
 over the first 64 KiB. The parsed header names the byte ranges it still needs (`Layout.ranges`, absolute offsets);
 a file is read there with seeks, a stream is consumed and dropped up to each range, never held beyond the ranges.
+A header that fixes the file's size (a safetensors file's tensors tile its data to its end) is checked against
+the size the cursor knows (a file's, an upload's Content-Length); a body sent without one is consumed to its end
+(and dropped) to check it.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from posenc.service.errors import BadRequest, PayloadTooLarge, format_bytes
 
@@ -32,10 +38,11 @@ Fill = Callable[[bytearray, int], None]  # extends the buffer to hold at least t
 
 class Cursor:
     """Little-endian reads over a byte buffer; past its end, `fill` reads on (without one: NeedMore); past `limit`
-    a 413."""
+    a 413. `size`: the bytes of the whole file, where known (a file's; an upload's Content-Length)."""
 
-    def __init__(self, data: bytearray, limit: int, what: str, fill: Fill | None = None) -> None:
-        self.data, self.pos, self.limit, self.what, self.fill = data, 0, limit, what, fill
+    def __init__(self, data: bytearray, limit: int, what: str, fill: Fill | None = None,
+                 size: int | None = None) -> None:
+        self.data, self.pos, self.limit, self.what, self.fill, self.size = data, 0, limit, what, fill, size
         self.items = 0  # strings a parser walked or kept (bounded by the parser)
 
     def reach(self, end: int) -> None:
@@ -85,6 +92,8 @@ class Layout:
     header: Any
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
     extent: int = 0  # bytes the file must hold for every tensor it declares
+    # where the header fixes the file's size: a check of the size of a body read without one (a 400 if it differs)
+    check_size: Callable[[int], None] | None = None
 
 
 HeaderParser = Callable[[Cursor], Layout]
@@ -120,7 +129,7 @@ def _file_fill(handle: BinaryIO, size: int, limit: int, what: str) -> Fill:
 def read_file(handle: BinaryIO, size: int, parse: HeaderParser, limit: int, what: str
               ) -> tuple[Any, dict[str, bytes]]:
     """Parse the header of an open file once, reading on as it needs, then read only the ranges it names."""
-    layout = parse(Cursor(bytearray(), limit, what, _file_fill(handle, size, limit, what)))
+    layout = parse(Cursor(bytearray(), limit, what, _file_fill(handle, size, limit, what), size))
     _check_ranges(layout, size, what)
     out = {}
     for name, (offset, length) in layout.ranges.items():
@@ -143,7 +152,8 @@ async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: Hea
                       ) -> tuple[Any, dict[str, bytes]]:
     """The same from a request body: the first 64 KiB are parsed in a worker thread; a header that needs more is
     read up to what it asks for (at least twice the bytes at hand, within `limit`) and parsed again. The body is
-    then consumed and dropped but for the named ranges; reading stops after the last one."""
+    then consumed and dropped but for the named ranges; reading stops after the last one (without a declared
+    size, where the header fixes it, at the body's end)."""
     from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
 
     buffer = bytearray()
@@ -151,7 +161,7 @@ async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: Hea
     while True:
         ended = await _read_to(chunks, buffer, want)
         try:
-            layout = await run_in_threadpool(parse, Cursor(buffer, limit, what))
+            layout = await run_in_threadpool(parse, Cursor(buffer, limit, what, size=size))
             break
         except NeedMore as more:
             if ended:
@@ -159,16 +169,25 @@ async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: Hea
                                  f"{more.needed} bytes): truncated") from None
             want = min(max(more.needed, 2 * len(buffer)), limit)
     _check_ranges(layout, size, what)
-    return layout.header, await _collect(chunks, buffer, ended, layout.ranges, what)
+    tensors, position, ended = await _collect(chunks, buffer, ended, layout.ranges, what)
+    if size is None and layout.check_size is not None:
+        while not ended:  # the bytes are counted and dropped, one chunk at a time
+            try:
+                position += len(await chunks.__anext__())
+            except StopAsyncIteration:
+                ended = True
+        layout.check_size(position)
+    return layout.header, tensors
 
 
 async def _collect(chunks: AsyncIterator[bytes], head: bytearray, ended: bool, ranges: Mapping[str, tuple[int, int]],
-                   what: str) -> dict[str, bytes]:
+                   what: str) -> tuple[dict[str, bytes], int, bool]:
+    """The bytes of each range, then the bytes of the body seen so far and whether it has ended."""
     pending = sorted(ranges.items(), key=lambda item: item[1][0])
     out: dict[str, bytearray] = {name: bytearray() for name in ranges}
     position = 0
     chunk: bytes | bytearray = head
-    while pending:
+    while True:  # the head first, whatever the ranges: its bytes count in the position
         end = position + len(chunk)
         for name, (offset, length) in pending:
             lo, hi = max(offset, position), min(offset + length, end)
@@ -185,4 +204,111 @@ async def _collect(chunks: AsyncIterator[bytes], head: bytearray, ended: bool, r
             chunk = await chunks.__anext__()
         except StopAsyncIteration:
             ended, chunk = True, b""
-    return {name: bytes(value) for name, value in out.items()}
+    return {name: bytes(value) for name, value in out.items()}, position, ended
+
+
+T = TypeVar("T")
+
+
+class Source(Protocol):
+    """A bounded byte source, what every reader takes (`posenc.service.audit.readers`): a local file
+    (`FileSource`) or a request body (`UploadSource`). `kind` (the format, "gguf", "onnx", ...) names the file
+    in refusals."""
+
+    @property
+    def folder(self) -> Path | None:
+        """Where an ONNX model's external data lies: a local file's folder; None for an upload."""
+        ...
+
+    async def start(self, n: int) -> bytes:
+        """The first `n` bytes (fewer when the source is shorter); a reader still reads from the start."""
+        ...
+
+    async def header(self, parse: HeaderParser, kind: str) -> tuple[Any, dict[str, bytes]]:
+        """The header parsed within POSENC_AUDIT_MAX_HEADER_BYTES, then only the byte ranges it names
+        ({name: bytes})."""
+        ...
+
+    async def whole(self, kind: str) -> bytes:
+        """Every byte: an upload within POSENC_AUDIT_MAX_ONNX_BYTES (413 beyond), a local file as it is."""
+        ...
+
+    async def compute(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` where a reader's parse runs: a worker thread for an upload (the event loop answers
+        meanwhile), the calling thread for a file."""
+        ...
+
+
+FILE_NAMES = {"gguf": "GGUF"}  # how a refusal names a local file of each kind ("GGUF file", "safetensors file")
+
+
+class FileSource:
+    """A local file (`posenc audit`), open for reading: a header read on as its parser needs, then its ranges by
+    seeking. Its coroutines never wait on anything (the command line has no event loop to keep free)."""
+
+    def __init__(self, handle: BinaryIO, path: Path, header_limit: int) -> None:
+        self.handle, self.folder, self.header_limit = handle, path.parent, header_limit
+        self.size = os.fstat(handle.fileno()).st_size
+
+    async def start(self, n: int) -> bytes:
+        self.handle.seek(0)
+        return self.handle.read(n)
+
+    async def header(self, parse: HeaderParser, kind: str) -> tuple[Any, dict[str, bytes]]:
+        return read_file(self.handle, self.size, parse, self.header_limit, f"{FILE_NAMES.get(kind, kind)} file")
+
+    async def whole(self, kind: str) -> bytes:
+        self.handle.seek(0)
+        return self.handle.read()
+
+    async def compute(self, call: Callable[..., T], *args: Any) -> T:
+        return call(*args)
+
+
+class UploadSource:
+    """A request body (`POST /v1/audit`) of `size` bytes (its Content-Length; None: not declared): a header parsed
+    in worker threads as the bytes arrive, then the body consumed and dropped up to each range; or the body held
+    whole within `whole_limit`."""
+
+    folder: None = None
+
+    def __init__(self, chunks: AsyncIterator[bytes], size: int | None, header_limit: int, whole_limit: int) -> None:
+        self.chunks, self.size, self.header_limit, self.whole_limit = chunks, size, header_limit, whole_limit
+        self.first = b""  # the bytes `start` read, handed on first
+
+    async def start(self, n: int) -> bytes:
+        while len(self.first) < n:
+            try:
+                self.first += await self.chunks.__anext__()
+            except StopAsyncIteration:
+                break
+        return self.first[:n]
+
+    async def _body(self) -> AsyncIterator[bytes]:
+        """The body from its start: the bytes `start` read, then the rest."""
+        if self.first:
+            yield self.first
+        async for chunk in self.chunks:
+            yield chunk
+
+    async def header(self, parse: HeaderParser, kind: str) -> tuple[Any, dict[str, bytes]]:
+        return await read_stream(self._body(), self.size, parse, self.header_limit, f"{kind} upload")
+
+    async def whole(self, kind: str) -> bytes:
+        limit = self.whole_limit
+        if self.size is not None and self.size > limit:
+            raise PayloadTooLarge(f"a {kind} upload of {format_bytes(self.size)} is over POSENC_AUDIT_MAX_ONNX_BYTES "
+                                  f"({format_bytes(limit)}); audit it with `posenc audit FILE --remote URL`, which "
+                                  "sends only the extract")
+        body = bytearray()
+        async for chunk in self._body():
+            body += chunk
+            if len(body) > limit:
+                raise PayloadTooLarge(f"a {kind} upload over {format_bytes(limit)} (POSENC_AUDIT_MAX_ONNX_BYTES); "
+                                      "audit it with `posenc audit FILE --remote URL`, which sends only the extract")
+        return bytes(body)  # the bytearray goes with this frame: one copy held while it is parsed
+
+    async def compute(self, call: Callable[..., T], *args: Any) -> T:
+        from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
+
+        return await run_in_threadpool(call, *args)

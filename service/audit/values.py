@@ -154,13 +154,18 @@ def _check_shape(skeleton: bytes, what: str, limits: JsonLimits) -> None:
         raise PayloadTooLarge(f"{what}: more than {limits.members} {limits.entries}")
 
 
+def count_json(data: bytes, what: str, limits: JsonLimits) -> bytes:
+    """`data` as UTF-8 once its values, depth and top-level entries are counted within `limits` (413 or 400 naming
+    the limit passed, before anything is built); a ValueError where its encoding is not one JSON allows."""
+    data = _utf8(data)
+    _strings_within(data, what, limits)
+    _check_shape(_skeleton(data), what, limits)
+    return data
+
+
 def json_document(data: bytes, what: str, limits: JsonLimits) -> Any:
-    """`data` parsed as JSON once its values, depth and top-level entries are counted within `limits` (413 or 400
-    naming the limit passed, before anything is built); 400 when it is not JSON."""
+    """`data` parsed as JSON once counted within `limits` (`count_json`); 400 when it is not JSON."""
     try:
-        data = _utf8(data)
-        _strings_within(data, what, limits)
-        _check_shape(_skeleton(data), what, limits)
-        return json.loads(data)
+        return json.loads(count_json(data, what, limits))
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise BadRequest(f"{what}: not JSON") from None

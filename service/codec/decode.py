@@ -4,7 +4,8 @@
 Nothing here unpickles or trusts a length: the .npy header is parsed with `ast.literal_eval`
 (object dtypes are refused, as `np.load(allow_pickle=False)` would), every declared shape and byte
 count is checked against the body with Python integers before numpy sees the data, and safetensors
-offsets must tile the data buffer exactly (no holes, no overlaps), as the format specification says.
+offsets must tile the data buffer exactly (no holes, no overlaps), as the format specification says
+(`safetensors_header`: the header's checks, which the audit's reader makes too).
 
 Content type decides the decoder: `application/x-npy` or `application/x-safetensors`.
 `application/octet-stream` (or no Content-Type) is sniffed from the magic bytes: `\\x93NUMPY` is
@@ -14,7 +15,6 @@ Content type decides the decoder: `application/x-npy` or `application/x-safetens
 from __future__ import annotations
 
 import ast
-import json
 import math
 import struct
 import warnings
@@ -23,6 +23,8 @@ from typing import Any, Literal
 import numpy as np
 
 from posenc.models.dtypes import BY_NPY, BY_SAFETENSORS, FLOAT_DTYPES, dtype_name
+from posenc.service.codec import safetensors_header
+from posenc.service.codec.safetensors_header import Entry, checked_shape
 from posenc.service.errors import BadRequest, InvalidParameter, UnsupportedMediaType
 
 UploadFormat = Literal["npy", "safetensors"]
@@ -36,7 +38,6 @@ NPY_MAGIC = b"\x93NUMPY"
 # numpy's own default cap on header size (np.lib.format.read_array_header_*, max_header_size)
 MAX_NPY_HEADER = 10_000
 MAX_SAFETENSORS_HEADER = 1 << 20
-MAX_NDIM = 32
 
 # numpy reads '|' (not applicable) on a multi-byte type as native order
 _BYTE_ORDERS: dict[str, Literal["<", ">", "="]] = {"<": "<", ">": ">", "=": "=", "|": "="}
@@ -141,7 +142,7 @@ def _npy_header_fields(text: str) -> tuple[np.dtype, bool, tuple[int, ...]]:
     fortran_order = header["fortran_order"]
     if not isinstance(fortran_order, bool):
         raise BadRequest("npy: 'fortran_order' must be True or False")
-    return _npy_dtype(header["descr"]), fortran_order, _checked_shape(header["shape"], "npy")
+    return _npy_dtype(header["descr"]), fortran_order, checked_shape(header["shape"], "npy")
 
 
 def _npy_dtype(descr: Any) -> np.dtype:
@@ -154,15 +155,6 @@ def _npy_dtype(descr: Any) -> np.dtype:
     if kind not in BY_NPY:
         raise BadRequest(f"npy: dtype {descr!r} is not accepted; accepted kinds: " + ", ".join(BY_NPY))
     return BY_NPY[kind].numpy.newbyteorder(_BYTE_ORDERS[order])
-
-
-def _checked_shape(shape: Any, what: str) -> tuple[int, ...]:
-    """A tuple/list of non-negative ints (bools are not ints here), at most MAX_NDIM of them."""
-    if not isinstance(shape, (tuple, list)) or len(shape) > MAX_NDIM:
-        raise BadRequest(f"{what}: shape must be a list of at most {MAX_NDIM} non-negative integers")
-    if not all(type(n) is int and n >= 0 for n in shape):
-        raise BadRequest(f"{what}: shape {shape!r} must contain non-negative integers only")
-    return tuple(shape)
 
 
 # -------------------------------------------------------------------------------------- safetensors
@@ -193,82 +185,20 @@ def decode_safetensors_bundle(body: bytes) -> tuple[dict[str, np.ndarray], dict[
     return {name: _entry_array(data, entry) for name, entry in entries.items()}, metadata
 
 
-_Entry = tuple[np.dtype, tuple[int, ...], tuple[int, int]]  # dtype, shape, data offsets
-
-
-def _safetensors_parts(body: bytes) -> tuple[dict[str, _Entry], memoryview, dict[str, str]]:
+def _safetensors_parts(body: bytes) -> tuple[dict[str, Entry], memoryview, dict[str, str]]:
     if len(body) < 8:
         raise BadRequest(f"safetensors: truncated: {len(body)} bytes, the header length field alone is 8")
     (header_len,) = struct.unpack_from("<Q", body, 0)
     if header_len > min(len(body) - 8, MAX_SAFETENSORS_HEADER):
         raise BadRequest(f"safetensors: header length {header_len} exceeds the body ({len(body) - 8} bytes "
                          f"after the length field) or the {MAX_SAFETENSORS_HEADER}-byte limit")
-    header = _safetensors_header(body[8:8 + header_len])
-    metadata = header.pop("__metadata__", {})
+    header = safetensors_header.parse(body[8:8 + header_len])
     data = memoryview(body)[8 + header_len:]
-    return _checked_entries(header, len(data)), data, metadata
+    entries, _ = safetensors_header.entries(header, len(data))
+    return entries, data, header.get("__metadata__", {})
 
 
-def _entry_array(data: memoryview, entry: _Entry) -> np.ndarray:
-    dtype, shape, (begin, _end) = entry
-    flat = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=math.prod(shape), offset=begin)
-    return flat.reshape(shape).astype(dtype, order="C", copy=True)
-
-
-def _safetensors_header(raw: bytes) -> dict[str, Any]:
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        keys = [key for key, _ in pairs]
-        if len(set(keys)) != len(keys):
-            raise BadRequest("safetensors: duplicate keys in the header")
-        return dict(pairs)
-
-    try:
-        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise BadRequest("safetensors: header is not valid UTF-8 JSON") from None
-    if not isinstance(header, dict):
-        raise BadRequest("safetensors: header must be a JSON object")
-    metadata = header.get("__metadata__", {})
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise BadRequest("safetensors: __metadata__ must map strings to strings")
-    return header
-
-
-def _checked_entries(
-    header: dict[str, Any], data_len: int
-) -> dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]]:
-    entries: dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]] = {}
-    for tensor, info in header.items():
-        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-            raise BadRequest(f"safetensors: tensor {tensor!r} needs exactly dtype, shape and data_offsets")
-        code = info["dtype"]
-        if code not in BY_SAFETENSORS:
-            raise BadRequest(f"safetensors: tensor {tensor!r} has dtype {code!r}; accepted: "
-                             + ", ".join(BY_SAFETENSORS))
-        dtype = BY_SAFETENSORS[code].numpy
-        shape = _checked_shape(info["shape"], f"safetensors: tensor {tensor!r}")
-        offsets = info["data_offsets"]
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(type(n) is int and 0 <= n <= data_len for n in offsets) or offsets[0] > offsets[1]):
-            raise BadRequest(f"safetensors: tensor {tensor!r} data_offsets {offsets!r} must be [begin, end] "
-                             f"with 0 <= begin <= end <= {data_len} (the data size)")
-        expected = math.prod(shape) * dtype.itemsize
-        if offsets[1] - offsets[0] != expected:
-            raise BadRequest(f"safetensors: tensor {tensor!r} spans {offsets[1] - offsets[0]} bytes but shape "
-                             f"{list(shape)} of {code} needs {expected}")
-        entries[tensor] = (dtype, shape, (offsets[0], offsets[1]))
-    _check_tiling(entries, data_len)
-    return entries
-
-
-def _check_tiling(entries: dict[str, tuple[np.dtype, tuple[int, ...], tuple[int, int]]], data_len: int) -> None:
-    """Offsets sorted by start must run 0 → data_len contiguously (the format forbids holes and overlaps)."""
-    position = 0
-    for tensor, (_, _, (begin, end)) in sorted(entries.items(), key=lambda item: item[1][2]):
-        if begin != position:
-            problem = "overlaps the previous tensor" if begin < position else "leaves a hole before it"
-            raise BadRequest(f"safetensors: tensor {tensor!r} starts at byte {begin}, which {problem} "
-                             f"(expected {position})")
-        position = end
-    if position != data_len:
-        raise BadRequest(f"safetensors: the tensors cover {position} bytes but the data section has {data_len}")
+def _entry_array(data: memoryview, entry: Entry) -> np.ndarray:
+    dtype = BY_SAFETENSORS[entry.dtype].numpy
+    flat = np.frombuffer(data, dtype=dtype.newbyteorder("<"), count=math.prod(entry.shape), offset=entry.begin)
+    return flat.reshape(entry.shape).astype(dtype, order="C", copy=True)
