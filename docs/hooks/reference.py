@@ -6,7 +6,7 @@ A page holds a marker line `<!-- reference:NAME -->` and the hook replaces it wi
   plus the answers `service/http/errors.py` gives outside it (validation, unknown route, wrong method);
 - endpoints: every route of the OpenAPI document of `posenc.service.http.app.create_app()`;
 - rope_types: every entry of `posenc.models.rope_types.ROPE_TYPES` (the fields it reads, the config.json keys);
-- grpc_status: the gRPC status code of every class of the error taxonomy (the taxonomy's one table, `posenc.service.errors.GRPC_CODE_NAMES`).
+- grpc_status: the gRPC status code of every class of the error taxonomy (`posenc.service.errors.GRPC_CODE_NAMES`).
 `render(name)` is what the tests call, without mkdocs.
 """
 
