@@ -1,2 +1,3 @@
-"""Inference: the model repository, the engine that runs its models, the batcher, the run bound, devices,
-the KServe v2 codec and input checks, shared memory, and their routes."""
+"""Inference: the data plane (`dataplane`) every protocol reaches, its HTTP adapter (`routes`), and below it the model
+views (`model_inputs`, `triton_config`), the protocol codecs (`codecs/`), shared memory (`shared_memory/`) and the
+runtime (`runtime/`: the repository, calibration, the engine, the batcher)."""
