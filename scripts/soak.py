@@ -63,6 +63,7 @@ from posenc.service.testing import (  # noqa: E402
     shared_memory_inputs,
     shared_memory_key_settings,
 )
+from scripts.soak_grpc import IDLE_SECONDS as GRPC_IDLE_SECONDS  # noqa: E402
 from scripts.soak_grpc import KINDS as GRPC_KINDS  # noqa: E402
 from scripts.soak_grpc import grpc_load  # noqa: E402
 
@@ -508,6 +509,8 @@ def main() -> int:
                 "shared_memory": True, **shared_memory_key_settings(),
                 # a budget the RSS bound covers while slow readers fill it; their cut comes soon
                 "memory_budget_bytes": 192 * MiB, "send_timeout": args.send_timeout,
+                # idle gRPC streams are ended soon, so the soak sees it happen (scripts/soak_grpc.py)
+                "grpc_stream_idle_seconds": GRPC_IDLE_SECONDS,
                 # serving under load is measured, not the start-up calibration of the CPU forms (its B=1 runs up
                 # to S=1024 hold llama3_1's 256 MiB of scores once, before ready: tests/inference/test_calibration.py)
                 "cpu_form_from": "config"}

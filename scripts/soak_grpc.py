@@ -4,7 +4,9 @@
   expected INVALID_ARGUMENT / NOT_FOUND);
 * grpc-stream: streams of 8 requests, one of them for an unknown model (answered in its own `error_message`),
   every response read;
-* grpc-abandoned: streams cancelled after their first response, or never read at all, then cancelled.
+* grpc-abandoned: streams cancelled after their first response, or never read at all, then cancelled;
+* grpc-idle-stream: a stream that sends nothing: it must end DEADLINE_EXCEEDED once POSENC_GRPC_STREAM_IDLE_SECONDS
+  (`IDLE_SECONDS` in the soak) have passed, and not much later.
 
 A violation: INTERNAL or UNKNOWN on any call, an unexpected status or response. After the SIGTERM, UNAVAILABLE
 (new calls refused) or CANCELLED (a call gRPC core had received but not yet handed to a handler when the
@@ -23,9 +25,11 @@ import numpy as np
 from posenc.service.testing import attention_inputs
 
 SERVICE = "/inference.GRPCInferenceService/"
-KINDS = ("grpc-infer", "grpc-stream", "grpc-abandoned")
+KINDS = ("grpc-infer", "grpc-stream", "grpc-abandoned", "grpc-idle-stream")
 EXPECTED = {"short": "INVALID_ARGUMENT", "unknown": "NOT_FOUND", "valid": "OK"}
 CLIENTS = 4
+IDLE_SECONDS = 10.0  # the soak server's POSENC_GRPC_STREAM_IDLE_SECONDS: above a busy client's pause between requests
+IDLE_MARGIN_SECONDS = 15.0  # how much later than IDLE_SECONDS an idle stream may end (a loaded 2-core machine)
 # the outcome recorded for a code: the soak counts an outcome without a status number as a lost response
 HTTP_LIKE = {"OK": "200", "INVALID_ARGUMENT": "400 INVALID_ARGUMENT", "NOT_FOUND": "404 NOT_FOUND"}
 
@@ -55,7 +59,8 @@ async def grpc_load(soak: Any) -> None:
         infer = channel.unary_unary(SERVICE + "ModelInfer")
         stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
         await asyncio.gather(*(_unary(soak, infer, i, bodies) for i in range(CLIENTS)),
-                             _streams(soak, stream, stream_requests), _abandoned(soak, stream, bodies["valid"]))
+                             _streams(soak, stream, stream_requests), _abandoned(soak, stream, bodies["valid"]),
+                             _idle(soak))
 
 
 def _running(soak: Any) -> bool:
@@ -128,3 +133,48 @@ async def _abandoned(soak: Any, stream: Any, valid: list[bytes]) -> None:
         call.cancel()
         soak.record("grpc-abandoned", "200", start, None)
         await asyncio.sleep(0.2)
+
+
+async def _nothing() -> Any:
+    """A stream's requests: none, ever (until the call ends)."""
+    await asyncio.Event().wait()
+    yield b""
+
+
+async def _idle(soak: Any) -> None:
+    """Streams that send nothing (a client of its own): ended DEADLINE_EXCEEDED after the idle time, not before nor
+    much later."""
+    import grpc
+
+    async with grpc.aio.insecure_channel(soak.server.grpc_address) as channel:
+        stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
+        while _running(soak) and soak.sigterm_at is None:
+            if not await _idle_once(soak, stream):
+                return
+
+
+async def _idle_once(soak: Any, stream: Any) -> bool:
+    """One idle stream; False once the server is stopping."""
+    import grpc
+
+    start = time.monotonic()
+    call = stream(_nothing(), timeout=60)
+    try:
+        async for _ in call:
+            pass
+        code = "OK"
+    except grpc.aio.AioRpcError as exc:
+        code = exc.code().name
+    took = time.monotonic() - start
+    if soak.sigterm_at is not None:  # refused or cut at shutdown: `_outcome` knows which codes may end it
+        if code == "DEADLINE_EXCEEDED":
+            soak.record("grpc-idle-stream", "200", start, None)
+        else:
+            _outcome(soak, "grpc-idle-stream", code, "DEADLINE_EXCEEDED", start, start)
+        return False
+    if code != "DEADLINE_EXCEEDED" or not IDLE_SECONDS <= took <= IDLE_SECONDS + IDLE_MARGIN_SECONDS:
+        expected = f"DEADLINE_EXCEEDED after {IDLE_SECONDS:g}-{IDLE_SECONDS + IDLE_MARGIN_SECONDS:g} s"
+        _outcome(soak, "grpc-idle-stream", f"{code} after {took:.1f} s", expected, start, start)
+        return True
+    soak.record("grpc-idle-stream", "200", start, None)
+    return True

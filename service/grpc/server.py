@@ -7,8 +7,8 @@ Limits: a message larger than POSENC_MAX_REQUEST_BYTES is refused with RESOURCE_
 its length prefix, before it is read. POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once: one more unary call is
 RESOURCE_EXHAUSTED with a retry hint, one more stream waits (unread) until a call ends or its deadline passes;
 streams hold at most three quarters of the places, health and metadata calls none, and an idle stream ends after
-POSENC_GRPC_STREAM_IDLE_SECONDS (`posenc.service.grpc.servicer`). A stream's window stays at 64 KiB until posenc
-reads its message, and compressed messages are refused (`RECEIVE_OPTIONS`).
+POSENC_GRPC_STREAM_IDLE_SECONDS (`posenc.service.grpc.servicer`). Compressed messages are refused
+(`RECEIVE_OPTIONS`).
 Health: the server ("") and `inference.GRPCInferenceService` are SERVING when every model loaded, and each
 model's name is SERVING when that model is ready, so a Kubernetes gRPC probe can name either. A model's name
 follows the `health` group of POSENC_RESTRICTED_API (PERMISSION_DENIED without its metadata, as ModelReady);
@@ -39,11 +39,9 @@ _SERVING: dict[grpc.aio.Server, health.aio.HealthServicer] = {}
 _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-# What gRPC core may hold that posenc has not read yet. Without BDP probing, a stream's flow-control window stays at
-# HTTP/2's initial 64 KiB until its message is read (with it, each stream's window grows to megabytes, so many
-# streams whose requests wait unread held gigabytes). Only uncompressed messages are accepted: a compressed one is
-# UNIMPLEMENTED before it is inflated (60 kB of gzip on the wire inflate to a 60 MiB message).
-RECEIVE_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.compression_enabled_algorithms_bitset", 1))
+# Only uncompressed messages are accepted: a compressed one is UNIMPLEMENTED before it is inflated (60 kB of gzip on
+# the wire inflate to a 60 MiB message that no budget counted).
+RECEIVE_OPTIONS = (("grpc.compression_enabled_algorithms_bitset", 1),)
 STREAM_METHODS = ("ModelStreamInfer",)
 
 
