@@ -37,11 +37,12 @@ log = logging.getLogger("posenc.inference.calibration")
 
 # What one child may hold at its peak: Python, numpy and onnxruntime (about 95 MB), every CPU graph's session of
 # one model, and their arenas grown to the runs at S=1024 (the attention scores and their softmax, 2 × [1, H, S, S]
-# float32 in each graph that is still timed there): measured 250-700 MB for the shipped models with 2 intra-op
-# threads, the most for the 32-head ones. The serving process reserves it in the memory budget while the child
+# float32 in each graph that is still timed there): measured 250-810 MB for the shipped models with 2 intra-op
+# threads, the most for the 32-head ones (809 MiB with onnxruntime 1.24.1, the lowest version allowed; 700 MB with
+# later ones), so a tenth more is reserved. The serving process reserves it in the memory budget while the child
 # runs, so the process's bound (docs/operations.md) holds during a first start too; a child past it is logged,
 # and the tests check the shipped models against it.
-CHILD_BYTES = 768 * 1024 * 1024
+CHILD_BYTES = 896 * 1024 * 1024
 # The child's own start (Python, numpy, onnxruntime imports, the sessions) beyond the time given to its timings.
 START_SECONDS = 15.0
 PR_SET_PDEATHSIG = 1
