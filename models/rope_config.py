@@ -17,7 +17,10 @@ Rules reproduced:
 - required keys per rope_type as `_validate_*_rope_parameters` (the registry's `config_keys`; KeyError
   there, ParameterError here);
 - yarn's `truncate` is read from the top-level dict (`config.rope_parameters.get("truncate", True)`),
-  so a nested config always truncates.
+  so a nested config always truncates;
+- the head size of a layer type is its layers' `per_layer_config` overrides on the global keys (transformers
+  5's heterogeneous configs: Gemma-4 writes its full-attention head size there), `rope_layer_types` lists the
+  layer types of a nested config.
 
 Not reproduced (model-class knowledge a bare config.json does not carry): per-model `default_theta`
 and field defaults of the config classes (e.g. Phi3Config's default original length 4096), and
@@ -76,12 +79,16 @@ def _with_class_spellings(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
-    """`config.head_dim or hidden_size // num_attention_heads`.
+    """`config.head_dim or hidden_size // num_attention_heads` of the layers of `layer_type`.
 
-    Model classes that override it: Gemma-4 (`global_head_dim` on full-attention layers) and
-    DeepSeek-V2/V3 (`qk_rope_head_dim`, only that part of the head is rotated).
+    Per layer type: the layer's overrides in `per_layer_config` (transformers 5's HeterogeneousConfigMixin, which
+    Gemma-4 writes its global head size into); without that key, Gemma-4's `global_head_dim` on full-attention
+    layers (Gemma4TextConfig builds per_layer_config from it only when the config has none). DeepSeek-V2/V3
+    (`qk_rope_head_dim`): only that part of the head is rotated.
     """
-    if layer_type == "full_attention" and config.get("global_head_dim"):
+    if "per_layer_config" in config:
+        config = _layer_config(config, layer_type)
+    elif layer_type == "full_attention" and config.get("global_head_dim"):
         return config["global_head_dim"]
     if config.get("qk_rope_head_dim"):  # DeepSeek-V2/V3 MLA: DeepseekV3Config sets head_dim to it
         return config["qk_rope_head_dim"]
@@ -95,6 +102,53 @@ def _head_dim(config: Mapping[str, Any], layer_type: str | None) -> Any:
         "config.json has no head size: give head_dim, or hidden_size and num_attention_heads "
         "(positive integers)",
     )
+
+
+def _layer_config(config: Mapping[str, Any], layer_type: str | None) -> Mapping[str, Any]:
+    """`config` as the layers of `layer_type` see it: the global keys with that layer type's `per_layer_config`
+    overrides on top, as transformers 5.23's `config.per_layer_config[layer_type]` builds it
+    (integrations/heterogeneity/configuration_utils.py, `_PerLayerConfigView.__getitem__`).
+
+    `per_layer_config`: {layer index (a decimal string, zero-padded as `to_dict` writes it): {attribute: value}},
+    sparse (layers without overrides are left out). Every layer of the type must carry the same overrides
+    (transformers: ValueError, here ParameterError); `layer_type` None, or absent from `layer_types`: `config`.
+    """
+    per_layer = config.get("per_layer_config")
+    layer_types = config.get("layer_types")
+    if per_layer is None or layer_type is None or not isinstance(layer_types, list) or layer_type not in layer_types:
+        return config
+    if not isinstance(per_layer, Mapping):
+        raise ParameterError("per_layer_config", "must be an object of layer index -> overrides")
+    overrides: dict[int, Mapping[str, Any]] = {}
+    for key, value in per_layer.items():
+        index = int(key) if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) < 10 else -1
+        if not 0 <= index < len(layer_types):
+            raise ParameterError("per_layer_config", f"keys must be layer indices in [0, {len(layer_types)}), "
+                                                     f"got {str(key)[:20]!r}")
+        if not isinstance(value, Mapping):
+            raise ParameterError("per_layer_config", f"the overrides of layer {index} must be an object")
+        overrides[index] = value
+    first = overrides.get(layer_types.index(layer_type), {})
+    for index, kind in enumerate(layer_types):
+        if kind == layer_type and dict(overrides.get(index, {})) != dict(first):
+            raise ParameterError("per_layer_config", f"layer type {layer_type!r} is not homogeneous across layers "
+                                                     f"(layer {index} differs)")
+    return {**config, **{key: value for key, value in first.items() if key != "skip"}}
+
+
+def rope_layer_types(config: Mapping[str, Any]) -> tuple[str, ...]:
+    """The layer types a per-layer-type `rope_parameters` gives a RoPE each (Gemma 3 and 4 as transformers 5
+    writes them: `("full_attention", "sliding_attention")`), sorted as transformers' rotary modules take them
+    (`sorted(set(config.layer_types))`); () for one RoPE for all layers. A `None` entry (a NoPE layer type) is
+    left out; so is anything that does not parse (the resolver names what is wrong)."""
+    if not isinstance(config, Mapping):
+        return ()
+    _, cfg = _model_section(config)
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    labels = cfg.get("_rope_type_labels") or cfg.get("layer_types")
+    if not isinstance(rope, Mapping) or not isinstance(labels, list | tuple):
+        return ()
+    return tuple(sorted(key for key in rope if key in labels and rope[key] is not None))
 
 
 def _positive_int(value: Any) -> bool:

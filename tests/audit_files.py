@@ -146,3 +146,49 @@ def inv_freq_onnx(inv_freq: np.ndarray, attention_factor: float | None = None) -
 
 def plain_inv_freq(theta: float, dim: int) -> np.ndarray:
     return default_inv_freq(theta, dim).astype(np.float32)
+
+
+def layer_types(layers: int, every: int = 6) -> list[str]:
+    """Gemma's pattern (Gemma3TextConfig.__post_init__): every `every`-th layer full attention, the others sliding."""
+    return ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(layers)]
+
+
+# A small Gemma-3 text model's config.json as transformers 5.23 writes it (save_pretrained of Gemma3TextConfig): the
+# RoPE per layer type in rope_parameters, keyed by the names in layer_types (the position keys; the rest of the file
+# is sizes of the MLP, the vocabulary and token ids)
+GEMMA3_T5: dict[str, Any] = {
+    "model_type": "gemma3_text", "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 128, "num_hidden_layers": 6, "max_position_embeddings": 8192, "sliding_window": 512,
+    "layer_types": layer_types(6),
+    "rope_parameters": {"full_attention": {"rope_theta": 1000000.0, "rope_type": "default"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}}
+
+
+def gemma3_gguf_meta(freq_base: float, freq_base_swa: float = 10000.0) -> dict[str, Any]:
+    """GEMMA3_T5 as convert_hf_to_gguf.py's Gemma3Model writes it (`gemma3.` keys): the full layers' base in
+    rope.freq_base, the sliding layers' in rope.freq_base_swa."""
+    return {"context_length": 8192, "embedding_length": 512, "block_count": 6, "attention.head_count": 4,
+            "attention.head_count_kv": 1, "attention.key_length": 128, "attention.value_length": 128,
+            "attention.sliding_window": 512, "rope.freq_base": freq_base, "rope.freq_base_swa": freq_base_swa}
+
+
+# A small Gemma-4 text model's config.json as transformers 5.23 writes it: the full-attention layers' head size in
+# per_layer_config (HeterogeneousConfigMixin: {layer index: overrides}), no global_head_dim
+GEMMA4_T5: dict[str, Any] = {
+    "model_type": "gemma4_text", "hidden_size": 512, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 64, "num_hidden_layers": 6, "max_position_embeddings": 8192, "sliding_window": 512,
+    "layer_types": layer_types(6), "per_layer_config": {"5": {"head_dim": 128}},
+    "rope_parameters": {"full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                                           "rope_type": "proportional"},
+                        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}}}
+
+
+def gemma4_gguf(head: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """GEMMA4_T5 as convert_hf_to_gguf.py's Gemma4Model writes it, with full-attention heads of `head` channels:
+    rope.dimension_count = that head, its unrotated pairs marked 1e30 in rope_freqs (a quarter rotates)."""
+    pairs, rotated = head // 2, int(0.25 * head // 2)
+    meta = {"context_length": 8192, "embedding_length": 512, "block_count": 6, "attention.head_count": 4,
+            "attention.head_count_kv": 1, "attention.key_length": head, "attention.key_length_swa": 64,
+            "rope.dimension_count": head, "rope.dimension_count_swa": 64, "rope.freq_base": 1000000.0,
+            "rope.freq_base_swa": 10000.0}
+    return meta, {"rope_freqs.weight": np.array([1.0] * rotated + [1e30] * (pairs - rotated), dtype=np.float32)}

@@ -73,7 +73,13 @@ class Found:
     """The position facts of one file. `scaling` holds RopeParameters fields as the file states them (its
     `rope_type` a registry name); `inv_freq` frequencies the file fixes directly (an ONNX constant, a
     checkpoint buffer; [2, n] for a short/long pair); `freq_factors` GGUF's rope_freqs divisors;
-    `long_factors` / `short_factors` longrope's; `sections` M-RoPE's; `caches` precomputed cos/sin."""
+    `long_factors` / `short_factors` longrope's; `sections` M-RoPE's; `caches` precomputed cos/sin.
+
+    `layers`: {layer type: its facts} where the file states a layer type's RoPE apart (GGUF's `_swa` keys for
+    `sliding_attention`, a checkpoint's per-layer-type inv_freq buffers, a config.json's per-layer-type
+    rope_parameters); a layer type it does not name runs as the whole file says. In such a Found, `layer_type`
+    names its layer type and `inherited` the facts it takes from the other layers because the file does not state
+    them for it (llama.cpp gives the sliding layers freq_base when freq_base_swa is absent)."""
 
     source: str
     architecture: str | None = None
@@ -99,6 +105,9 @@ class Found:
     alibi_slopes: np.ndarray | None = None
     facts: list[Fact] = field(default_factory=list)  # facts the reader judged itself (config.json warnings)
     notes: list[str] = field(default_factory=list)
+    layer_type: str | None = None
+    inherited: tuple[str, ...] = ()
+    layers: dict[str, Found] = field(default_factory=dict)
 
     @property
     def states_frequencies(self) -> bool:
@@ -125,4 +134,9 @@ class Found:
                 out[name] = _plain(value)
         if self.caches is not None:
             out["caches"] = {"shape": list(self.caches.cos.shape), "dtype": str(self.caches.cos.dtype)}
+        if self.inherited:
+            out["inherited"] = list(self.inherited)
+        if self.layers:
+            out["layer_types"] = {name: {k: v for k, v in layer.summary().items() if k != "source"}
+                                  for name, layer in self.layers.items()}
         return out

@@ -118,6 +118,15 @@ MASK = Convention(
 
 # (c) the keys of the sliding-window layers, read and reported beside the full layers' ones
 SWA_KEYS: tuple[str, ...] = ("attention.key_length_swa", "rope.dimension_count_swa", "rope.freq_base_swa")
+# where an architecture's loader fixes the sliding layers' base (BY_ARCHITECTURE, `always`), the same lines fix their
+# frequency scale to 1 (rope_freq_scale_train_swa = 1.0f): its sliding layers are not scaled; elsewhere they take
+# the full layers' scale (load_hparams: rope_freq_scale_train_swa = rope_freq_scale_train)
+
+# (d) architectures whose graph divides only the full-attention layers' frequencies by `rope_freqs` (the sliding
+# layers get no divisors): architecture → where in llama.cpp
+FREQS_OF_FULL_LAYERS_ONLY: Mapping[str, str] = MappingProxyType({
+    "gemma4": "src/models/gemma4-iswa.cpp, llm_build_gemma4_iswa: freq_factors = model.layers[il].rope_freqs only "
+              "where !hparams.is_swa(il)"})
 
 
 def convention(arch: str, key: str) -> Convention | None:

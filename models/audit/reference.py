@@ -9,12 +9,12 @@ config.json give the same golden tables.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
 from posenc.models.errors import ParameterError
 from posenc.models.presets import Preset, catalogue, find_preset
-from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 
 # config.json model_type → the architecture name GGUF files carry (`general.architecture`) where they differ
@@ -49,15 +49,23 @@ class Reference:
     alibi_heads: int | None = None
     fits: tuple[str, ...] = ()  # a guess by shape: every catalogue preset that fits the file, the chosen one first
     problem: str | None = None  # why a named config gives no RoPE reference
+    layer_type: str | None = None  # the layer type whose RoPE `params` is (a model with RoPE per layer type)
+    # a model with RoPE per layer type: one reference per layer type, each judged apart; this one's params and
+    # head_dim are those of its main layers (the ones GGUF's keys without _swa describe), for a match by shape
+    layers: tuple[Reference, ...] = ()
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "label": self.label}
-        if self.params is not None:
+        if self.layer_type is not None:
+            out["layer_type"] = self.layer_type
+        if self.layers:
+            out["layer_types"] = [layer.layer_type for layer in self.layers]
+        elif self.params is not None:
             out["rope"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(self.params).items()
                            if v is not None}
         for name in ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "architecture",
                      "theta_swa", "learned_positions", "alibi_heads", "problem"):
-            if getattr(self, name) is not None:
+            if getattr(self, name) is not None and not (self.layers and name == "head_dim"):
                 out[name] = getattr(self, name)
         if self.sections is not None:
             out["sections"] = list(self.sections)
@@ -83,27 +91,58 @@ def text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _swa_theta(cfg: Mapping[str, Any]) -> float | None:
-    """The base of sliding-window layers where it differs from the global one: Gemma-3's rope_local_base_freq,
-    or the `sliding_attention` entry of a per-layer rope_parameters."""
+    """The base of sliding-window layers where a config with one RoPE for all layers states it apart: Gemma-3's
+    rope_local_base_freq (transformers 4's spelling). A per-layer-type rope_parameters gives the sliding layers a
+    reference of their own instead."""
     if isinstance(cfg.get("rope_local_base_freq"), int | float):
         return float(cfg["rope_local_base_freq"])
-    rope = cfg.get("rope_parameters")
-    entry = rope.get("sliding_attention") if isinstance(rope, Mapping) else None
-    if isinstance(entry, Mapping) and isinstance(entry.get("rope_theta"), int | float):
-        return float(entry["rope_theta"])
     return None
+
+
+# the layer type whose RoPE GGUF states under the `_swa` keys; the model's other layers are its main ones
+SLIDING_LAYER_TYPE = "sliding_attention"
 
 
 def from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Mapping[str, Any] | None = None
                 ) -> Reference:
-    """The reference a config.json (or a preset's config and serving facts) describes."""
+    """The reference a config.json (or a preset's config and serving facts) describes: with RoPE per layer type
+    (transformers 5's nested rope_parameters), one reference per layer type in `layers`, every one judged (a
+    preset's serving `layer_type`, the table its routes serve, only picks the main one)."""
     serving = serving or {}
+    names = rope_layer_types(config)
+    if not names:
+        return _from_config(config, kind, label, serving, serving.get("layer_type"))
+    layers = tuple(_from_config(config, kind, label, serving, name) for name in names)
+    main = next((layer for layer in layers if layer.layer_type == serving.get("layer_type")), None) or next(
+        (layer for layer in layers if layer.layer_type != SLIDING_LAYER_TYPE), layers[0])
+    return replace(main, layer_type=None, layers=layers)
+
+
+def with_layer_type(ref: Reference, name: str) -> Reference:
+    """`ref` with only its layer type `name` to judge; ParameterError (naming the model's layer types) when the model
+    has no such layer type."""
+    names = [layer.layer_type for layer in ref.layers]
+    if name in names:
+        return replace(ref, layers=tuple(layer for layer in ref.layers if layer.layer_type == name))
+    shown = repr(name[:100])
+    if names:
+        raise ParameterError("layer_type", f"unknown layer type {shown}; the layer types of {ref.label} are "
+                                           f"{', '.join(str(n) for n in names)}")
+    if ref.kind == "none":
+        raise ParameterError("layer_type", f"unknown layer type {shown}: no reference names layer types; give a "
+                                           "preset or a config.json with rope_parameters per layer type")
+    raise ParameterError("layer_type", f"unknown layer type {shown}: {ref.label} has one RoPE for all its layers "
+                                       "(no layer types); leave out layer_type")
+
+
+def _from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Mapping[str, Any],
+                 layer_type: str | None) -> Reference:
     cfg = text_section(config)
     params: RopeParameters | None = None
     info: dict[str, Any] = {}
     problem = None
     try:
-        params, info = rope_parameters_from_config(config, layer_type=serving.get("layer_type"))
+        params, info = rope_parameters_from_config(config, layer_type=layer_type)
     except ParameterError as exc:
         problem = str(exc)
     heads = _int(cfg.get("num_attention_heads")) or _int(cfg.get("n_head"))
@@ -116,10 +155,12 @@ def from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Mapp
         kind=kind, label=label, params=params, context_length=context, hidden_size=hidden, num_heads=heads,
         num_kv_heads=_int(cfg.get("num_key_value_heads")),
         head_dim=params.head_dim if params is not None else None,
-        architecture=GGUF_ARCHITECTURES.get(model_type or "", model_type), theta_swa=_swa_theta(cfg),
+        architecture=GGUF_ARCHITECTURES.get(model_type or "", model_type),
+        # per layer type, the sliding layers' base is their own reference's rope_theta
+        theta_swa=_swa_theta(cfg) if layer_type is None else None,
         sections=tuple(info["mrope_section"]) if info.get("mrope_section") else None,
         interleaved=serving.get("layout") == "interleaved", learned_positions=learned,
-        alibi_heads=heads if serving.get("mode") is not None else None, problem=problem)
+        alibi_heads=heads if serving.get("mode") is not None else None, problem=problem, layer_type=layer_type)
 
 
 def from_preset(name: str) -> Reference:
@@ -162,7 +203,9 @@ def match_catalogue(architecture: str | None, sizes: Mapping[str, int | None], c
         return Reference("none", "no catalogue preset matches the file's architecture and sizes: internal "
                                  "consistency only")
     matches.sort(key=lambda match: -match[0])  # stable: the catalogue's order among equals
-    return Reference(**{**vars(matches[0][2]), "fits": tuple(name for _, name, _ in matches)})
+    fits = tuple(name for _, name, _ in matches)
+    best = matches[0][2]
+    return replace(best, fits=fits, layers=tuple(replace(layer, fits=fits) for layer in best.layers))
 
 
 def from_repository_config(config: Mapping[str, Any]) -> Reference:

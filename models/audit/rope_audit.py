@@ -10,7 +10,7 @@ itself, and where it differs from the assumed preset a note says how.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -48,20 +48,7 @@ class Audit:
 
     @property
     def verdict(self) -> str:
-        diverges = self.divergence is not None and not self.divergence.within_contract
-        if self.failing or (diverges and not self.reference.guessed):
-            return "wrong"
-        if not self.judged:
-            return "consistent" if self.facts or self.divergence is not None else "unchecked"
-        return "correct"
-
-    @property
-    def judged(self) -> bool:
-        """Whether a named model judged something the file states (a fact or the tables)."""
-        ref = self.reference
-        named = not ref.guessed and (ref.params is not None or ref.alibi_heads is not None
-                                     or ref.learned_positions is not None)
-        return named and (self.divergence is not None or any(f.verdict == "ok" for f in self.facts))
+        return verdict_of(self.facts, self.divergence, self.reference)
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -72,6 +59,22 @@ class Audit:
         }
         out["tables"] = None if self.divergence is None else self.divergence.document()
         return _json_ready(out)
+
+
+def verdict_of(facts: list[Fact], divergence: Divergence | None, ref: Reference) -> str:
+    """The verdict on `facts` and the tables (`divergence`) judged against `ref` (see `Audit`)."""
+    diverges = divergence is not None and not divergence.within_contract
+    if any(f.failing for f in facts) or (diverges and not ref.guessed):
+        return "wrong"
+    if not _judged_by_model(facts, divergence, ref):
+        return "consistent" if facts or divergence is not None else "unchecked"
+    return "correct"
+
+
+def _judged_by_model(facts: list[Fact], divergence: Divergence | None, ref: Reference) -> bool:
+    named = not ref.guessed and (ref.params is not None or ref.alibi_heads is not None
+                                 or ref.learned_positions is not None)
+    return named and (divergence is not None or any(f.verdict == "ok" for f in facts))
 
 
 def _json_ready(value: Any) -> Any:
@@ -165,9 +168,14 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
               f"the file rotates {found.rotary_dim} channels of each head; the model rotates {params.rotary_dim}")
     if found.source in ("gguf", "config.json"):
         theta = DEFAULT_ROPE_THETA if found.rope_theta is None else found.rope_theta  # llama.cpp's default
-        _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
-              f"the file's base (freq_base / rope_theta) is {theta:g}; the model's is {params.rope_theta:g} "
-              "(a converter that did not read rope_theta writes the default)")
+        if "rope_theta" in found.inherited:  # the sliding layers' base is not in the file: they get freq_base
+            _fact(facts, "rope_theta", params.rope_theta, theta, "sliding_window_base_missing",
+                  f"sliding-window layers use base {params.rope_theta:g}; the file does not say (freq_base_swa "
+                  f"missing: they get freq_base, {theta:g})")
+        else:
+            _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
+                  f"the file's base (freq_base / rope_theta) is {theta:g}; the model's is {params.rope_theta:g} "
+                  "(a converter that did not read rope_theta writes the default)")
     if ref.theta_swa is not None and found.source == "gguf":
         _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
               f"sliding-window layers use base {ref.theta_swa:g}; the file "
@@ -261,13 +269,21 @@ def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: lis
               "the original context length is missing or differs from the model's")
 
 
-def _size_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
-    for name, mistake in (("num_heads", "head_count_wrong"), ("num_kv_heads", "head_count_wrong"),
-                          ("head_dim", "head_dim_wrong"), ("hidden_size", "hidden_size_wrong")):
+# what an audit judges: everything ("whole"), or, for a model with RoPE per layer type, the facts of the whole model
+# once ("model": sizes but the head's, context, learned positions, ALiBi, the reader's own) and those of one layer
+# type's layers in each ("layer": the head size, RoPE, tables)
+Part = Literal["whole", "model", "layer"]
+SIZES: dict[Part, tuple[str, ...]] = {"whole": ("num_heads", "num_kv_heads", "head_dim", "hidden_size"),
+                                      "model": ("num_heads", "num_kv_heads", "hidden_size"), "layer": ("head_dim",)}
+
+
+def _size_facts(found: Found, ref: Reference, facts: list[Fact], part: Part) -> None:
+    for name in SIZES[part]:
+        mistake = {"num_kv_heads": "head_count_wrong", "num_heads": "head_count_wrong"}.get(name, f"{name}_wrong")
         mine = getattr(found, name)
         if mine is not None and getattr(ref, name) is not None:
             _fact(facts, name, getattr(ref, name), mine, mistake, f"{name} differs from the model's")
-    if found.context_length is not None and ref.context_length is not None:
+    if found.context_length is not None and ref.context_length is not None and part != "layer":
         longer = found.context_length > ref.context_length
         facts.append(Fact("context_length", ref.context_length, found.context_length,
                           "wrong" if longer else "ok" if found.context_length == ref.context_length else "note",
@@ -294,25 +310,21 @@ def _other_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
                           "" if ok else "the stored slopes are not the paper's for this head count"))
 
 
-def audit(found: Found, ref: Reference) -> Audit:
-    """Every fact of `found` against `ref`, and the tables they imply up to the context length. A file's zero,
-    infinite or NaN values compute without floating-point warnings: they show as infinite errors."""
+def audit(found: Found, ref: Reference, part: Part = "whole") -> Audit:
+    """Every fact of `found` against `ref` (or those of `part`), and the tables they imply up to the context length.
+    A file's zero, infinite or NaN values compute without floating-point warnings: they show as infinite errors."""
     with np.errstate(all="ignore"):
-        return _audit(found, ref)
+        if ref.guessed:
+            return _assumed(found, ref, part)
+        return _judged(found, ref, part)
 
 
-def _audit(found: Found, ref: Reference) -> Audit:
-    if ref.guessed:
-        return _assumed(found, ref)
-    return _judged(found, ref)
-
-
-def _assumed(found: Found, ref: Reference) -> Audit:
+def _assumed(found: Found, ref: Reference, part: Part) -> Audit:
     """Against a preset chosen by shape alone: the verdict is the file's against itself; the facts and tables
     against the assumed preset are shown, a difference as a note (another model of that shape may be meant)."""
-    own = _judged(found, Reference("none", ref.label))
-    against = _judged(found, ref)
-    compared = [_if_assumed(fact, ref) for fact in against.facts[len(found.facts):]]
+    own = _judged(found, Reference("none", ref.label), part)
+    against = _judged(found, ref, part)
+    compared = [_if_assumed(fact, ref) for fact in against.facts[0 if part == "layer" else len(found.facts):]]
     return Audit(found, ref, own.facts + compared, against.divergence, against.implied, against.golden)
 
 
@@ -325,11 +337,15 @@ def _if_assumed(fact: Fact, ref: Reference) -> Fact:
                 else f"differs from {assumed}: {fact.explanation}")
 
 
-def _judged(found: Found, ref: Reference) -> Audit:
-    result = Audit(found, ref, list(found.facts))
+def _judged(found: Found, ref: Reference, part: Part) -> Audit:
+    result = Audit(found, ref, [] if part == "layer" else list(found.facts))
     facts = result.facts
-    _size_facts(found, ref, facts)
-    _other_facts(found, ref, facts)
+    _size_facts(found, ref, facts, part)
+    if part == "model":
+        _other_facts(found, ref, facts)
+        return result
+    if part == "whole":
+        _other_facts(found, ref, facts)
     context = _context(found, ref)
     params = ref.params
     if params is not None and params.table_dim > MAX_DIM:

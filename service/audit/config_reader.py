@@ -8,9 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc.models.audit.found import Fact, Found
-from posenc.models.audit.reference import text_section
+from posenc.models.audit.reference import SLIDING_LAYER_TYPE, text_section
 from posenc.models.errors import ParameterError
-from posenc.models.rope_config import rope_parameters_from_config
+from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
+from posenc.models.rope_params import RopeParameters
 from posenc.models.rope_types import ROPE_TYPES
 from posenc.service.audit import extract, values
 from posenc.service.codec.safetensors_header import json_object
@@ -37,30 +38,54 @@ def document_found(body: bytes) -> Found:
 
 
 def to_found(config: Mapping[str, Any]) -> Found:
+    """A config.json's facts as transformers builds them; with RoPE per layer type (transformers 5's nested
+    rope_parameters), each layer type's in `found.layers` and its main layers' (not sliding) at the top."""
     cfg = text_section(config)
     found = Found("config.json", architecture=str(cfg.get("model_type") or "") or None)
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    names = rope_layer_types(config)
     if isinstance(rope, Mapping):
-        if "type" in rope and "rope_type" not in rope:
-            found.facts.append(Fact("rope_scaling.type", "rope_type", "type", "note", None,
-                                    "the legacy key `type` names the rope_type; transformers reads it, other "
-                                    "loaders may not: write rope_type"))
-        kind = rope.get("rope_type", rope.get("type"))
-        if isinstance(kind, str) and kind in ROPE_TYPES and ROPE_TYPES[kind].original_from_max \
-                and "original_max_position_embeddings" not in rope \
-                and cfg.get("original_max_position_embeddings") is None:
-            found.facts.append(Fact("original_max_position_embeddings", "given", None, "note", None,
-                                    f"{kind} reads original_max_position_embeddings; it is missing, so transformers "
-                                    "takes max_position_embeddings"))
+        for name, entry in ({name: rope[name] for name in names} if names else {"": rope}).items():
+            if isinstance(entry, Mapping):
+                _warnings(found, cfg, entry, name)
     try:
-        params, info = rope_parameters_from_config(config)
+        resolved = {name: rope_parameters_from_config(config, layer_type=name) for name in names} or \
+            {"": rope_parameters_from_config(config)}
     except ParameterError as exc:
         found.facts.append(Fact("rope", "a RoPE configuration transformers builds", None, "wrong",
                                 "config_not_buildable", str(exc)))
         return found
+    main = next((name for name in resolved if name != SLIDING_LAYER_TYPE), next(iter(resolved)))
+    params, info = resolved[main]
     found.context_length = info.get("max_position_embeddings")
     found.hidden_size = cfg.get("hidden_size") if isinstance(cfg.get("hidden_size"), int) else None
     found.num_heads = cfg.get("num_attention_heads") if isinstance(cfg.get("num_attention_heads"), int) else None
+    _rope_facts(found, params, info)
+    for name in names:
+        found.layers[name] = _rope_facts(Found("config.json", layer_type=name), *resolved[name])
+    return found
+
+
+def _warnings(found: Found, cfg: Mapping[str, Any], rope: Mapping[str, Any], layer_type: str) -> None:
+    """What transformers warns of, or reads otherwise than other loaders, in one RoPE dict (`layer_type`: its key in
+    a per-layer-type rope_parameters, "" for the one dict)."""
+    where = f"rope_parameters.{layer_type}" if layer_type else "rope_scaling"
+    if "type" in rope and "rope_type" not in rope:
+        found.facts.append(Fact(f"{where}.type", "rope_type", "type", "note", None,
+                                "the legacy key `type` names the rope_type; transformers reads it, other "
+                                "loaders may not: write rope_type"))
+    kind = rope.get("rope_type", rope.get("type"))
+    # a per-layer-type entry takes no top-level original_max_position_embeddings (standardize_rope_params)
+    top_level = None if layer_type else cfg.get("original_max_position_embeddings")
+    if isinstance(kind, str) and kind in ROPE_TYPES and ROPE_TYPES[kind].original_from_max \
+            and "original_max_position_embeddings" not in rope and top_level is None:
+        found.facts.append(Fact(f"{layer_type}.original_max_position_embeddings" if layer_type
+                                else "original_max_position_embeddings", "given", None, "note", None,
+                                f"{kind} reads original_max_position_embeddings; it is missing, so transformers "
+                                "takes max_position_embeddings"))
+
+
+def _rope_facts(found: Found, params: RopeParameters, info: Mapping[str, Any]) -> Found:
     found.head_dim, found.rotary_dim, found.rope_theta = params.head_dim, params.rotary_dim, params.rope_theta
     found.scaling = {"rope_type": params.rope_type}
     for name in ROPE_TYPES[params.rope_type].reads:

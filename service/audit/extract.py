@@ -58,10 +58,15 @@ def dump(found: Found) -> dict[str, Any]:
         out[name] = None if value is None else _array(value)
     if found.caches is not None:
         out["caches"] = {"cos": _array(found.caches.cos), "sin": _array(found.caches.sin)}
+    if found.layer_type is not None:
+        out["layer_type"], out["inherited"] = found.layer_type, list(found.inherited)
+    if found.layers:
+        out["layers"] = {name: dump(layer) for name, layer in found.layers.items()}
     return out
 
 
 INTS = ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim")
+INHERITED = frozenset({"head_dim", "rotary_dim", "rope_theta"})  # what a layer type's facts may take from the others
 FLOATS = ("rope_theta", "theta_swa", "attention_factor")
 TEXT = ("architecture", "learned_name")
 
@@ -96,8 +101,31 @@ def _scaling(value: Any) -> dict[str, Any]:
     return out
 
 
-def load(document: Mapping[str, Any]) -> Found:
-    """The extract's Found, every field checked for its type and every array for its rank."""
+MAX_LAYER_TYPES = 16  # layer types an extract may describe apart (models have two or three)
+NAME = 64  # characters of a layer type's name
+
+
+def _layer_type(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > NAME:
+        raise BadRequest(f"extract: {what} must be a layer type's name (a string of 1 to {NAME} characters)")
+    return value
+
+
+def _layers(value: Any) -> dict[str, Found]:
+    """The facts of each layer type the file states apart: {name: an extract of its own, without layers}."""
+    if not isinstance(value, dict) or len(value) > MAX_LAYER_TYPES:
+        raise BadRequest(f"extract: layers must be an object of at most {MAX_LAYER_TYPES} layer types")
+    out = {}
+    for name, layer in value.items():
+        if not isinstance(layer, dict):
+            raise BadRequest("extract: each entry of layers must be an object")
+        out[_layer_type(name, "a key of layers")] = load(layer, nested=True)
+    return out
+
+
+def load(document: Mapping[str, Any], nested: bool = False) -> Found:
+    """The extract's Found, every field checked for its type and every array for its rank (`nested`: a layer type's
+    facts, which hold no layers of their own)."""
     source = document.get("source")
     if source not in SOURCES:
         raise BadRequest(f"extract: source must be one of {', '.join(SOURCES)}")
@@ -124,4 +152,14 @@ def load(document: Mapping[str, Any]) -> Found:
         found.caches = Caches(cos, sin, found.interleaved)
     notes = document.get("notes") or []
     found.notes = [str(n)[:500] for n in notes[:64]] if isinstance(notes, list) else []
+    if document.get("layer_type") is not None:
+        found.layer_type = _layer_type(document["layer_type"], "layer_type")
+        inherited = document.get("inherited") or []
+        if not isinstance(inherited, list) or not all(isinstance(i, str) and i in INHERITED for i in inherited):
+            raise BadRequest(f"extract: inherited must be a list of {', '.join(sorted(INHERITED))}")
+        found.inherited = tuple(inherited)
+    if document.get("layers") is not None:
+        if nested:
+            raise BadRequest("extract: a layer type's facts hold no layers")
+        found.layers = _layers(document["layers"])
     return found

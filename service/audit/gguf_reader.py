@@ -12,12 +12,22 @@ from __future__ import annotations
 
 import math
 import struct
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from posenc.models.audit.found import Found
-from posenc.models.audit.llama_cpp import ABSENT, MASK, SWA_KEYS, UNROTATED_FACTOR, WHOLE_HEAD_TYPE, convention
+from posenc.models.audit.llama_cpp import (
+    ABSENT,
+    FREQS_OF_FULL_LAYERS_ONLY,
+    MASK,
+    SWA_KEYS,
+    UNROTATED_FACTOR,
+    WHOLE_HEAD_TYPE,
+    convention,
+)
+from posenc.models.audit.reference import SLIDING_LAYER_TYPE
 from posenc.models.rope_types import GGUF_SCALING_TYPES
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout, NeedMore
@@ -238,6 +248,7 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     for stem, field_name in NEEDED.items():
         if stem in tensors:
             setattr(found, field_name, np.frombuffer(tensors[stem], dtype="<f4").copy())
+    _sliding_view(found, arch, key)
     _unrotated_pairs(found)
     return found
 
@@ -273,6 +284,27 @@ def _sliding_layers(found: Found, arch: str, key: Any) -> None:
         if name not in stated and rule is not None and rule.same_as is not None:
             value = full.get(rule.same_as)
             found.notes.append(rule.note(arch, takes=value if isinstance(value, int | float) else None))
+
+
+def _sliding_view(found: Found, arch: str, key: Any) -> None:
+    """The sliding-window layers' facts as llama.cpp's loader takes them, where the file has such layers (a `_swa`
+    key stated, or an architecture whose loader fixes their base): `found.layers["sliding_attention"]`. A `_swa` key
+    absent takes the full layers' value (listed in `inherited`); an architecture that fixes their base leaves them
+    unscaled, one whose graph gives `rope_freqs` to the full layers alone gives them no divisors (`llama_cpp`)."""
+    stated = {name: key(name) or None for name in SWA_KEYS}
+    base = convention(arch, "rope.freq_base_swa")
+    fixed = base is not None and base.always
+    if not any(stated.values()) and not fixed:
+        return
+    sizes = {"head_dim": stated["attention.key_length_swa"], "rotary_dim": stated["rope.dimension_count_swa"]}
+    inherited = tuple(name for name, value in sizes.items() if value is None)
+    without_factors = arch in FREQS_OF_FULL_LAYERS_ONLY
+    found.layers[SLIDING_LAYER_TYPE] = replace(
+        found, head_dim=sizes["head_dim"] or found.head_dim, rotary_dim=sizes["rotary_dim"] or found.rotary_dim,
+        rope_theta=found.rope_theta if found.theta_swa is None else found.theta_swa, theta_swa=None,
+        scaling={} if fixed else dict(found.scaling), facts=[], notes=[], layers={}, layer_type=SLIDING_LAYER_TYPE,
+        inherited=inherited + (("rope_theta",) if found.theta_swa is None else ()),
+        freq_factors=None if without_factors else found.freq_factors)
 
 
 def _unrotated_pairs(found: Found) -> None:

@@ -34,6 +34,10 @@ async def audit_route(
     config: Annotated[str | None, Query(description="Reference: a config.json, URL-encoded (instead of a preset; "
                                                     "the request head's bound, POSENC_MAX_HEADER_BYTES, holds it).")]
     = None,
+    layer_type: Annotated[str | None, Query(description="For a model with RoPE per layer type (Gemma's "
+                                                       "full_attention / sliding_attention): judge that layer type "
+                                                       "alone. Not given: every layer type, the verdict the worst of "
+                                                       "them.", max_length=128)] = None,
     format: Annotated[Literal["json", "png"], Query(description="json (default): facts, verdicts, tables; png: "
                                                               "the divergence.")] = "json",
 ) -> Response:
@@ -50,7 +54,7 @@ async def audit_route(
             found = await read_upload(request.stream().__aiter__(), size, settings)
         except ClientDisconnect:
             raise ClientClosedRequest("the client disconnected during the upload") from None
-        result = await run_in_threadpool(run, found, preset, reference_config)
+        result = await run_in_threadpool(run, found, preset, reference_config, layer_type)
     if format == "png":
         return Response(await run_in_threadpool(picture, result, "upload"), media_type="image/png")
     return JSONResponse(result.document())

@@ -10,8 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from posenc.models.audit.found import Found
-from posenc.models.audit.reference import Reference, from_config, from_preset, from_repository_config, match_catalogue
-from posenc.models.audit.rope_audit import Audit, audit
+from posenc.models.audit.layers import audit_model
+from posenc.models.audit.reference import (
+    Reference,
+    from_config,
+    from_preset,
+    from_repository_config,
+    match_catalogue,
+    with_layer_type,
+)
+from posenc.models.audit.rope_audit import Audit
 from posenc.models.errors import ParameterError
 from posenc.service.audit import config_reader, readers
 from posenc.service.audit.stream import FileSource, UploadSource
@@ -60,5 +68,8 @@ def parse_config(text: str | bytes | None) -> Mapping[str, Any] | None:
     return None if text is None else config_reader.parse(text, "config")
 
 
-def run(found: Found, preset: str | None, config: Mapping[str, Any] | None) -> Audit:
-    return audit(found, reference(found, preset, config))
+def run(found: Found, preset: str | None, config: Mapping[str, Any] | None, layer_type: str | None = None) -> Audit:
+    """`found` judged against its reference: every layer type the reference has a RoPE for, or `layer_type` alone
+    (ParameterError, a 422, when the model has no such layer type)."""
+    ref = reference(found, preset, config)
+    return audit_model(found, ref if layer_type is None else with_layer_type(ref, layer_type))

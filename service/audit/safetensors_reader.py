@@ -1,9 +1,10 @@
 """safetensors checkpoints, read within bounds: the JSON header, then only the position tensors it names
-(`*.rotary_emb.inv_freq` buffers, ALiBi slopes); learned position tables (`wpe`, `embed_positions`) are judged
-by their shape, read from the header alone."""
+(`*.rotary_emb.inv_freq` buffers, those of each layer type, ALiBi slopes); learned position tables (`wpe`,
+`embed_positions`) are judged by their shape, read from the header alone."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import ml_dtypes
@@ -28,11 +29,26 @@ MAX_TENSORS = 1 << 17
 HEADER_LIMITS = values.JsonLimits(values=14 * MAX_TENSORS, depth=8, members=MAX_TENSORS, entries="tensors")
 
 
-def _wanted(name: str) -> str | None:
+# transformers 5's rotary modules of a model with RoPE per layer type hold one buffer per layer type,
+# `f"{layer_type}_inv_freq"` (models/gemma3/modeling_gemma3.py, Gemma3RotaryEmbedding; Gemma-4's alike), beside an
+# `{layer_type}_original_inv_freq` copy; transformers 4's Gemma 3 computed its sliding layers' RoPE in a module of
+# its own, `rotary_emb_local` (rope_local_base_freq, unscaled)
+LAYER_BUFFER = re.compile(r"rotary_emb\.(?P<layer_type>[a-z][a-z_]{0,63})_inv_freq$")
+LOCAL_BUFFER = ("rotary_emb_local.inv_freq", "sliding_attention")
+MAX_LAYER_TYPES = 16  # layer types whose buffers are read (models have two or three)
+
+
+def _wanted(name: str) -> tuple[str, str | None] | None:
+    """(the kind of position tensor, its layer type or None for every layer), or None for any other tensor."""
     if name.endswith("rotary_emb.inv_freq"):
-        return "inv_freq"
+        return "inv_freq", None
+    if name.endswith(LOCAL_BUFFER[0]):
+        return "inv_freq", LOCAL_BUFFER[1]
+    match = LAYER_BUFFER.search(name)
+    if match is not None and not match["layer_type"].endswith("original"):  # the copy kept for dynamic RoPE
+        return "inv_freq", match["layer_type"]
     if "alibi" in name and "slope" in name:
-        return "alibi_slopes"
+        return "alibi_slopes", None
     return None
 
 
@@ -58,32 +74,38 @@ def parse_header(c: Cursor) -> Layout:
         label = f"{c.what}: tensor {name[:80]!r}"
         if name.endswith(LEARNED):
             layout.header["tensors"].setdefault("learned", (name, entry.shape, entry.dtype))
-        kind = _wanted(name)
-        if kind is None:
+        wanted = _wanted(name)
+        if wanted is None:
             continue
-        layout.header["count"][kind] = layout.header["count"].get(kind, 0) + 1
-        if kind in layout.ranges:
-            continue  # one buffer of each kind is read (every layer stores the same)
+        kind, layer_type = wanted
+        key = kind if layer_type is None else f"{layer_type}/{kind}"
+        layout.header["count"][key] = layout.header["count"].get(key, 0) + 1
+        if key in layout.ranges or len(layout.ranges) > MAX_LAYER_TYPES:
+            continue  # one buffer of each kind (and layer type) is read: every layer stores the same
         if entry.dtype not in DTYPES:
             raise BadRequest(f"{label} must be a float tensor ({', '.join(DTYPES)}), got dtype "
                              f"{values.shown(entry.dtype)}")
         values.shape(f"{label}: its shape", entry.shape, MAX_SMALL)  # read for its values
         values.position_shape(label, kind, entry.shape)
-        layout.ranges[kind] = (base + entry.begin, entry.end - entry.begin)
-        layout.header["tensors"][kind] = (name, entry.shape, entry.dtype)
+        layout.ranges[key] = (base + entry.begin, entry.end - entry.begin)
+        layout.header["tensors"][key] = (name, entry.shape, entry.dtype)
     return layout
 
 
 def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
+    """The checkpoint's facts; a layer type's own buffers in `found.layers[layer_type]`."""
     found = Found("safetensors")
     described = header["tensors"]
-    for kind, raw in tensors.items():
-        name, shape, dtype = described[kind]
+    for key, raw in tensors.items():
+        name, shape, dtype = described[key]
+        layer_type, _, kind = key.rpartition("/")
+        into = found.layers.setdefault(layer_type, Found("safetensors", layer_type=layer_type)) if layer_type \
+            else found
         values = np.frombuffer(raw, dtype=DTYPES[dtype]).reshape(shape).astype(np.float32)
-        setattr(found, kind, values.reshape(-1) if kind == "alibi_slopes" else values)
+        setattr(into, kind, values.reshape(-1) if kind == "alibi_slopes" else values)
         if kind == "inv_freq":
-            found.rotary_dim = 2 * values.shape[-1]
-            found.notes.append(f"{name} (and {header['count'][kind] - 1} more buffers like it)")
+            into.rotary_dim = 2 * values.shape[-1]
+            found.notes.append(f"{name} (and {header['count'][key] - 1} more buffers like it)")
     if "learned" in described:
         name, shape, _ = described["learned"]
         found.learned_positions, found.learned_name = tuple(shape), name

@@ -3,10 +3,14 @@
     posenc audit model.gguf                       # reference: the catalogue's matching preset
     posenc audit model.onnx --config config.json  # reference: that config.json (or a repository config)
     posenc audit model.gguf --preset llama-3.1-8b --json
+    posenc audit gemma.gguf --preset gemma-3-4b-it --layer-type full_attention   # one layer type of several
     posenc audit model.onnx --remote http://127.0.0.1:8000   # sends only the extract, not the file
+    posenc audit --preset llama-3.1-8b config.json model.safetensors   # several files: one report each
 
 Exit status: 0 every fact as the reference says (or consistent, with no reference), 1 a fact is wrong or the
-tables diverge, 2 bad usage or an unreadable file (the message says why): a CI job can gate on it.
+tables diverge, 2 bad usage or an unreadable file (the message says why): a CI job can gate on it. Several files
+(what a pre-commit hook passes, .pre-commit-hooks.yaml) are audited each against the one reference, and the
+status is the worst of theirs.
 """
 
 from __future__ import annotations
@@ -24,22 +28,26 @@ from urllib.parse import urlencode
 def add_parser(commands: Any) -> None:
     p = commands.add_parser(
         "audit", help="audit a GGUF, ONNX, safetensors or config.json file's position handling",
-        description="posenc audit FILE [--preset NAME | --config config.json] (exit status 0: correct, 1: a fact "
-                    "is wrong, 2: bad usage or unreadable)")
-    p.add_argument("file", help="the artifact: .gguf, .onnx, .safetensors or config.json")
+        description="posenc audit FILE... [--preset NAME | --config config.json] (exit status 0: correct, 1: a "
+                    "fact is wrong, 2: bad usage or unreadable; several files: the worst of theirs)")
+    p.add_argument("file", nargs="+", metavar="FILE",
+                   help="the artifact: .gguf, .onnx, .safetensors or config.json (several: one report each)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--preset", help="reference preset (posenc's catalogue: GET /v1/presets)")
     group.add_argument("--config", help="reference config.json (Hugging Face, or a posenc repository config.json)")
+    p.add_argument("--layer-type", metavar="NAME", help="judge this layer type alone (a model with RoPE per layer "
+                                                         "type, e.g. full_attention; default: every one)")
     p.add_argument("--json", action="store_true", help="print the whole JSON report")
-    p.add_argument("--png", metavar="PATH", help="also write the picture of the divergence here")
+    p.add_argument("--png", metavar="PATH", help="also write the picture of the divergence here (one FILE only)")
     p.add_argument("--remote", metavar="URL", help="a running service audits the extract (the file stays here)")
     p.set_defaults(handler=run)
 
 
-def _remote(base: str, body: bytes, preset: str | None, config: str | None, fmt: str) -> bytes:
+def _remote(base: str, body: bytes, args: argparse.Namespace, config: str | None, fmt: str) -> bytes:
     from posenc.service.cli.remote import RemoteError, post  # urllib.request (ssl): with --remote only
 
-    query = {k: v for k, v in {"preset": preset, "config": config, "format": fmt}.items() if v is not None}
+    query = {k: v for k, v in {"preset": args.preset, "config": config, "layer_type": args.layer_type,
+                               "format": fmt}.items() if v is not None}
     try:
         return post(base.rstrip("/") + "/v1/audit?" + urlencode(query), body, "application/json")
     except RemoteError as exc:
@@ -47,38 +55,64 @@ def _remote(base: str, body: bytes, preset: str | None, config: str | None, fmt:
 
 
 def run(args: argparse.Namespace) -> int:
+    from posenc.service.audit.report import text
+    from posenc.service.cli.settings_from_env import settings_or_exit
+
+    if args.png and len(args.file) > 1:
+        sys.stderr.write("posenc audit: --png takes one FILE\n")
+        return 2
+    settings = settings_or_exit(access_log=False)
+    if len(args.file) == 1:
+        status, doc = _audit(args, args.file[0], settings)
+        if doc is not None:
+            print(json.dumps(doc, indent=1) if args.json else text(doc, args.file[0]))
+        return status
+    # several files: each audited and reported in turn (text: a blank line between; --json: one object, file name
+    # -> report, null where the file could not be audited), the worst status
+    statuses: list[int] = []
+    docs: dict[str, dict[str, Any] | None] = {}
+    for name in args.file:
+        status, doc = _audit(args, name, settings)
+        statuses.append(status)
+        docs[name] = doc
+        if doc is not None and not args.json:
+            print(("\n" if len(statuses) > 1 else "") + text(doc, name), flush=True)
+    if args.json:
+        print(json.dumps(docs, indent=1))
+    return max(statuses)
+
+
+def _audit(args: argparse.Namespace, name: str, settings: Any) -> tuple[int, dict[str, Any] | None]:
+    """One file's status (0 consistent, 1 wrong, 2 unusable: said on stderr) and report."""
     from posenc.models.errors import ParameterError
     from posenc.service.audit import extract
-    from posenc.service.audit.report import picture, text
+    from posenc.service.audit.report import picture
     from posenc.service.audit.run import parse_config, read_path
     from posenc.service.audit.run import run as run_audit
-    from posenc.service.cli.settings_from_env import settings_or_exit
     from posenc.service.errors import ServiceError
 
-    settings = settings_or_exit(access_log=False)
     try:
         config_text = Path(args.config).read_text() if args.config else None
-        found = read_path(Path(args.file), settings)
+        found = read_path(Path(name), settings)
         if args.remote:
             # a config.json goes as it is (its warnings are the server's to find); any other file as its extract
-            body = Path(args.file).read_bytes() if found.source == "config.json" \
+            body = Path(name).read_bytes() if found.source == "config.json" \
                 else json.dumps(extract.dump(found)).encode()
-            doc = json.loads(_remote(args.remote, body, args.preset, config_text, "json"))
+            doc = json.loads(_remote(args.remote, body, args, config_text, "json"))
             if args.png:
-                Path(args.png).write_bytes(_remote(args.remote, body, args.preset, config_text, "png"))
+                Path(args.png).write_bytes(_remote(args.remote, body, args, config_text, "png"))
         else:
-            result = run_audit(found, args.preset, parse_config(config_text))
+            result = run_audit(found, args.preset, parse_config(config_text), args.layer_type)
             doc = result.document()
             if args.png:
-                Path(args.png).write_bytes(picture(result, Path(args.file).name))
+                Path(args.png).write_bytes(picture(result, Path(name).name))
     except SystemExit as exc:
         sys.stderr.write(f"{exc.code}\n")
-        return 2
+        return 2, None
     except ServiceError as exc:
         sys.stderr.write(f"posenc audit: {exc.message}\n")
-        return 2
+        return 2, None
     except (ParameterError, OSError) as exc:
         sys.stderr.write(f"posenc audit: {exc}\n")
-        return 2
-    print(json.dumps(doc, indent=1) if args.json else text(doc, args.file))
-    return 1 if doc["verdict"] == "wrong" else 0
+        return 2, None
+    return (1 if doc["verdict"] == "wrong" else 0), doc

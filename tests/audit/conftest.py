@@ -15,8 +15,9 @@ pytest.importorskip("gguf", reason="the audit extra (gguf, onnx): pip install 'p
 pytest.importorskip("onnx", reason="the audit extra (gguf, onnx): pip install 'posenc[audit]'")
 
 
-def audit_file(path: Path, preset: str | None = None, config: dict[str, Any] | None = None) -> Audit:
-    return run(read_path(path, Settings()), preset, config)
+def audit_file(path: Path, preset: str | None = None, config: dict[str, Any] | None = None,
+               layer_type: str | None = None) -> Audit:
+    return run(read_path(path, Settings()), preset, config, layer_type)
 
 
 def bytes_read() -> int:

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from posenc.models.audit.layers import LayeredAudit
 from posenc.models.audit.llama_cpp import UNROTATED_FACTOR, WRITTEN_MASK, convention
-from posenc.models.presets import find_preset
 from posenc.service.audit.run import read_path
 from posenc.service.settings import Settings
 from tests.audit.conftest import audit_file, mistakes
@@ -19,6 +19,9 @@ from tests.audit_files import write_gguf
 # Gemma-3 4B as convert_hf_to_gguf.py writes it, minus rope.freq_base_swa (older converters never wrote it)
 GEMMA3 = {"context_length": 131072, "embedding_length": 2560, "attention.head_count": 8, "attention.key_length": 256,
           "rope.freq_base": 1e6, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0}
+GEMMA3_V4 = {"model_type": "gemma3_text", "hidden_size": 2560, "num_attention_heads": 8, "head_dim": 256,
+             "max_position_embeddings": 131072, "rope_theta": 1e6,
+             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}
 # Gemma-4 26B-A4B: the full-attention layers rotate 128 of 512 channels ("proportional", partial 0.25); the
 # converter writes dimension_count = global_head_dim and marks the 192 unrotated pairs with rope_freqs = 1e30
 GEMMA4 = {"context_length": 262144, "embedding_length": 2816, "attention.head_count": 16,
@@ -53,7 +56,9 @@ def test_gemma3_without_freq_base_swa_gets_llama_cpps_10000(tmp_path: Path) -> N
     assert result.found.theta_swa == 10000.0
     assert "gemma3.rope.freq_base_swa absent: llama.cpp uses 10000 for the sliding layers (src/llama-model.cpp" \
         in _notes(result)
-    config = {**find_preset("gemma-3-4b-it").config, "rope_local_base_freq": 10000.0}
+    assert isinstance(result, LayeredAudit) and result.layer_verdict("sliding_attention") == "correct"
+    # Gemma-3's config.json as transformers 4 wrote it: one RoPE, the sliding layers' base in rope_local_base_freq
+    config = {**GEMMA3_V4, "rope_local_base_freq": 10000.0}
     against_config = audit_file(path, config=config)
     assert "sliding_window_base_missing" not in mistakes(against_config), against_config.document()["facts"]
     assert against_config.verdict == "correct"
@@ -86,8 +91,8 @@ def test_gemma4_rope_freqs_mask_is_its_partial_rotary(tmp_path: Path) -> None:
     result = audit_file(write_gguf(tmp_path / "gemma4.gguf", "gemma4", GEMMA4, _mask(256, 64)),
                         preset="gemma-4-26b-a4b")
     assert result.found.rotary_dim == 128
-    assert result.verdict == "correct", result.document()["facts"]
-    assert result.divergence is not None and result.divergence.within_contract
+    assert isinstance(result, LayeredAudit) and result.verdict == "correct", result.document()["layer_types"]
+    assert all(layer.divergence is not None and layer.divergence.within_contract for layer in result.layers.values())
     assert "rope_freqs marks 192 of 256 pairs unrotated" in _notes(result)
 
 
