@@ -10,9 +10,13 @@ limit (`NeedMore`), so a streamed header is parsed at most twice, the first time
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import math
 import struct
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,11 +51,27 @@ NEEDED = {"rope_freqs": "freq_factors", "rope_factors_long": "long_factors", "ro
 MAX_NEEDED_ELEMENTS = 1 << 16
 
 
+@functools.cache
 def _gguf() -> Any:
-    try:
-        import gguf
-    except ImportError as exc:  # the audit extra
-        raise BadRequest("reading GGUF files needs the gguf package: pip install 'posenc[audit]'") from exc
+    """The `gguf` package's constants (value types, quantization sizes, alignment): the one module of it the header
+    parse reads. It is loaded alone where it can be, since the package's `__init__` also imports its reader,
+    writer, vocabulary and metadata (yaml among them), most of an audit's start-up; the whole package otherwise."""
+    if (loaded := sys.modules.get("gguf.constants")) is not None:
+        return loaded
+    spec = importlib.util.find_spec("gguf")
+    if spec is None or not spec.submodule_search_locations:  # the audit extra
+        raise BadRequest("reading GGUF files needs the gguf package: pip install 'posenc[audit]'")
+    location = Path(next(iter(spec.submodule_search_locations))) / "constants.py"
+    alone = importlib.util.spec_from_file_location("posenc_gguf_constants", location)
+    if alone is not None and alone.loader is not None:
+        module = importlib.util.module_from_spec(alone)
+        try:
+            alone.loader.exec_module(module)
+            return module
+        except ImportError:  # a version whose constants need the rest of the package
+            pass
+    import gguf
+
     return gguf
 
 

@@ -1,6 +1,6 @@
 """`posenc` starts without the web framework: a subcommand builds its own parser alone, and `posenc audit --help`
-imports no fastapi, starlette, uvicorn or pydantic-settings (what `python -X importtime` lists, in a fresh
-interpreter). The parser a command builds alone is the one `posenc --help` builds with every command."""
+imports no fastapi, starlette, uvicorn or pydantic-settings, and an audit of a GGUF file only the gguf package's
+constants (what `python -X importtime` lists, in a fresh interpreter). The parser a command builds alone is the one `posenc --help` builds with every command."""
 
 from __future__ import annotations
 
@@ -46,6 +46,10 @@ def test_an_audit_of_a_small_gguf_imports_no_web_framework(tmp_path: Path) -> No
     assert "posenc.service.audit.run" in names
     web = [name for name in names if name.split(".")[0] in WEB[:3]]  # the settings are read (POSENC_AUDIT_*)
     assert web == [], f"posenc audit FILE imported {web}"
+    # the gguf package's constants alone, loaded from their file: its __init__ brings its writer, vocabulary and
+    # metadata (yaml)
+    heavy = [name for name in names if name.split(".")[0] in ("gguf", "yaml")]
+    assert heavy == [], f"posenc audit FILE imported {heavy}"
 
 
 def test_the_console_script_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
