@@ -1,6 +1,7 @@
 """`posenc` starts without the web framework: a subcommand builds its own parser alone, and `posenc audit --help`
 imports no fastapi, starlette, uvicorn or pydantic-settings, and an audit of a GGUF file only the gguf package's
-constants (what `python -X importtime` lists, in a fresh interpreter). The parser a command builds alone is the one `posenc --help` builds with every command."""
+constants (what `python -X importtime` lists, in a fresh interpreter). The parser a command builds alone is the one
+`posenc --help` builds with every command."""
 
 from __future__ import annotations
 
