@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.errors import BadRequest
 from posenc.service.grpc.servicer import decode_infer
-from posenc.service.inference.codecs.protobuf import MAX_FIELDS, decode_infer_request, decoded_bytes
+from posenc.service.inference.codecs.protobuf import MAX_FIELDS, decode_infer_request, decoded_bytes, varint
 
 MiB = 1024 * 1024
 
@@ -55,9 +55,9 @@ def test_packed_int64_contents_decode_within_their_reservation() -> None:
     request.inputs.add(name="x", datatype="INT64", shape=[count])
     base = request.SerializeToString()
     payload = b"\xac\x02" * count  # 300
-    contents = b"\x1a" + _varint(len(payload)) + payload  # int64_contents, packed
-    tensor = bytes(request.inputs[0].SerializeToString()) + b"\x2a" + _varint(len(contents)) + contents
-    data = base[:base.index(b"\x2a")] + b"\x2a" + _varint(len(tensor)) + tensor
+    contents = b"\x1a" + varint(len(payload)) + payload  # int64_contents, packed
+    tensor = bytes(request.inputs[0].SerializeToString()) + b"\x2a" + varint(len(contents)) + contents
+    data = base[:base.index(b"\x2a")] + b"\x2a" + varint(len(tensor)) + tensor
     assert pb.ModelInferRequest.FromString(data).inputs[0].contents.int64_contents[5] == 300
     message, raw = decode_infer(data)
     reserved = 3 * len(data) + decoded_bytes(raw)
@@ -96,12 +96,3 @@ def test_typed_counts_are_checked_before_decoding() -> None:
     message, raw = decode_infer(request.SerializeToString())
     with pytest.raises(BadRequest, match=r"takes its contents in fp32_contents \(got int_contents\)"):
         decode_infer_request(message, None, raw)
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)

@@ -628,9 +628,9 @@ def test_cancellation(ends: Ends, protocol: Http | Grpc) -> None:
     full = _full_duration(protocol)
     before = protocol.statistics(MODEL)["inference_count"]
     _give_up(ends, protocol, random_inputs(*LARGE, seed=4), full / 3)
-    start = time.monotonic()
+    # the answer within a second: a socket timeout of 1 s raises otherwise
     status, _, _ = http_request(ends.server.port, "/v2/health/ready", timeout=1, host=ends.server.host)
-    assert status == 200 and time.monotonic() - start < 1
+    assert status == 200
     probe = random_inputs(*PROBE, seed=6)
     got = _served_again(protocol, probe, PROBE_MODEL, 30).outputs["output"]
     np.testing.assert_allclose(got, _reference(PROBE_MODEL, probe), atol=1e-5, rtol=1e-5)

@@ -8,7 +8,6 @@ Black box: only the test kit, the error taxonomy's table, the protocol's message
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import uuid
@@ -34,6 +33,7 @@ from posenc.service.testing import (
     request_with_header,
 )
 from tests.onnx_models import grpc_infer_request, random_inputs
+from tests.server.test_restricted_keys import http_get
 
 SERVICE = "/inference.GRPCInferenceService/"
 MODEL = "rope_attention"
@@ -82,16 +82,8 @@ def _http(ends: Ends, path: str, method: str = "GET", body: bytes | None = None,
 
 def _http_pairs(ends: Ends, path: str, headers: Sequence[tuple[str, str]]) -> HttpAnswer:
     """A GET with `headers` as given, repeated names included (http_request takes a dict)."""
-    conn = http.client.HTTPConnection(ends.server.host, ends.server.port, timeout=30)
-    try:
-        conn.putrequest("GET", path)
-        for name, value in headers:
-            conn.putheader(name, value)
-        conn.endheaders()
-        response = conn.getresponse()
-        return response.status, json.loads(response.read()).get("error", "")
-    finally:
-        conn.close()
+    status, body = http_get(ends.server, path, *headers)
+    return status, json.loads(body).get("error", "")
 
 
 def _infer_http(ends: Ends, inputs: Mapping[str, np.ndarray | SharedMemoryInput], model: str = MODEL,

@@ -297,7 +297,7 @@ def _tensor(view: memoryview, start: int, end: int, fields: _Fields,
                 else:
                     rest.append(view[inner_begin:inner_end])
             payload = b"".join(rest)
-            kept += [CONTENTS_TAG, _varint(len(payload)), payload]
+            kept += [CONTENTS_TAG, varint(len(payload)), payload]
         else:
             kept.append(view[begin:position])
     return kept
@@ -333,7 +333,7 @@ def split_infer_request(data: bytes) -> tuple[Proto, RawInputs]:
                     typed[inputs] = contents
                 inputs += 1
                 payload = b"".join(tensor)
-                rest += [bytes([INPUTS_FIELD << 3 | LENGTH_DELIMITED]), _varint(len(payload)), payload]
+                rest += [bytes([INPUTS_FIELD << 3 | LENGTH_DELIMITED]), varint(len(payload)), payload]
             else:
                 if number == OUTPUTS_FIELD:  # (its parameters: one field an entry)
                     for _ in _walk(view, value, position, fields):
@@ -499,14 +499,15 @@ def encode_infer_response(model_name: str, model_version: str, request: InferReq
             raw.append(array.reshape(-1).view(np.uint8).data)  # [nbytes], no copy
     parts: list[bytes | memoryview] = [response.SerializeToString()]
     for chunk in raw:
-        parts += [RAW_OUTPUT_TAG, _varint(len(chunk)), chunk]
+        parts += [RAW_OUTPUT_TAG, varint(len(chunk)), chunk]
     return b"".join(parts)
 
 
 RAW_OUTPUT_TAG = bytes([6 << 3 | 2])  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """`value` (non-negative) as a protobuf varint."""
     out = bytearray()
     while True:
         byte, value = value & 0x7F, value >> 7
@@ -517,7 +518,7 @@ def _varint(value: int) -> bytes:
 
 def stream_response(infer_response: bytes) -> bytes:
     """A serialized `ModelStreamInferResponse` holding a serialized `ModelInferResponse` (field 2)."""
-    return b"".join((bytes([2 << 3 | 2]), _varint(len(infer_response)), infer_response))
+    return b"".join((bytes([2 << 3 | 2]), varint(len(infer_response)), infer_response))
 
 
 def model_metadata_message(document: Mapping[str, Any]) -> Proto:
