@@ -13,6 +13,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from posenc.models.export.arguments import SOURCE_REPOSITORY
+from posenc.service import audit_limits
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -149,11 +150,13 @@ class Settings(BaseSettings):
         64 * MiB, ge=1, description="Largest request body accepted (uploads, inference); over it: 413."
     )
     audit_max_header_bytes: int = Field(
-        64 * MiB, ge=1024, description="POST /v1/audit: largest GGUF or safetensors header read (metadata, "
+        audit_limits.MAX_HEADER_BYTES, ge=audit_limits.FLOOR_BYTES,
+        description="POST /v1/audit: largest GGUF or safetensors header read (metadata, "
         "vocabulary); the tensors after it are skipped as the upload streams by, whatever its size.",
     )
     audit_max_onnx_bytes: int = Field(
-        64 * MiB, ge=1024, description="POST /v1/audit: largest ONNX or JSON upload (held whole to parse); larger "
+        audit_limits.MAX_ONNX_BYTES, ge=audit_limits.FLOOR_BYTES,
+        description="POST /v1/audit: largest ONNX or JSON upload (held whole to parse); larger "
         "models are audited by `posenc audit`, which can send only the extract (`--remote`).",
     )
     model_repository: Path = Field(

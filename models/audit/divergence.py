@@ -66,7 +66,9 @@ class _Bins:
     def __init__(self, rows: int) -> None:
         self.visible: dict[str, int | None] = {f"{level:g}": None for level in VISIBLE}
         geometric = np.round(np.geomspace(1, max(rows, 1), BINS)).astype(np.int64)
-        self.starts = np.unique(np.concatenate([[0], geometric[geometric < rows]]))  # [bins]
+        starts = np.concatenate([[0], geometric[geometric < rows]])  # sorted, with repeats near 0
+        # repeats dropped by hand: np.unique imports numpy.ma (45 ms, a quarter of `posenc audit`'s start-up)
+        self.starts = starts[np.diff(starts, prepend=-1) > 0]  # [bins]
         self.error = np.zeros(self.starts.shape[0])
         self.tolerance = np.zeros(self.starts.shape[0])
         self.rows = rows

@@ -4,10 +4,9 @@ the reader of its format (`readers.read`, one dispatch for both), the reference 
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from posenc.models.audit.found import Found
 from posenc.models.audit.layers import audit_model
@@ -23,21 +22,34 @@ from posenc.models.audit.rope_audit import Audit
 from posenc.models.errors import ParameterError
 from posenc.service.audit import config_reader, readers
 from posenc.service.audit.stream import FileSource, UploadSource
+from posenc.service.audit_limits import AuditBounds
 from posenc.service.errors import BadRequest
-from posenc.service.settings import Settings
+
+T = TypeVar("T")
 
 
-def read_path(path: Path, settings: Settings) -> Found:
+def read_path(path: Path, settings: AuditBounds) -> Found:
     """A local file's facts (`posenc audit`), through the one dispatch (`readers.read`): GGUF and safetensors read
     by seeking (header, then the few tensors), ONNX loaded without its external data, JSON whole."""
     try:
         with path.open("rb") as handle:
-            return asyncio.run(readers.read(FileSource(handle, path, settings.audit_max_header_bytes)))
+            return _never_waits(readers.read(FileSource(handle, path, settings.audit_max_header_bytes)))
     except OSError as exc:
         raise BadRequest(f"cannot read {path}: {exc.strerror}") from None
 
 
-async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: Settings) -> Found:
+def _never_waits(reading: Coroutine[Any, Any, T]) -> T:
+    """The result of a coroutine that never suspends (a `FileSource`'s reads and parses are plain calls): the
+    command needs no event loop, nor asyncio's import."""
+    try:
+        reading.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    reading.close()
+    raise RuntimeError("a local file's reader waited on something")
+
+
+async def read_upload(chunks: AsyncIterator[bytes], size: int | None, settings: AuditBounds) -> Found:
     """An upload's facts (`POST /v1/audit`, `size`: its Content-Length), through the same dispatch: GGUF and
     safetensors streamed (header, then only the named ranges; the header parsed in a worker thread), the rest read
     whole within `audit_max_onnx_bytes` and parsed in a worker thread (the event loop answers meanwhile)."""

@@ -19,8 +19,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
+
+if TYPE_CHECKING:
+    from posenc.service.audit_limits import AuditBounds
 
 # The handler imports the audit (numpy, the readers, the settings): `posenc audit --help` imports none of it.
 
@@ -56,12 +59,11 @@ def _remote(base: str, body: bytes, args: argparse.Namespace, config: str | None
 
 def run(args: argparse.Namespace) -> int:
     from posenc.service.audit.report import text
-    from posenc.service.cli.settings_from_env import settings_or_exit
 
     if args.png and len(args.file) > 1:
         sys.stderr.write("posenc audit: --png takes one FILE\n")
         return 2
-    settings = settings_or_exit(access_log=False)
+    settings = _bounds()
     if len(args.file) == 1:
         status, doc = _audit(args, args.file[0], settings)
         if doc is not None:
@@ -82,7 +84,19 @@ def run(args: argparse.Namespace) -> int:
     return max(statuses)
 
 
-def _audit(args: argparse.Namespace, name: str, settings: Any) -> tuple[int, dict[str, Any] | None]:
+def _bounds() -> AuditBounds:
+    """The read bounds: the defaults, or the settings (validated, a bad value exits naming the variable) when a
+    `POSENC_AUDIT_*` variable is set."""
+    from posenc.service.audit_limits import DefaultBounds, bounds_are_default
+
+    if bounds_are_default():
+        return DefaultBounds()
+    from posenc.service.cli.settings_from_env import settings_or_exit
+
+    return settings_or_exit(access_log=False)
+
+
+def _audit(args: argparse.Namespace, name: str, settings: AuditBounds) -> tuple[int, dict[str, Any] | None]:
     """One file's status (0 consistent, 1 wrong, 2 unusable: said on stderr) and report."""
     from posenc.models.errors import ParameterError
     from posenc.service.audit import extract

@@ -1,11 +1,13 @@
 """`posenc` starts without the web framework: a subcommand builds its own parser alone, and `posenc audit --help`
-imports no fastapi, starlette, uvicorn or pydantic-settings, and an audit of a GGUF file only the gguf package's
-constants (what `python -X importtime` lists, in a fresh interpreter). The parser a command builds alone is the one
-`posenc --help` builds with every command."""
+imports no fastapi, starlette, uvicorn or pydantic-settings; an audit of a GGUF file imports the gguf package's
+constants alone, no settings (unless a `POSENC_AUDIT_*` bound is set), no asyncio and no numpy.ma (what
+`python -X importtime` lists, in a fresh interpreter). The parser a command builds alone is the one `posenc --help`
+builds with every command."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,10 +20,12 @@ from tests.conftest import TESTS
 WEB = ("fastapi", "starlette", "uvicorn", "pydantic_settings")
 
 
-def imported_modules(code: str) -> list[str]:
-    """The modules a fresh interpreter imports running `code` (the names `-X importtime` prints)."""
+def imported_modules(code: str, **environ: str) -> list[str]:
+    """The modules a fresh interpreter imports running `code` (the names `-X importtime` prints), in this
+    environment without its `POSENC_*` variables, plus `environ`."""
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("POSENC_")} | environ
     result = subprocess.run([sys.executable, "-X", "importtime", "-c", code], cwd=TESTS.parent,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     names = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
              if line.startswith("import time:") and line.count("|") == 2]
@@ -45,12 +49,31 @@ def test_an_audit_of_a_small_gguf_imports_no_web_framework(tmp_path: Path) -> No
     names = imported_modules("from posenc.service.cli.main import main\n"
                              f"assert main(['audit', {str(path)!r}]) == 0\n")
     assert "posenc.service.audit.run" in names
-    web = [name for name in names if name.split(".")[0] in WEB[:3]]  # the settings are read (POSENC_AUDIT_*)
-    assert web == [], f"posenc audit FILE imported {web}"
+    # the bounds are the defaults without the settings; the file is read without an event loop; numpy.ma (45 ms,
+    # imported by np.unique) is never needed
+    heavy = [name for name in names if name.split(".")[0] in (*WEB, "pydantic", "asyncio") or name == "numpy.ma"]
+    assert heavy == [], f"posenc audit FILE imported {heavy}"
     # the gguf package's constants alone, loaded from their file: its __init__ brings its writer, vocabulary and
     # metadata (yaml)
     heavy = [name for name in names if name.split(".")[0] in ("gguf", "yaml")]
     assert heavy == [], f"posenc audit FILE imported {heavy}"
+
+
+def test_a_bound_set_in_the_environment_is_the_settings_one(tmp_path: Path) -> None:
+    """With POSENC_AUDIT_MAX_HEADER_BYTES set, the settings are built and hold: a header over it is refused, a
+    value under the floor exits naming the variable."""
+    from tests.audit_files import llama_gguf_meta, write_gguf
+
+    meta = {**llama_gguf_meta(8192, 500000.0, kv=8), "general.description": "x" * 4096}  # a 4 KiB header
+    path = write_gguf(tmp_path / "small.gguf", "llama", meta)
+    run = f"from posenc.service.cli.main import main\nraise SystemExit(main(['audit', {str(path)!r}]))\n"
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("POSENC_")}
+    for value, status, said in (("2048", 2, "header"), ("12", 2, "POSENC_AUDIT_MAX_HEADER_BYTES"), ("", 0, "")):
+        extra = {"posenc_audit_max_header_bytes": value} if value else {}
+        result = subprocess.run([sys.executable, "-c", run], cwd=TESTS.parent, capture_output=True, text=True,
+                                timeout=120, env=env | extra)
+        assert result.returncode == status, (value, result.stdout, result.stderr)
+        assert said in result.stderr
 
 
 def test_the_console_script_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
