@@ -37,6 +37,9 @@ MAX_MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's ceiling for M_MMAP_THRESHOLD on
 # onnxruntime, the shipped models' sessions (measured 129 MiB idle on 2 cores), with room for the stacks of the
 # worker threads and the event loop's buffers.
 BASE_BYTES = 256 * 1024 * 1024
+# After a request that held this much (a table's working set, a gRPC message received), freed heap memory is handed
+# back (`release_free_memory`): below it, what glibc keeps is reused by the next request of its kind.
+RELEASE_AFTER_BYTES = 16 << 20
 
 
 def memory_bound(settings: Settings) -> int:
@@ -60,6 +63,9 @@ class MemoryBudget:
         self.waiting = 0
         # one future per waiter, woken (all of them: each checks whether it fits now) when bytes come back
         self._wakeups: list[asyncio.Future[None]] = []
+        # the waiters in the line that hold part of their memory already (growing), by arrival: bytes held
+        self._growing: dict[int, int] = {}
+        self._arrivals = 0
 
     @asynccontextmanager
     async def reserve(self, nbytes: int, what: str) -> AsyncIterator[None]:
@@ -70,12 +76,16 @@ class MemoryBudget:
         finally:
             reservation.release()
 
-    async def acquire(self, nbytes: int, what: str) -> Reservation:
+    async def acquire(self, nbytes: int, what: str, *, line: bool = True, holding: int = 0) -> Reservation:
         """Hold `nbytes` (at most the whole budget) until the reservation is released; 503 when they do not
-        come free in time."""
+        come free in time. `line=False`: behind the line, for a request that holds nothing yet and will want more
+        later (a gRPC message whose size is unknown until it is read): it waits while anyone waits in the line
+        (those hold part of their memory already: letting it ahead could leave them all waiting for each other),
+        and its wait is not counted in `max_waiters` (the caller's own limit bounds how many wait). `holding`:
+        what the caller holds already (`Reservation.grow`)."""
         amount = self._amount(nbytes)
-        if self.reserved + amount > self.capacity:
-            await self._wait(amount, what)
+        if self.reserved + amount > self.capacity or (not line and self.waiting):
+            await self._wait(amount, what, line, holding)
         self.reserved += amount
         return Reservation(self, amount)
 
@@ -105,24 +115,41 @@ class MemoryBudget:
     def _amount(self, nbytes: int) -> int:
         return max(0, min(nbytes, self.capacity))
 
+    def _stuck(self, arrival: int) -> bool:
+        """Whether the waiter that arrived `arrival`-th must give up now: every byte reserved is held by waiters that
+        want more (no request will give any back), and it is the latest of those to arrive."""
+        growing = self._growing
+        return bool(growing) and arrival == max(growing) and sum(growing.values()) >= self.reserved
+
     def _give_back(self, amount: int) -> None:
         """Return `amount` bytes (synchronous: transport callbacks release too) and wake the waiters."""
         self.reserved -= amount
+        self._wake()
+
+    def _wake(self) -> None:
         wakeups, self._wakeups = self._wakeups, []
         for wakeup in wakeups:
             if not wakeup.done():
                 wakeup.set_result(None)
 
-    async def _wait(self, amount: int, what: str) -> None:
-        if self.waiting >= self.max_waiters:
+    async def _wait(self, amount: int, what: str, line: bool = True, holding: int = 0) -> None:
+        if line and self.waiting >= self.max_waiters:
             raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
                               f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
                               "retry later", retry_after=RETRY_AFTER_SECONDS, overloaded=True)
-        self.waiting += 1
+        self.waiting += line
+        arrival = self._arrivals = self._arrivals + 1
+        if line and holding:
+            self._growing[arrival] = holding
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.wait_seconds):
-                while self.reserved + amount > self.capacity:
+                while self.reserved + amount > self.capacity or (not line and self.waiting):
+                    if self._stuck(arrival):
+                        raise Unavailable(f"busy: {what} needs {amount} bytes more while every request that holds "
+                                          f"memory waits for more ({self.reserved} of {self.capacity} bytes, "
+                                          f"{self.setting}); retry later", retry_after=RETRY_AFTER_SECONDS,
+                                          overloaded=True)
                     wakeup = loop.create_future()
                     self._wakeups.append(wakeup)
                     await wakeup
@@ -131,7 +158,9 @@ class MemoryBudget:
                               f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
                               retry_after=RETRY_AFTER_SECONDS, overloaded=True) from None
         finally:
-            self.waiting -= 1
+            self.waiting -= line
+            if self._growing.pop(arrival, None) is not None or (line and not self.waiting):
+                self._wake()  # the next to grow checks whether it is stuck; those behind the line wait for it
 
 
 class Reservation:
@@ -152,11 +181,12 @@ class Reservation:
         self.shrink(0)
 
     async def grow(self, nbytes: int, what: str) -> None:
-        """Hold `nbytes` in all (at most the whole budget), waiting for the difference as `acquire` does.
-        (Two requests growing at once may wait for each other: the wait's time limit ends that with a 503.)"""
+        """Hold `nbytes` in all (at most the whole budget), waiting for the difference as `acquire` does. When every
+        request that holds memory waits to grow, none would give any back: the latest to wait gets the 503 at once
+        (before, the wait's time limit ended it)."""
         more = min(nbytes, self.budget.capacity) - self.amount
         if more > 0:
-            self.amount += (await self.budget.acquire(more, what)).amount
+            self.amount += (await self.budget.acquire(more, what, holding=self.amount)).amount
 
 
 # A response body under this size is not held in the budget while it is sent: the socket's kernel buffer

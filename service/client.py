@@ -103,6 +103,10 @@ class UnsupportedMediaTypeError(PosencError):
     service_error = errors.UnsupportedMediaType
 
 
+class RequestTimeoutError(PosencError):
+    service_error = errors.RequestTimeout
+
+
 class ClientClosedRequestError(PosencError):
     service_error = errors.ClientClosedRequest
 
@@ -128,8 +132,8 @@ class InvalidResponseError(PosencError):
 
 ERRORS: tuple[type[PosencError], ...] = (
     BadRequestError, InvalidParameterError, ForbiddenError, NotFoundError, NotAcceptableError, PayloadTooLargeError,
-    PreconditionFailedError, HeadersTooLargeError, UnsupportedMediaTypeError, ClientClosedRequestError,
-    InsufficientStorageError, UnavailableError)
+    PreconditionFailedError, HeadersTooLargeError, UnsupportedMediaTypeError, RequestTimeoutError,
+    ClientClosedRequestError, InsufficientStorageError, UnavailableError)
 BY_TYPE: dict[str, type[PosencError]] = {cls.service_error.error_type: cls for cls in ERRORS}
 
 

@@ -91,6 +91,13 @@ class UnsupportedMediaType(ServiceError):
     error_type = "unsupported_media_type"
 
 
+class RequestTimeout(ServiceError):
+    """A request's bytes did not arrive in time (408)."""
+
+    status_code = 408
+    error_type = "request_timeout"
+
+
 class ClientClosedRequest(ServiceError):
     """The client went away before its request was read (nginx's 499): not a server error. Nobody is
     left to read the answer; the status is for the metrics and the access log."""
@@ -124,8 +131,8 @@ class Unavailable(ServiceError):
 # status is INTERNAL. The one table both protocols answer by (`grpc_code_name`; HTTP answers the status itself).
 GRPC_CODE_NAMES: dict[int, str] = {
     400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 406: "INVALID_ARGUMENT",
-    412: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT",
-    431: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 503: "UNAVAILABLE", 507: "RESOURCE_EXHAUSTED",
+    408: "DEADLINE_EXCEEDED", 412: "FAILED_PRECONDITION", 413: "RESOURCE_EXHAUSTED", 415: "INVALID_ARGUMENT",
+    422: "INVALID_ARGUMENT", 431: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 503: "UNAVAILABLE", 507: "RESOURCE_EXHAUSTED",
 }
 INTERNAL_MESSAGE = "internal server error; the service log has the details"  # the text of a 500 (and of INTERNAL)
 

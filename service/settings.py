@@ -80,12 +80,9 @@ class Settings(BaseSettings):
     )
     grpc_max_concurrent_rpcs: int = Field(
         256, ge=1, le=100_000,
-        description="gRPC calls (a stream counts once) served at once per worker, and streams open at once on one "
-        "connection (a client's next one waits on its side); one more unary call is refused with RESOURCE_EXHAUSTED, "
-        "one more stream waits. Streams hold at most three quarters of it (the rest stays for unary calls); "
-        "health and metadata calls are never refused. "
-        "gRPC reads a message before posenc sees it, so this times max_request_bytes bounds the memory that "
-        "messages being received can hold.",
+        description="gRPC calls (a stream counts once) served at once per worker; one more unary call is refused "
+        "with RESOURCE_EXHAUSTED, one more stream waits, unread (64 KiB of it in gRPC core). Streams hold at most "
+        "three quarters of it (the rest stays for unary calls); health and metadata calls are never refused.",
     )
     grpc_stream_idle_seconds: float = Field(
         30.0, gt=0, le=3600,

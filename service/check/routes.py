@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from posenc.service.budget import release_free_memory
+from posenc.service.budget import RELEASE_AFTER_BYTES, release_free_memory
 from posenc.service.check.report import CheckReport, error_tensors
 from posenc.service.check.request import CheckRequest, check_path, checkable
 from posenc.service.check.table_check import run
@@ -28,7 +28,6 @@ from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep
 from posenc.service.tables import TABLES
 from posenc.service.tables.registry import TableRoute
-from posenc.service.tables.routes import RELEASE_AFTER_BYTES
 
 CHECK_FORMATS = ("json", "safetensors")
 

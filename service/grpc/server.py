@@ -28,7 +28,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.grpc.servicer import SERVICE, Recorder, Servicer
+from posenc.service.grpc.servicer import READ_UNDER_BUDGET, SERVICE, Recorder, Servicer
 from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.repository import RepositoryEntry
 
@@ -39,10 +39,16 @@ _SERVING: dict[grpc.aio.Server, health.aio.HealthServicer] = {}
 _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
-# Only uncompressed messages are accepted: a compressed one is UNIMPLEMENTED before it is inflated (60 kB of gzip on
-# the wire inflate to a 60 MiB message that no budget counted).
-RECEIVE_OPTIONS = (("grpc.compression_enabled_algorithms_bitset", 1),)
+# What gRPC core may hold that posenc has not read. Without BDP probing, a stream's flow-control window stays at
+# HTTP/2's initial 64 KiB until its message is read (with it, every stream's window grows to megabytes whether its
+# message is read or not: 1,000 streams whose requests waited unread held 4 GB). Only uncompressed messages are
+# accepted: a compressed one is UNIMPLEMENTED before it is inflated (60 kB of gzip on the wire inflate to a 60 MiB
+# message that no budget counted).
+RECEIVE_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.compression_enabled_algorithms_bitset", 1))
 STREAM_METHODS = ("ModelStreamInfer",)
+# No SETTINGS_MAX_CONCURRENT_STREAMS (`grpc.max_concurrent_streams`): a client that opens more streams at once than it
+# allows, before the server's settings arrive, gets them refused (REFUSED_STREAM: UNAVAILABLE, and INTERNAL), where
+# a stream past the call limit waits, unread, 64 KiB of it in gRPC core.
 
 
 class RestrictedHealth(health.aio.HealthServicer):
@@ -76,7 +82,11 @@ def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.stream(method.name))
         elif hasattr(servicer, method.name):
             handle = servicer.unary(method.name, getattr(pb, method.input_type.name), getattr(servicer, method.name))
-            handlers[method.name] = grpc.unary_unary_rpc_method_handler(handle)
+            # a method that reads its message itself takes it as a request iterator (the wire is the same): gRPC
+            # core then receives it only when the handler asks, under the memory budget (`Servicer.receive`)
+            register = (grpc.stream_unary_rpc_method_handler if method.name in READ_UNDER_BUDGET
+                        else grpc.unary_unary_rpc_method_handler)
+            handlers[method.name] = register(handle)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
 

@@ -31,7 +31,16 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.errors import INTERNAL_MESSAGE, BadRequest, Forbidden, ServiceError, Unavailable, grpc_code_name
+from posenc.service.budget import RELEASE_AFTER_BYTES, Reservation, release_free_memory
+from posenc.service.errors import (
+    INTERNAL_MESSAGE,
+    BadRequest,
+    Forbidden,
+    RequestTimeout,
+    ServiceError,
+    Unavailable,
+    grpc_code_name,
+)
 from posenc.service.inference.codecs.kserve_request import InferRequest
 from posenc.service.inference.codecs.protobuf import (
     RawInputs,
@@ -64,6 +73,12 @@ log = logging.getLogger("posenc.grpc")
 SERVICE = "inference.GRPCInferenceService"
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
 STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
+# A message being parsed: its bytes and their copies (`GrpcInferCall.reserve_bytes`), as an HTTP body's reservation.
+# A unary message's size is unknown until it has arrived (gRPC core's buffer and the bytes it hands over are whole
+# then), so its read holds this many times POSENC_MAX_REQUEST_BYTES, then this many times its size.
+PARSE_COPIES = 3
+# The methods that read their own message (registered with a request iterator): it is read under the budget.
+READ_UNDER_BUDGET = frozenset({"ModelInfer"})
 # Groups whose methods are never refused by the call limit: they answer at once from memory (no queue, no
 # await), and a probe must get through however many calls and streams are open.
 UNLIMITED_GROUPS = frozenset({"health", "metadata"})
@@ -199,7 +214,7 @@ class Servicer:
         return SharedMemoryCaller(None, key is not None and _carries(metadata, key))
 
     def unary(self, method: str, request_type: type[M],
-              handle: Callable[[Any, SharedMemoryCaller, int], Awaitable[Message | bytes]]
+              handle: Callable[..., Awaitable[Message | bytes]]
               ) -> Callable[..., Awaitable[bytes]]:
         """The handler of a unary method: request bytes in, response bytes out (`handle` gets the request, the
         caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
@@ -208,33 +223,92 @@ class Servicer:
         timing = method == "ModelInfer" and self.plane.settings.server_timing
         limited = METHOD_GROUPS.get(method) not in UNLIMITED_GROUPS
 
-        async def handler(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        async def handler(message: bytes | AsyncIterator[bytes] | None, context: grpc.aio.ServicerContext) -> bytes:
             start, code, size, admitted = time.perf_counter(), "OK", 0, False
+            held: Reservation | None = None
+            data = request = None
+            failure: tuple[grpc.StatusCode, str, Any] | None = None
             try:
                 if limited:
                     self.admit()
                     admitted = True
                 caller = self.caller(method, self.metadata(context))
                 timed = phases.started(timing)
+                if isinstance(message, bytes):
+                    data = message
+                elif message is not None:  # READ_UNDER_BUDGET: read now, once the budget holds room for it
+                    data, held = await self.receive(message)
+                    phases.lap("read")
+                assert data is not None
                 request = await offload(work(len(data)), None, read, data)  # (a large message: a worker thread)
                 phases.lap("parse")
-                response = await handle(request, caller, len(data))
+                # a message read here comes with the reservation that holds it (ModelInfer grows it to its run)
+                response = await handle(request, caller, len(data), *(() if held is None else (held,)))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
                 size = len(answer)
                 if timed is not None:
                     context.set_trailing_metadata(((phases.TRAILER, timed.value()),))
                 return answer
             except BaseException as exc:
-                code, answer = self.status_of(method, context, exc)
-                if answer is not None:
-                    await context.abort(*answer)  # raises AbortError: the call ends with this status
-                raise
+                code, failure = self.status_of(method, context, exc)
+                if failure is None:
+                    raise
             finally:
+                # The message dropped: an abort's AbortError stays with the call's state, which the call's context
+                # (a local here) holds, so this frame lives as long as the call does
+                message = data = request = None
+                if held is not None:
+                    held.release()
                 if admitted:
                     self.leave()
                 self.record(method, code, time.perf_counter() - start, size, context.peer() or "")
+            # aborted outside the error's handling, so the AbortError does not keep the error's traceback (and
+            # every frame it passed, with the message) alive as its context
+            await context.abort(*failure)
+            raise AssertionError("unreachable: abort raises")
 
         return handler
+
+    async def receive(self, messages: AsyncIterator[bytes]) -> tuple[bytes, Reservation]:
+        """A unary call's one message, read under the memory budget, and the reservation that holds its bytes.
+
+        gRPC core holds at most a stream's flow-control window (64 KiB: BDP probing is off) of a message nobody
+        reads; once read, the message is whole in its buffer and then in the bytes handed over, and its size is
+        unknown until then. So the read waits until `PARSE_COPIES` × POSENC_MAX_REQUEST_BYTES fit in the budget
+        (RESOURCE_EXHAUSTED when they do not come free in time; the wait is bounded by the calls in progress, not
+        by POSENC_MEMORY_WAITERS), then keeps `PARSE_COPIES` × its size: what an HTTP body of that size holds
+        before it is read. A message that has not arrived within POSENC_BODY_TIMEOUT of its read is
+        DEADLINE_EXCEEDED, so a slow sender holds the reservation that long at most."""
+        settings = self.plane.settings
+        held = await self.plane.budget.acquire(PARSE_COPIES * settings.max_request_bytes,
+                                               "a gRPC message being received", line=False)
+        try:
+            receiver = aiter(messages)
+            try:
+                async with asyncio.timeout(settings.body_timeout):
+                    data = await anext(receiver, None)
+            finally:
+                # gRPC's receiver (an async generator) holds the message it yielded until it is closed, in a
+                # reference cycle with the call's state that only a full garbage collection frees: 60 MiB kept per
+                # large call until then
+                close = getattr(receiver, "aclose", None)
+                if close is not None:
+                    await close()
+            if data is None:
+                raise BadRequest("the call carried no request message")
+            if len(data) >= RELEASE_AFTER_BYTES:
+                # gRPC core's buffer, freed into the heap in pieces, would stay resident beside the bytes (heap
+                # memory the next large message does not reuse): handed back before the reservation shrinks
+                await asyncio.to_thread(release_free_memory)
+        except TimeoutError:
+            held.release()
+            raise RequestTimeout(f"the request message did not arrive within {settings.body_timeout:g} s of its "
+                                 "read (POSENC_BODY_TIMEOUT)") from None
+        except BaseException:
+            held.release()
+            raise
+        held.shrink(PARSE_COPIES * len(data))  # what its parse holds, as an HTTP body's reservation
+        return data, held
 
     def status_of(self, method: str, context: grpc.aio.ServicerContext,
                   exc: BaseException) -> tuple[str, tuple[grpc.StatusCode, str, Any] | None]:
@@ -279,7 +353,14 @@ class Servicer:
                     try:
                         async for data in request_iterator:
                             await window.acquire()
-                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller)))
+                            # the message counted in the budget before the next one is read: a stream holds at
+                            # most one message outside it
+                            held: Reservation | ServiceError
+                            try:
+                                held = await self.plane.budget.acquire(len(data), "a gRPC stream's request")
+                            except ServiceError as exc:  # answered in its turn; the stream goes on
+                                held = exc
+                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller, held)))
                     finally:
                         pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
 
@@ -288,10 +369,9 @@ class Servicer:
                     try:  # nothing in progress while the queue is empty: every request read is answered
                         task = pending.get_nowait() if pending.qsize() else await asyncio.wait_for(pending.get(), idle)
                     except TimeoutError:
-                        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
-                            f"the stream sent no request for {idle:g} s with none in progress "
-                            "(POSENC_GRPC_STREAM_IDLE_SECONDS): it is ended to give its place to other calls; "
-                            "open a new stream to send more"))
+                        await self._end_idle(context, idle)  # raises AbortError, unless the call had ended
+                        code = "CANCELLED"
+                        return
                     if task is None:
                         break
                     written = await task
@@ -321,16 +401,37 @@ class Servicer:
 
         return handler
 
-    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller) -> bytes:
+    @staticmethod
+    async def _end_idle(context: grpc.aio.ServicerContext, idle: float) -> None:
+        """End a stream that stayed idle: DEADLINE_EXCEEDED naming the setting (AbortError, as every abort). Returns
+        when the call had ended meanwhile (cancelled, or cut by the server's stop): there is nothing to tell."""
+        try:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
+                f"the stream sent no request for {idle:g} s with none in progress "
+                "(POSENC_GRPC_STREAM_IDLE_SECONDS): it is ended to give its place to other calls; "
+                "open a new stream to send more"))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # the status could not be sent: the call is over
+            return
+
+    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller, held: Reservation | ServiceError) -> bytes:
+        """One request of a stream (`held`: the reservation of its bytes, released here; or why the budget had no
+        room for it), answered as a `ModelStreamInferResponse`."""
         request = pb.ModelInferRequest()
         try:
+            if isinstance(held, ServiceError):
+                raise held
             request, raw = await offload(work(len(data)), None, decode_infer, data)
-            return stream_response(await self.infer(request, raw, caller, len(data)))
+            return stream_response(await self.infer(request, raw, caller, len(data), held))
         except ServiceError as exc:
             message = exc.message
         except Exception as exc:  # this request's own failure; the stream goes on
             log.error("unhandled error in a gRPC stream request", exc_info=exc)
             message = INTERNAL_MESSAGE
+        finally:
+            if isinstance(held, Reservation):
+                held.release()
         return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
             model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
 
@@ -382,14 +483,15 @@ class Servicer:
 
     # -- inference
 
-    async def ModelInfer(self, request: InferMessage, caller: SharedMemoryCaller, size: int) -> bytes:
-        return await self.infer(*request, caller, size)
+    async def ModelInfer(self, request: InferMessage, caller: SharedMemoryCaller, size: int,
+                         held: Reservation | None = None) -> bytes:
+        return await self.infer(*request, caller, size, held)
 
     async def infer(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
-                    size: int) -> bytes:
-        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`), run by the data plane: the
-        serialized response."""
-        answered = await self.plane.infer(GrpcInferCall(request, raw_inputs, caller, size))
+                    size: int, held: Reservation | None = None) -> bytes:
+        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`; `held`: the reservation that
+        holds it since it arrived, grown by the plane), run by the data plane: the serialized response."""
+        answered = await self.plane.infer(GrpcInferCall(request, raw_inputs, caller, size, held))
         answered.release()  # the response's bytes are gRPC's from here
         return answered.value
 
@@ -399,11 +501,13 @@ class GrpcInferCall:
     decoded from its fields and `raw_input_contents`, answered as a serialized `ModelInferResponse`."""
 
     def __init__(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
-                 size: int) -> None:
+                 size: int, held: Reservation | None = None) -> None:
         self.request, self.raw_inputs, self.caller, self.size = request, raw_inputs, caller, size
         self.model_name, self.model_version = request.model_name, request.model_version or None
-        # the message's copies, and its typed contents decoded (counted by the walk, not yet built)
-        self.reserve_bytes = 3 * size + decoded_bytes(raw_inputs)
+        # the message's copies, and its typed contents decoded (counted by the walk, not yet built): the
+        # reservation that holds the message since it arrived (`Servicer.receive`, a stream's reader) grown to it
+        self.reserve_bytes = PARSE_COPIES * size + decoded_bytes(raw_inputs)
+        self.held = held
 
     async def read(self) -> pb.ModelInferRequest:
         return self.request

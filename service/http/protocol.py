@@ -45,7 +45,7 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from posenc.service.errors import HeadersTooLarge
+from posenc.service.errors import HeadersTooLarge, RequestTimeout
 from posenc.service.http.metrics import count_send_timeout
 from posenc.service.http.unix_socket import peer_of
 from posenc.service.request_kit.bodies import RECEIVE_INTO
@@ -294,7 +294,8 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()  # flushes the 408 (or the complete answer) first
 
     def _timeout_response(self) -> bytes:
-        return self._error_response(408, "request_timeout", f"the request body stalled: no bytes arrived for "
+        return self._error_response(RequestTimeout.status_code, RequestTimeout.error_type,
+                                    f"the request body stalled: no bytes arrived for "
                                     f"{self.timeouts.body:g} s (POSENC_BODY_TIMEOUT)")
 
     def _error_response(self, status: int, error_type: str, message: str) -> bytes:

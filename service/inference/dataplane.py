@@ -72,6 +72,7 @@ class InferCall(Protocol[A_co]):
     model_version: str | None
     caller: SharedMemoryCaller  # whose shared-memory regions the request may name
     reserve_bytes: int  # held before the request's bytes are read (its copies while it is parsed)
+    held: Reservation | None  # what the protocol already holds for it (gRPC: its message since it arrived), grown
 
     async def read(self) -> Any:
         """The request's bytes, read now (HTTP) or already in memory (gRPC): what `parse` takes."""
@@ -295,7 +296,11 @@ class DataPlane:
         model = ensure_ready(self.model(call.model_name, call.model_version))  # 503 before reading what cannot run
         engine = self.engine
         with engine.admission(model):  # a full queue refuses before the request's bytes are read
-            reservation = await self.budget.acquire(call.reserve_bytes, f"{kind} on '{model.name}'")
+            reservation = call.held
+            if reservation is None:
+                reservation = await self.budget.acquire(call.reserve_bytes, f"{kind} on '{model.name}'")
+            else:  # grown in place: one reservation, at most the whole budget, as a request that runs alone
+                await reservation.grow(call.reserve_bytes, f"{kind} on '{model.name}'")
             phases.lap("admit")
             try:
                 read = await call.read()

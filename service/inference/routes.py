@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import StrictBool
 from starlette.types import Receive, Scope, Send
 
+from posenc.service.budget import Reservation
 from posenc.service.check.attention import EXPECTED
 from posenc.service.errors import BadRequest, Unavailable, error_response
 from posenc.service.inference.codecs.kserve_json import CLIENT_GONE
@@ -61,6 +62,7 @@ class HttpInferCall:
         # held until the answer is encoded: the body, the outputs (as large as the query) and their encoding (grown
         # once the inputs are parsed, when the outputs and their JSON text need more: `dataplane.memory_needed`)
         self.reserve_bytes = 3 * declared_length(self.content_length, limit)
+        self.held: Reservation | None = None  # nothing held before: the body is read after the reservation
 
     async def read(self) -> Buffer:
         return await read_aligned_body(self.content_length, self.request.stream(), self.limit,

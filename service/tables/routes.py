@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from posenc.service.budget import BodiesInFlight, MemoryBudget, release_free_memory
+from posenc.service.budget import RELEASE_AFTER_BYTES, BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.codec.encode import FORMATS, negotiate_format
 from posenc.service.request_kit.bodies import declared_length, read_body
 from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, SettingsDep
@@ -24,7 +24,6 @@ from posenc.service.tables.deps import RowBlocksDep, TableCacheDep
 from posenc.service.tables.registry import TableQuery, TableRoute
 
 # After a computation this large, freed memory is handed back to the system (allocator fragmentation).
-RELEASE_AFTER_BYTES = 16 << 20
 
 
 async def table_request(

@@ -68,6 +68,72 @@ def test_full_line_or_long_wait_is_503(waiters: int, wait_seconds: float, messag
     asyncio.run(scenario())
 
 
+async def _grow_after(budget: MemoryBudget, first: int, then: int, log: list[str], name: str) -> None:
+    """A request that reserves `first`, then grows to `then` (its run, once its bytes are parsed), and holds it."""
+    reservation = await budget.acquire(first, name)
+    try:
+        await asyncio.sleep(0.01)  # every request holds its first part before any grows
+        await reservation.grow(then, name)
+        log.append(f"{name} ran")
+        await asyncio.sleep(0.02)
+    except Unavailable as exc:
+        log.append(f"{name}: {exc.message}")
+    finally:
+        reservation.release()
+
+
+def test_requests_that_all_wait_to_grow_are_not_left_waiting_for_each_other() -> None:
+    """Three requests hold 30 each of 100, then each wants 60 in all: none would give any back, so the last to
+    wait gets its 503 at once (not after the wait's time limit), and the two others run in turn."""
+    async def scenario() -> list[str]:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=30)
+        log: list[str] = []
+        async with asyncio.timeout(5):
+            await asyncio.gather(*(_grow_after(budget, 30, 60, log, name) for name in "abc"))
+        assert budget.reserved == 0 and budget.waiting == 0 and not budget._growing
+        return log
+
+    log = asyncio.run(scenario())
+    assert sorted(line for line in log if line.endswith(" ran")) == ["a ran", "b ran"], log
+    assert [line for line in log if not line.endswith(" ran")] == [
+        "c: busy: c needs 30 bytes more while every request that holds memory waits for more (90 of 100 bytes, "
+        "POSENC_MEMORY_BUDGET_BYTES); retry later"], log
+
+
+def test_a_request_behind_the_line_waits_for_those_growing() -> None:
+    """A read that holds nothing yet (`line=False`: a gRPC message of unknown size) waits while a request that holds
+    part of its memory waits to grow, even where it would fit: it would take what the other needs."""
+    async def scenario() -> list[str]:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
+        log: list[str] = []
+        holder = await budget.acquire(50, "a holder")
+        grower = await budget.acquire(30, "a grower")
+
+        async def grow() -> None:
+            await grower.grow(60, "a grower")
+            log.append("grown")
+
+        growing = asyncio.create_task(grow())
+        await asyncio.sleep(0.01)
+        assert budget.waiting == 1
+
+        async def read() -> None:
+            reading = await budget.acquire(10, "a read", line=False)
+            log.append("read")
+            reading.release()
+
+        reader = asyncio.create_task(read())
+        await asyncio.sleep(0.05)
+        assert log == [] and budget.waiting == 1  # 10 would fit (80 of 100), yet it waits, and not in the line
+        holder.release()
+        await growing
+        await reader
+        grower.release()
+        return log
+
+    assert asyncio.run(scenario()) == ["grown", "read"]
+
+
 def test_a_request_that_fills_the_budget_exactly_fits() -> None:
     async def scenario() -> None:
         budget = MemoryBudget(100, max_waiters=0, wait_seconds=0.01)  # no line: waiting would be a 503

@@ -51,7 +51,8 @@ def test_grpc_shares_its_port_only_between_workers(monkeypatch: pytest.MonkeyPat
         raise Stop
 
     monkeypatch.setattr(grpc.aio, "server", server)
-    state: Any = type("State", (), {"settings": type("S", (), {"max_request_bytes": 1 << 20})()})()
+    settings = type("S", (), {"max_request_bytes": 1 << 20, "grpc_max_concurrent_rpcs": 256})()
+    state: Any = type("State", (), {"settings": settings})()
     with pytest.raises(Stop):
         asyncio.run(grpc_server.start_grpc_server(state, lambda *args: None, workers=workers))
     assert seen["grpc.so_reuseport"] == reuse

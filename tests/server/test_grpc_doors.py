@@ -5,20 +5,28 @@
 * A message of millions of tiny unknown fields is refused after a bounded walk, in a worker thread: `/readyz` answers
   within a second throughout, and the server's own CPU time (from /proc, not wall time) does not grow with the size
   past the field cap.
+* Many concurrent large unary messages are received a budget's worth at a time (each read holds
+  2 × POSENC_MAX_REQUEST_BYTES until its message has arrived), so the server's peak stays under the documented
+  bound (`memory_bound`), where gRPC core used to take them all at once.
+* Streams whose answers are never read hold a 64 KiB window each in gRPC core (no BDP probing), not megabytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from posenc.service.budget import memory_bound
+from posenc.service.settings import Settings
 from posenc.service.testing import ServerProcess
 from tests.onnx_models import grpc_infer_request, random_inputs
 
@@ -137,3 +145,82 @@ def test_the_server_still_serves(server: ServerProcess) -> None:
         response = pb.ServerReadyResponse.FromString(
             channel.unary_unary(SERVICE + "ServerReady")(b"", timeout=10))
         assert response.ready and _alive(channel)
+
+
+def _memory(pid: int, field: str) -> int:
+    """VmHWM (the peak) or VmRSS of a process, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+# A server whose bound is tight (no table cache), whose budget holds two large reads or one large run at once
+TIGHT = {"log_level": "warning", "memory_budget_bytes": 192 * MiB, "max_request_bytes": 24 * MiB, "cache_bytes": 0}
+
+
+def test_large_unary_messages_are_received_within_the_budget() -> None:
+    """24 concurrent ModelInfer calls of 19.5 MiB, each on a connection of its own: gRPC core used to receive every
+    one before posenc saw any (about 40 MiB each in core and in Python: some 1 GB, over this server's 576 MiB
+    bound); now each read waits for room in the budget, its window at 64 KiB meanwhile. Every call is answered, or
+    refused for memory (RESOURCE_EXHAUSTED, at once where every call holding memory waits for more), /readyz answers
+    within a second, and the peak stays under the bound."""
+    request = grpc_infer_request(random_inputs(8, 8, 64, 13, 256), MODEL).SerializeToString()
+    assert 19 * MiB < len(request) < TIGHT["max_request_bytes"]
+    bound = memory_bound(Settings(**TIGHT))  # type: ignore[arg-type]
+    with ServerProcess(TIGHT, grpc=True) as server, ReadyzSampler(server) as readyz:
+        def call(_: int) -> str:
+            with _channel(server) as channel:
+                try:
+                    channel.unary_unary(SERVICE + "ModelInfer")(request, timeout=120)
+                    return "OK"
+                except grpc.RpcError as exc:
+                    return exc.code().name
+
+        with ThreadPoolExecutor(24) as pool:
+            codes = list(pool.map(call, range(24)))
+        peak = _memory(server.pid, "VmHWM")
+    assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"} and codes.count("OK") >= 2, codes
+    assert not readyz.failures, readyz.failures
+    assert readyz.slowest < READYZ_LIMIT_SECONDS, readyz.slowest
+    assert peak < bound, f"peak {peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB"
+
+
+async def _push_unread(address: str, request: bytes, streams: int, per_stream: int, seconds: float) -> int:
+    """`streams` streams over 8 connections, each writing `per_stream` requests (while gRPC takes them, for at most
+    `seconds`) and reading no answer; the writes gRPC took."""
+    channels = [grpc.aio.insecure_channel(address, options=[("posenc.test.connection", i)]) for i in range(8)]
+    calls = [channels[i % 8].stream_stream(SERVICE + "ModelStreamInfer")(timeout=seconds + 30) for i in range(streams)]
+    deadline = time.monotonic() + seconds
+
+    async def write(call: grpc.aio.StreamStreamCall) -> int:
+        for sent in range(per_stream):
+            try:
+                await asyncio.wait_for(call.write(request), max(0.01, deadline - time.monotonic()))
+            except (TimeoutError, grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                return sent
+        return per_stream
+
+    try:
+        return sum(await asyncio.gather(*(write(call) for call in calls)))
+    finally:
+        for call in calls:
+            call.cancel()
+        for channel in channels:
+            await channel.close()
+
+
+def test_unread_streams_hold_a_window_each() -> None:
+    """300 streams, each writing 8 requests of 0.38 MiB and reading no answer: with BDP probing, each stream's window
+    grew to megabytes and gRPC core took every request, served or not (787 MiB over the ready size here; 4 GB for
+    1,000 streams of 12); now a stream holds 64 KiB until posenc reads its next request, and posenc reads only what
+    the budget holds and answers no faster than the client reads."""
+    request = grpc_infer_request(random_inputs(8, 8, 64, 1, 64), MODEL).SerializeToString()
+    with ServerProcess({"log_level": "warning"}, grpc=True) as server:
+        ready = _memory(server.pid, "VmRSS")
+        sent = asyncio.run(_push_unread(server.grpc_address, request, 300, 8, 12))
+        grown = _memory(server.pid, "VmHWM") - ready
+        with _channel(server) as channel:
+            assert _alive(channel)
+    assert sent < 300 * 8, "every request was taken: nothing held the streams back"
+    assert grown < 450 * MiB, f"{grown / MiB:.0f} MiB over the ready size for 300 unread streams"

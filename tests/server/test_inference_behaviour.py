@@ -520,6 +520,9 @@ def held_budget(server: ServerProcess, declared: int) -> Iterator[socket.socket]
 
 BUSY = re.compile(rf"busy: an inference on '[a-z0-9_]+' needs (\d+) bytes and (\d+) of {BUDGET} stayed in use for 0 s "
                   r"\(POSENC_MEMORY_BUDGET_BYTES\); retry later")
+# gRPC: a message's read holds 2 × POSENC_MAX_REQUEST_BYTES (here: the whole budget) until it has arrived
+RECEIVING = re.compile(rf"busy: a gRPC message being received needs {BUDGET} bytes and (\d+) of {BUDGET} stayed in "
+                       r"use for 0 s \(POSENC_MEMORY_BUDGET_BYTES\); retry later")
 
 
 def _refused_for_memory(protocol: Http | Grpc, inputs: dict[str, np.ndarray], seconds: float = 10) -> ProtocolError:
@@ -542,7 +545,7 @@ def _served_again(protocol: Http | Grpc, inputs: dict[str, np.ndarray], model: s
         try:
             return protocol.infer(model, inputs)
         except ProtocolError as exc:
-            if not BUSY.fullmatch(exc.message) or time.monotonic() > deadline:
+            if not (BUSY.fullmatch(exc.message) or RECEIVING.fullmatch(exc.message)) or time.monotonic() > deadline:
                 raise
         time.sleep(0.05)
 
@@ -550,20 +553,27 @@ def _served_again(protocol: Http | Grpc, inputs: dict[str, np.ndarray], model: s
 def test_budget_refusal(ends: Ends, protocol: Http | Grpc) -> None:
     """With 15 of the 16 MiB budget held by a request in flight (an HTTP body that has not arrived yet), a large
     request (1.5 MiB: 4.5 MiB to hold) is refused at once (503 over HTTP, RESOURCE_EXHAUSTED over gRPC, never
-    waiting: POSENC_MEMORY_WAIT_SECONDS=0), a small one is served; once the holder goes, the large one is served."""
+    waiting: POSENC_MEMORY_WAIT_SECONDS=0); once the holder goes, the large one is served. Over HTTP a small one is
+    served meanwhile. Over gRPC a message's size is unknown until it has arrived, so its read holds
+    2 × POSENC_MAX_REQUEST_BYTES (here: the whole budget) first: the small one is refused too, the refusal naming
+    the read, before any of its bytes were taken."""
     large = random_inputs(8, 8, 64, 1, 256, seed=1)
     small = random_inputs(8, 8, 64, 1, 2, seed=1)
     with held_budget(ends.server, 5 << 20):
         refused = _refused_for_memory(protocol, large)
         if protocol.name == "http":
             assert refused.status == 503
+            match = BUSY.fullmatch(refused.message)
+            assert match, refused.message
+            assert int(match.group(1)) >= 3 * sum(a.nbytes for a in large.values())
+            assert int(match.group(2)) >= 3 * (5 << 20)
+            protocol.infer(MODEL, small)
         else:
-            assert refused.code == "RESOURCE_EXHAUSTED"
-        match = BUSY.fullmatch(refused.message)
-        assert match, refused.message
-        assert int(match.group(1)) >= 3 * sum(a.nbytes for a in large.values())
-        assert int(match.group(2)) >= 3 * (5 << 20)
-        protocol.infer(MODEL, small)
+            for inputs in (large, small):
+                refused = _refused_for_memory(protocol, inputs)
+                match = RECEIVING.fullmatch(refused.message)
+                assert refused.code == "RESOURCE_EXHAUSTED" and match, refused.message
+                assert int(match.group(1)) >= 3 * (5 << 20)
     np.testing.assert_allclose(_served_again(protocol, large).outputs["output"], _reference(MODEL, large),
                                atol=1e-5, rtol=1e-5)
 
