@@ -53,4 +53,4 @@ TESTS=(
   tests/inference
   tests/deploy/test_sample_project.py
 )
-"$PYTHON" -m pytest -q -p no:cacheprovider -m "not torch" "${TESTS[@]}" "$@"
+"$PYTHON" -m pytest -q -p no:cacheprovider -m "not torch and not converters" "${TESTS[@]}" "$@"

@@ -16,4 +16,4 @@ from packaging.requirements import Requirement
 deps = tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]
 print("lower bounds under test:", ", ".join(f"{Requirement(d).name}=={version(Requirement(d).name)}" for d in deps))
 PY
-.venv-lowest/bin/python -m pytest -m "not torch" -p no:cacheprovider -q -n auto --dist loadfile "$@"
+.venv-lowest/bin/python -m pytest -m "not torch and not converters" -p no:cacheprovider -q -n auto --dist loadfile "$@"

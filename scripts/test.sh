@@ -4,6 +4,8 @@
 #               tests/parity/, which proves that the service and those tests need no torch;
 #   .venv:      the test extra (adds torch, transformers, onnx): tests/parity/ (marked `torch` by its folder:
 #               parity with the references, the exporter).
+# tests/converters/ (marked `converters`: the real third-party converters) runs in neither; its own environment
+# is scripts/converter-matrix-test.sh's.
 # Both runs spread their tests over every core (pytest-xdist, one module per worker at a time, so a module's
 # server starts once). Arguments go to both pytest runs (`scripts/test.sh -x`, `scripts/test.sh -k rope`,
 # `scripts/test.sh -n 0` for one process).
@@ -32,5 +34,5 @@ install .venv/bin/python '.[test]'
 
 # pytest exits 5 when a filter leaves one of the two runs without tests: not a failure here.
 run() { "$@" || { status=$?; [ "$status" -eq 5 ] || exit "$status"; }; }
-run .venv-core/bin/python -m pytest -m "not torch" -p no:cacheprovider -n auto --dist loadfile "$@"
-run .venv/bin/python -m pytest -m torch -p no:cacheprovider -n auto --dist loadfile "$@"
+run .venv-core/bin/python -m pytest -m "not torch and not converters" -p no:cacheprovider -n auto --dist loadfile "$@"
+run .venv/bin/python -m pytest -m "torch and not converters" -p no:cacheprovider -n auto --dist loadfile "$@"

@@ -3,7 +3,9 @@
 Folders: models/ (the numeric core), api/ (the HTTP surface through TestClient, the CLI), inference/ (the
 engine, batcher, KServe codec, shared memory), server/ (real servers on loopback: marked `server`),
 deploy/ (container and Kubernetes files, the wheel), parity/ (against torch, transformers and onnx: marked
-`torch`), rules/ (house rules of the code base). Each folder's conftest.py names its markers.
+`torch`), rules/ (house rules of the code base), converters/ (artifacts of the real third-party converters audited:
+marked `converters` and `torch`, run by scripts/converter-matrix-test.sh alone). Each folder's conftest.py names its
+markers.
 
 Without torch, `pytest -m "not torch"` runs everything else and parity/ is not even imported (its modules
 import torch at the top). A plain `pytest` without torch stops with a usage error instead of silently
@@ -62,7 +64,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The markers each folder gives its tests (a folder not named here gives none).
-FOLDER_MARKS: dict[str, tuple[str, ...]] = {"parity": ("torch",), "server": ("server",)}
+FOLDER_MARKS: dict[str, tuple[str, ...]] = {"parity": ("torch",), "server": ("server",),
+                                         "converters": ("converters", "torch")}
 
 
 def _top_folder(path: Path) -> str | None:

@@ -17,12 +17,13 @@ import numpy as np
 
 from posenc.models.audit.divergence import Divergence, compare_caches
 from posenc.models.audit.found import Caches, Fact
-from posenc.models.audit.frequencies import golden, theta_of
+from posenc.models.audit.frequencies import describe, golden, theta_of
 from posenc.models.diagnosis.agreement import residual
 from posenc.models.diagnosis.hypothesis import REDUCED_STORAGE, Hypothesis, Tables
 from posenc.models.diagnosis.rope import RopeTable, angle_steps, rope_hypotheses
+from posenc.models.errors import ParameterError
 from posenc.models.rope_frequencies import yarn_correction_range
-from posenc.models.rope_params import RopeParameters
+from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import rope_type_spec
 
 DIAGNOSED_ROWS = 4096  # rows of a cache the hypotheses are built for (bounds their work)
@@ -99,6 +100,22 @@ def _truncate_flipped(table: RopeTable) -> list[Hypothesis]:
                        "model's is not (truncate=false)", build, found)]
 
 
+def _other_width(params: RopeParameters, table: RopeTable, observed: Tables) -> tuple[float, Hypothesis] | None:
+    """Caches of another width than the model's rotary_dim / 2: the model's RoPE computed over 2 x their columns
+    (a partial rotary factor dropped or misread by the tool that wrote them), with its residual; None when that
+    RoPE does not resolve."""
+    width = 2 * observed["cos"].shape[1]
+    try:
+        other = make_rope_parameters(**{**describe(params), "head_dim": max(params.head_dim, width),
+                                        "rotary_dim": width})
+    except ParameterError:
+        return None
+    built = dataclasses.replace(table, params=other).reference()
+    hypothesis = Hypothesis("partial_rotary_dim_wrong", f"the caches rotate {width} channels of each head, with the "
+                            f"frequencies of that dimension; the model rotates {params.rotary_dim}", lambda: built)
+    return max(residual(observed[k], built[k]) for k in ("cos", "sin")), hypothesis
+
+
 def _diagnose(params: RopeParameters, caches: Caches) -> tuple[str, str]:
     """The mistake the diverging caches' first rows show (its name and sentence), or `cache_values_differ`."""
     rows = caches.cos.shape[0]
@@ -115,6 +132,8 @@ def _diagnose(params: RopeParameters, caches: Caches) -> tuple[str, str]:
             score = max(residual(observed[k], built[k]) for k in ("cos", "sin"))
             if best is None or score < best[0]:
                 best = (score, hypothesis)
+    else:
+        best = _other_width(params, table, observed)
     eps = float(np.finfo(caches.cos.dtype).eps) if caches.cos.dtype.kind == "f" else 1e-2
     if best is None or best[0] > 2 * eps + 4e-7 * shown:
         return "cache_values_differ", "the caches match no known mistake"

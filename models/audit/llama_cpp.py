@@ -24,7 +24,6 @@ class Convention:
 
     value: the value it uses when the key is absent (None: another key's, `same_as`);
     same_as: the key whose value it takes when this one is absent;
-    always: its loader sets `value` whatever the file says (the architecture's case reads no key);
     says: the rule in words, completing "llama.cpp ...";
     source: where in llama.cpp (file, function or section)."""
 
@@ -33,7 +32,6 @@ class Convention:
     source: str
     value: float | str | None = None
     same_as: str | None = None
-    always: bool = False
 
     def note(self, arch: str, *, absent: bool = True, takes: float | None = None) -> str:
         """The note an audit quotes: `takes`, the value the rule gives this file (another key's)."""
@@ -78,7 +76,8 @@ ABSENT: Mapping[str, Convention] = MappingProxyType({c.key: c for c in (
                source=f"{_LOAD_HPARAMS}: n_rot = n_embd_head_k, then get_key(LLM_KV_ROPE_DIMENSION_COUNT, "
                       "..., false)"),
     Convention(key="rope.freq_base_swa", same_as="rope.freq_base", says="gives the sliding layers rope.freq_base",
-               source=f"{_LOAD_HPARAMS}: rope_freq_base_train_swa = rope_freq_base_train, then "
+               source="src/models/*.cpp, load_arch_hparams of the sliding-window architectures (cohere2, llama4, "
+                      "olmo2, openai-moe, ...): rope_freq_base_train_swa = rope_freq_base_train, then "
                       "get_key(LLM_KV_ROPE_FREQ_BASE_SWA, ..., false)"),
     Convention(key="attention.key_length_swa", same_as="attention.key_length",
                says="gives the sliding layers attention.key_length",
@@ -89,18 +88,24 @@ ABSENT: Mapping[str, Convention] = MappingProxyType({c.key: c for c in (
 )})
 
 
-def _fixed_swa_base(case: str) -> Convention:
-    return Convention(key="rope.freq_base_swa", value=10000.0, always=True,
-                      says="uses 10000 for the sliding layers",
-                      source=f"{_LOAD_HPARAMS} / case {case}: rope_freq_base_train_swa = 10000.0f, "
-                             "rope_freq_scale_train_swa = 1.0f")
+def _own_swa_base(path: str, loader: str) -> Convention:
+    return Convention(key="rope.freq_base_swa", value=10000.0, says="uses 10000 for the sliding layers",
+                      source=f"{path}, {loader}: get_key(LLM_KV_ROPE_FREQ_BASE_SWA, rope_freq_base_train_swa, false) "
+                             "over src/llama-hparams.h's rope_freq_base_train_swa = 10000.0f")
 
 
-# ... and where one architecture's loader decides otherwise (`general.architecture` → key → convention)
+# ... and where one architecture's loader decides otherwise (`general.architecture` → key → convention): the Gemma
+# loaders read the sliding layers' base from rope.freq_base_swa (10000 when absent, not rope.freq_base) and leave
+# their frequency scale at llama-hparams.h's rope_freq_scale_train_swa = 1.0f: their sliding layers have a RoPE of
+# their own (an entry with a `value` and no `same_as`). Before the per-architecture loaders, llama.cpp set 10000
+# whatever the file said (src/llama-model.cpp, case LLM_ARCH_GEMMA3); a file whose freq_base_swa is not the
+# model's is wrong for the loaders that read it.
 BY_ARCHITECTURE: Mapping[str, Mapping[str, Convention]] = MappingProxyType({
-    "gemma3": MappingProxyType({"rope.freq_base_swa": _fixed_swa_base("LLM_ARCH_GEMMA3")}),
-    "gemma3n": MappingProxyType({"rope.freq_base_swa": _fixed_swa_base("LLM_ARCH_GEMMA3N")}),
-    "gemma-embedding": MappingProxyType({"rope.freq_base_swa": _fixed_swa_base("LLM_ARCH_GEMMA_EMBEDDING")}),
+    arch: MappingProxyType({"rope.freq_base_swa": _own_swa_base(path, loader)}) for arch, path, loader in (
+        ("gemma3", "src/models/gemma3.cpp", "llama_model_gemma3::load_arch_hparams"),
+        ("gemma3n", "src/models/gemma3n.cpp", "llama_model_gemma3n::load_arch_hparams"),
+        ("gemma-embedding", "src/models/gemma-embedding.cpp", "llama_model_gemma_embedding::load_arch_hparams"),
+        ("gemma4", "src/models/gemma4.cpp", "llama_model_gemma4::load_arch_hparams"))
 })
 
 # (b) partial rotary as a mask: ggml divides each pair's frequency by its rope_freqs factor (theta / ff), so a
@@ -118,9 +123,9 @@ MASK = Convention(
 
 # (c) the keys of the sliding-window layers, read and reported beside the full layers' ones
 SWA_KEYS: tuple[str, ...] = ("attention.key_length_swa", "rope.dimension_count_swa", "rope.freq_base_swa")
-# where an architecture's loader fixes the sliding layers' base (BY_ARCHITECTURE, `always`), the same lines fix their
-# frequency scale to 1 (rope_freq_scale_train_swa = 1.0f): its sliding layers are not scaled; elsewhere they take
-# the full layers' scale (load_hparams: rope_freq_scale_train_swa = rope_freq_scale_train)
+# where an architecture's loader reads the sliding layers' own base (BY_ARCHITECTURE), it leaves their frequency
+# scale at 1 (rope_freq_scale_train_swa's default): its sliding layers are not scaled; the loaders that give them
+# the full layers' base give them the full layers' scale too (rope_freq_scale_train_swa = rope_freq_scale_train)
 
 # (d) architectures whose graph divides only the full-attention layers' frequencies by `rope_freqs` (the sliding
 # layers get no divisors): architecture → where in llama.cpp

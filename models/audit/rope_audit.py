@@ -18,9 +18,10 @@ from posenc.models.alibi import alibi_slopes
 from posenc.models.audit.consistency import consistency_facts
 from posenc.models.audit.divergence import Divergence, compare_caches, compare_frequencies
 from posenc.models.audit.explain_caches import explain_caches
+from posenc.models.audit.factor_facts import frequency_factor_facts, longrope_factor_facts
 from posenc.models.audit.found import OPTIONAL_POSITION_SOURCES, Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
-from posenc.models.audit.reference import Reference
+from posenc.models.audit.reference import SLIDING_LAYER_TYPE, Reference
 from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
 from posenc.models.diagnosis.agreement import number
 from posenc.models.errors import ParameterError
@@ -173,9 +174,12 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
                   f"sliding-window layers use base {params.rope_theta:g}; the file does not say (freq_base_swa "
                   f"missing: they get freq_base, {theta:g})")
         else:
+            key = "freq_base_swa" if found.source == "gguf" and found.layer_type == SLIDING_LAYER_TYPE \
+                else "freq_base / rope_theta"
+            default = " (a converter that did not read rope_theta writes the default)" \
+                if theta == DEFAULT_ROPE_THETA else ""
             _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
-                  f"the file's base (freq_base / rope_theta) is {theta:g}; the model's is {params.rope_theta:g} "
-                  "(a converter that did not read rope_theta writes the default)")
+                  f"the file's base ({key}) is {theta:g}; the model's is {params.rope_theta:g}{default}")
     if ref.theta_swa is not None and found.source == "gguf":
         _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
               f"sliding-window layers use base {ref.theta_swa:g}; the file "
@@ -199,10 +203,18 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
               "scaling_missing" if unscaled else "scaling_type_wrong",
               f"the config resolves to unscaled RoPE ({found_type}): the model's {params.rope_type} scaling is "
               "missing" if unscaled else f"the config's scaling is {found_type}, the model's {params.rope_type}")
+        if found_type != params.rope_type:
+            return
         for name in sorted(spec.reads - {"short_factor", "long_factor", "truncate"}):
-            if getattr(params, name) is not None and found.scaling.get("rope_type") == params.rope_type:
+            if getattr(params, name) is not None:
                 _fact(facts, name, getattr(params, name), found.scaling.get(name), f"scaling_{name}_wrong",
                       f"{name} differs from the model's")
+        facts += longrope_factor_facts(params, _factors(found.scaling.get("short_factor")),
+                                       _factors(found.scaling.get("long_factor")), "config.json")
+
+
+def _factors(values: Any) -> np.ndarray | None:
+    return None if values is None else np.asarray(values, dtype=np.float32)
 
 
 def _not_stored(name: str, expected: Any, ref: Reference) -> Fact:
@@ -212,40 +224,18 @@ def _not_stored(name: str, expected: Any, ref: Reference) -> Fact:
 
 def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: list[Fact]) -> None:
     spec = rope_type_spec(params.rope_type)
-    n = params.rotary_dim
     if params.rope_type in GGUF_FREQ_FACTOR_TYPES:
-        want = golden(params, context).inv_freq
-        if found.freq_factors is None:
-            facts.append(Fact("rope_freqs", f"{params.rope_type} frequency factors [{n // 2}]", None, "missing",
-                              "frequency_factors_missing", f"the {params.rope_type} frequency factors (tensor "
-                              "rope_freqs.weight) are missing: the frequencies are unscaled"))
-        else:
-            ok = same(divided(params.rope_theta, n, found.freq_factors), want)
-            facts.append(Fact("rope_freqs", f"{params.rope_type} frequency factors [{n // 2}]", found.freq_factors,
-                              "ok" if ok else "wrong", None if ok else "frequency_factors_wrong",
-                              "" if ok else f"rope_freqs does not divide the base frequencies into the "
-                                            f"{params.rope_type} ones"))
+        file_theta = DEFAULT_ROPE_THETA if found.rope_theta is None else found.rope_theta
+        facts += frequency_factor_facts(params, found.freq_factors, file_theta, context)
         return
     if spec.switch_length is not None:
-        length = spec.switch_length(params)
-        short, long = golden(params, length).inv_freq, golden(params, length + 1).inv_freq
-        have = {"short": found.short_factors, "long": found.long_factors}
-        if any(v is None for v in have.values()) and found.scaling.get("rope_type") != params.rope_type:
+        if (found.short_factors is None or found.long_factors is None) \
+                and found.scaling.get("rope_type") != params.rope_type:
             facts.append(Fact("rope_factors", f"{params.rope_type} short and long factors", None, "missing",
                               "scaling_missing", f"the {params.rope_type} factor tensors (rope_factors_short/long) "
                                                  "are missing"))
             return
-        implied = {k: None if v is None else divided(params.rope_theta, n, v) for k, v in have.items()}
-        swapped = implied["short"] is not None and implied["long"] is not None and same(implied["short"], long) \
-            and same(implied["long"], short) and not same(short, long)
-        for name, want in (("short", short), ("long", long)):
-            got = implied[name]
-            ok = got is not None and same(got, want)
-            facts.append(Fact(f"rope_factors_{name}", f"{params.rope_type} {name} factors", have[name],
-                              "ok" if ok else "wrong" if got is not None else "missing",
-                              None if ok else "longrope_short_long_swapped" if swapped else "scaling_factors_wrong",
-                              "" if ok else "the short and long factor tensors are exchanged" if swapped
-                              else f"the {name} factors differ from the model's"))
+        facts += longrope_factor_facts(params, found.short_factors, found.long_factors, "gguf")
         _fact(facts, "scaling.original_context_length", params.original_max_position_embeddings,
               found.scaling.get("original_max_position_embeddings"), "scaling_original_length_wrong",
               "the original context length differs from the model's", missing_is="note")
@@ -351,7 +341,7 @@ def _judged(found: Found, ref: Reference, part: Part) -> Audit:
     if params is not None and params.table_dim > MAX_DIM:
         raise ParameterError("head_dim", f"the reference's rotary dimension {params.table_dim} is beyond {MAX_DIM}")
     if params is None:  # internal consistency: the file against its own metadata
-        if found.source != "config.json":
+        if found.source != "config.json" and found.states_frequencies:
             own = _found_params(found, None, facts)
             if own is not None:
                 facts.append(Fact("rope_metadata", "RoPE parameters", describe(own), "ok"))

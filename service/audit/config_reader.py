@@ -42,6 +42,8 @@ def to_found(config: Mapping[str, Any]) -> Found:
     rope_parameters), each layer type's in `found.layers` and its main layers' (not sliding) at the top."""
     cfg = text_section(config)
     found = Found("config.json", architecture=str(cfg.get("model_type") or "") or None)
+    if _learned_positions(found, cfg):
+        return found
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     names = rope_layer_types(config)
     if isinstance(rope, Mapping):
@@ -64,6 +66,26 @@ def to_found(config: Mapping[str, Any]) -> Found:
     for name in names:
         found.layers[name] = _rope_facts(Found("config.json", layer_type=name), *resolved[name])
     return found
+
+
+# keys that give a config RoPE (transformers' spellings, old and new): a config with none of them and GPT-2's learned
+# table size `n_positions` has no RoPE at all (GPT-J and CodeGen state n_positions beside rotary_dim)
+ROPE_KEYS = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_dim", "rotary_pct", "rotary_emb_base",
+             "partial_rotary_factor", "rotary_emb_fraction")
+
+
+def _learned_positions(found: Found, cfg: Mapping[str, Any]) -> bool:
+    """A config of learned absolute positions and no RoPE (GPT-2: `n_positions` rows of `wpe`): its table size and
+    sizes as the file's facts, no RoPE to resolve. False for any other config."""
+    rows = cfg.get("n_positions")
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1 or any(key in cfg for key in ROPE_KEYS):
+        return False
+    width, heads = cfg.get("n_embd", cfg.get("hidden_size")), cfg.get("n_head", cfg.get("num_attention_heads"))
+    found.context_length, found.learned_positions, found.learned_name = rows, (rows,), "n_positions"
+    found.hidden_size = width if isinstance(width, int) and not isinstance(width, bool) else None
+    found.num_heads = heads if isinstance(heads, int) and not isinstance(heads, bool) else None
+    found.notes.append(f"no RoPE: the model learns a table of n_positions = {rows} absolute positions")
+    return True
 
 
 def _warnings(found: Found, cfg: Mapping[str, Any], rope: Mapping[str, Any], layer_type: str) -> None:

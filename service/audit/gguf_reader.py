@@ -48,6 +48,9 @@ MAX_DIMS = 8
 MAX_STRINGS = 1 << 21  # strings of metadata arrays in one header, kept or walked past
 KEPT_ARRAY = 64  # arrays longer than this (the vocabulary) are skipped, not kept
 NEEDED = {"rope_freqs": "freq_factors", "rope_factors_long": "long_factors", "rope_factors_short": "short_factors"}
+# a learned absolute position table (GPT-2's wpe, written by the converter as position_embd [embedding, positions]):
+# llama.cpp adds its rows to the token embeddings; such a model has no RoPE (`_learned_positions`)
+LEARNED = "position_embd"
 MAX_NEEDED_ELEMENTS = 1 << 16
 
 
@@ -187,6 +190,8 @@ def _parse_header(c: Cursor, gguf: Any) -> Layout:
         nbytes = elements // block * type_size
         layout.extent = max(layout.extent, start + offset + nbytes)
         stem = name.removesuffix(".weight")
+        if stem == LEARNED:
+            layout.header["shapes"][stem] = shape  # its shape alone: the table's rows
         if stem in NEEDED:
             if kind != gguf.GGMLQuantizationType.F32 or elements > MAX_NEEDED_ELEMENTS:
                 raise BadRequest(f"{c.what}: tensor {name} must be F32 with at most {MAX_NEEDED_ELEMENTS} values")
@@ -234,6 +239,8 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
                   num_heads=heads, num_kv_heads=key("attention.head_count_kv"), head_dim=head_dim,
                   rotary_dim=key("rope.dimension_count") or head_dim, rope_theta=key("rope.freq_base"),
                   theta_swa=key("rope.freq_base_swa"), attention_factor=key("rope.scaling.attn_factor"))
+    if _learned_positions(found, header, arch):
+        return found
     if found.rope_theta is None:
         _note_absent(found, arch, "rope.freq_base")
     _sliding_layers(found, arch, key)
@@ -273,6 +280,20 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     return found
 
 
+def _learned_positions(found: Found, header: dict[str, Any], arch: str) -> bool:
+    """A file with a learned position table and no RoPE key (GPT-2, StarCoder): the table's rows as its position
+    fact, no RoPE stated (llama.cpp's defaults for the absent keys would describe a RoPE the model does not run).
+    False for any other file."""
+    shape = header["shapes"].get(LEARNED)
+    meta = header["meta"]
+    if shape is None or len(shape) != 2 or any(name.startswith(f"{arch}.rope.") for name in meta):
+        return False
+    found.learned_positions, found.learned_name = (shape[1], shape[0]), f"{LEARNED}.weight"
+    found.rotary_dim = None
+    found.notes.append(f"no RoPE: {LEARNED}.weight holds {shape[1]} learned absolute positions of {shape[0]} values")
+    return True
+
+
 def _note_absent(found: Found, arch: str, name: str, takes: float | None = None) -> None:
     rule = convention(arch, name)
     if rule is not None:
@@ -281,19 +302,16 @@ def _note_absent(found: Found, arch: str, name: str, takes: float | None = None)
 
 def _sliding_layers(found: Found, arch: str, key: Any) -> None:
     """The sliding-window layers' keys: those the file states in one note; an absent one as llama.cpp fills it (its
-    architecture's fixed base, else the full layers' value), said where the file has sliding layers at all."""
+    architecture's own base, else the full layers' value), said where the file has sliding layers at all."""
     stated = {name: key(name) for name in SWA_KEYS}
     stated = {name: value for name, value in stated.items() if value}
     if stated:
         found.notes.append("sliding layers: " + ", ".join(f"{arch}.{name} = {value:g}"
                                                           for name, value in stated.items()))
     base = convention(arch, "rope.freq_base_swa")
-    if base is not None and base.always and isinstance(base.value, float):
-        if found.theta_swa is None:
-            found.theta_swa = base.value  # what llama.cpp's loader uses for this architecture
-            found.notes.append(base.note(arch))
-        elif found.theta_swa != base.value:
-            found.notes.append(base.note(arch, absent=False) + f"; the file says {found.theta_swa:g}")
+    if _own_sliding_rope(arch) and base is not None and isinstance(base.value, float) and found.theta_swa is None:
+        found.theta_swa = base.value  # what llama.cpp's loader uses for this architecture's sliding layers
+        found.notes.append(base.note(arch))
         stated["rope.freq_base_swa"] = base.value
     if not stated:
         return
@@ -306,14 +324,21 @@ def _sliding_layers(found: Found, arch: str, key: Any) -> None:
             found.notes.append(rule.note(arch, takes=value if isinstance(value, int | float) else None))
 
 
+def _own_sliding_rope(arch: str) -> bool:
+    """Whether llama.cpp gives `arch`'s sliding layers a RoPE of their own: a base of their own when freq_base_swa is
+    absent (not freq_base's), and no scaling (`llama_cpp.BY_ARCHITECTURE`)."""
+    base = convention(arch, "rope.freq_base_swa")
+    return base is not None and base.same_as is None and base.value is not None
+
+
 def _sliding_view(found: Found, arch: str, key: Any) -> None:
     """The sliding-window layers' facts as llama.cpp's loader takes them, where the file has such layers (a `_swa`
-    key stated, or an architecture whose loader fixes their base): `found.layers["sliding_attention"]`. A `_swa` key
-    absent takes the full layers' value (listed in `inherited`); an architecture that fixes their base leaves them
-    unscaled, one whose graph gives `rope_freqs` to the full layers alone gives them no divisors (`llama_cpp`)."""
+    key stated, or an architecture whose sliding layers have a RoPE of their own): `found.layers["sliding_attention"]`.
+    A `_swa` key absent takes the full layers' value (listed in `inherited`); an architecture whose sliding layers
+    have a RoPE of their own leaves them unscaled, one whose graph gives `rope_freqs` to the full layers alone gives
+    them no divisors (`llama_cpp`)."""
     stated = {name: key(name) or None for name in SWA_KEYS}
-    base = convention(arch, "rope.freq_base_swa")
-    fixed = base is not None and base.always
+    fixed = _own_sliding_rope(arch)
     if not any(stated.values()) and not fixed:
         return
     sizes = {"head_dim": stated["attention.key_length_swa"], "rotary_dim": stated["rope.dimension_count_swa"]}

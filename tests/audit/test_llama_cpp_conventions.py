@@ -42,19 +42,21 @@ def test_the_table_names_a_llama_cpp_source_for_each_convention() -> None:
                       ("llama", "rope.freq_base_swa"), ("gemma4", "rope.dimension_count_swa"),
                       ("gemma4", "attention.key_length_swa")):
         entry = convention(arch, key)
-        assert entry is not None and entry.source.startswith("src/llama-model.cpp"), (arch, key)
+        assert entry is not None and entry.source.startswith(("src/llama-model.cpp", "src/models/")), (arch, key)
+    assert convention("gemma3", "rope.freq_base_swa").source.startswith(  # type: ignore[union-attr]
+        "src/models/gemma3.cpp, llama_model_gemma3::load_arch_hparams: get_key(LLM_KV_ROPE_FREQ_BASE_SWA")
     assert convention("gemma3", "rope.freq_base_swa").value == 10000.0  # type: ignore[union-attr]
     assert WRITTEN_MASK >= UNROTATED_FACTOR
 
 
 def test_gemma3_without_freq_base_swa_gets_llama_cpps_10000(tmp_path: Path) -> None:
     """Before: theta_swa None, and against Gemma-3's config.json (rope_local_base_freq 10000) WRONG
-    sliding_window_base_missing. llama.cpp's gemma3 loader sets 10000 for the sliding layers itself."""
+    sliding_window_base_missing. llama.cpp's gemma3 loader gives the sliding layers 10000 when the key is absent."""
     path = write_gguf(tmp_path / "gemma3.gguf", "gemma3", GEMMA3)
     result = audit_file(path, preset="gemma-3-4b-it")
     assert result.verdict == "correct", result.document()["facts"]
     assert result.found.theta_swa == 10000.0
-    assert "gemma3.rope.freq_base_swa absent: llama.cpp uses 10000 for the sliding layers (src/llama-model.cpp" \
+    assert "gemma3.rope.freq_base_swa absent: llama.cpp uses 10000 for the sliding layers (src/models/gemma3.cpp" \
         in _notes(result)
     assert isinstance(result, LayeredAudit) and result.layer_verdict("sliding_attention") == "correct"
     # Gemma-3's config.json as transformers 4 wrote it: one RoPE, the sliding layers' base in rope_local_base_freq
@@ -65,15 +67,43 @@ def test_gemma3_without_freq_base_swa_gets_llama_cpps_10000(tmp_path: Path) -> N
     assert {f.name: f.verdict for f in against_config.facts}["rope_theta_swa"] == "ok"
 
 
-def test_a_missing_swa_base_elsewhere_is_still_named(tmp_path: Path) -> None:
-    """An architecture whose loader gives the sliding layers freq_base when the key is absent (Gemma-4) keeps the
-    mistake: the file does not carry the base its sliding layers need."""
+def test_a_wrong_gemma3_swa_base_is_read_as_llama_cpp_reads_it(tmp_path: Path) -> None:
+    """Before: a note said llama.cpp uses 10000 for Gemma-3's sliding layers whatever the file says, beside a verdict
+    that judged the file's 1e6 (the pinned llama.cpp's gemma3 loader reads freq_base_swa: the file is wrong)."""
+    result = audit_file(write_gguf(tmp_path / "gemma3.gguf", "gemma3", {**GEMMA3, "rope.freq_base_swa": 1e6}),
+                        preset="gemma-3-4b-it")
+    assert isinstance(result, LayeredAudit) and result.layer_verdict("full_attention") == "correct"
+    failing = {f.name: f for f in result.layers["sliding_attention"].failing}
+    assert set(failing) == {"rope_theta"} and failing["rope_theta"].mistake == "wrong_freq_base"
+    assert "freq_base_swa" in failing["rope_theta"].explanation, failing["rope_theta"].explanation
+    assert "whatever" not in _notes(result) and "uses 10000" not in _notes(result)
+
+
+def test_gemma4_without_freq_base_swa_gets_llama_cpps_10000(tmp_path: Path) -> None:
+    """Before: the sliding layers took freq_base (1e6), WRONG sliding_window_base_missing; llama.cpp's gemma4 loader
+    gives them 10000 when the key is absent."""
     meta = {key: value for key, value in GEMMA4.items() if key != "rope.freq_base_swa"}
     result = audit_file(write_gguf(tmp_path / "gemma4.gguf", "gemma4", meta, _mask(256, 64)),
                         preset="gemma-4-26b-a4b")
-    assert mistakes(result) == {"sliding_window_base_missing"}, result.document()["facts"]
+    assert result.verdict == "correct", result.document()["facts"]
+    assert result.found.theta_swa == 10000.0
+    assert "gemma4.rope.freq_base_swa absent: llama.cpp uses 10000 for the sliding layers" in _notes(result)
+
+
+def test_a_missing_swa_base_elsewhere_is_still_named(tmp_path: Path) -> None:
+    """An architecture whose loader gives the sliding layers freq_base when the key is absent (Cohere2, Llama 4,
+    OLMo2, gpt-oss) keeps the mistake: the file does not carry the base its sliding layers need."""
+    meta = {"context_length": 8192, "embedding_length": 512, "attention.head_count": 4, "attention.key_length": 128,
+            "attention.key_length_swa": 128, "rope.freq_base": 1e6}
+    config = {"model_type": "cohere2", "hidden_size": 512, "num_attention_heads": 4, "head_dim": 128,
+              "max_position_embeddings": 8192, "num_hidden_layers": 2,
+              "layer_types": ["sliding_attention", "full_attention"],
+              "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                                  "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+    result = audit_file(write_gguf(tmp_path / "cohere2.gguf", "cohere2", meta), config=config)
+    assert mistakes(result) == {"sliding_window_base_missing"}, result.document()["layer_types"]
     assert result.found.theta_swa is None
-    assert "gemma4.rope.freq_base_swa absent: llama.cpp gives the sliding layers rope.freq_base" in _notes(result)
+    assert "cohere2.rope.freq_base_swa absent: llama.cpp gives the sliding layers rope.freq_base" in _notes(result)
 
 
 def test_a_scaling_factor_without_a_type_is_linear_as_llama_cpp_reads_it(tmp_path: Path) -> None:

@@ -1,0 +1,42 @@
+"""The converter matrix: artifacts written by the real third-party tools at pinned versions and audited by `posenc
+audit` (scripts/converter-matrix-test.sh builds their environment and runs these tests). Every test here is marked
+`converters` and `torch` (FOLDER_MARKS in tests/conftest.py): the other test runs deselect them.
+
+The vocabularies are trained once a session; each module writes its model's checkpoint and converts it once. Where
+POSENC_CONVERTER_MATRIX_REPORT names a file, the session writes the matrix there (markdown: every audit's artifact,
+tool, reference, verdict, exit status, seconds and peak RSS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.converters.checkpoints import byte_level_tokenizer, sentencepiece_tokenizer
+from tests.converters.tools import REPORT_ENV, need_modules, records_path, write_report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    records = records_path()
+    if records is not None and not hasattr(config, "workerinput"):
+        records.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    import os
+
+    records = records_path()
+    if records is not None and not hasattr(session.config, "workerinput"):
+        write_report(Path(os.environ[REPORT_ENV]))
+
+
+@pytest.fixture(scope="session")
+def sentencepiece_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need_modules("torch", "transformers", "sentencepiece")
+    return sentencepiece_tokenizer(tmp_path_factory.mktemp("sentencepiece"))
+
+
+@pytest.fixture(scope="session")
+def byte_level_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    need_modules("torch", "transformers", "tokenizers")
+    return byte_level_tokenizer(tmp_path_factory.mktemp("byte-level"))
