@@ -24,7 +24,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import numpy as np
@@ -252,6 +252,9 @@ class Servicer:
             except BaseException as exc:
                 code, failure = self.status_of(method, context, exc)
                 if failure is None:
+                    if isinstance(exc, Exception) and not isinstance(exc, grpc.aio.AbortError):
+                        # the call had ended (cancelled, past its deadline): nothing to answer, nothing to log
+                        raise asyncio.CancelledError() from None
                     raise
             finally:
                 # The message dropped: an abort's AbortError stays with the call's state, which the call's context
@@ -264,8 +267,7 @@ class Servicer:
                 self.record(method, code, time.perf_counter() - start, size, context.peer() or "")
             # aborted outside the error's handling, so the AbortError does not keep the error's traceback (and
             # every frame it passed, with the message) alive as its context
-            await context.abort(*failure)
-            raise AssertionError("unreachable: abort raises")
+            await self._end(context, failure)
 
         return handler
 
@@ -309,6 +311,18 @@ class Servicer:
             raise
         held.shrink(PARSE_COPIES * len(data))  # what its parse holds, as an HTTP body's reservation
         return data, held
+
+    @staticmethod
+    async def _end(context: grpc.aio.ServicerContext, failure: tuple[grpc.StatusCode, str, Any]) -> NoReturn:
+        """End the call with `failure` (AbortError, as every abort); a call that ended meanwhile (its status cannot
+        be sent: the client cancelled) ends as cancelled, quietly, where gRPC would log the failed send."""
+        try:
+            await context.abort(*failure)
+        except grpc.aio.AbortError:
+            raise
+        except Exception:
+            raise asyncio.CancelledError() from None
+        raise AssertionError("unreachable: abort raises")
 
     def status_of(self, method: str, context: grpc.aio.ServicerContext,
                   exc: BaseException) -> tuple[str, tuple[grpc.StatusCode, str, Any] | None]:
@@ -386,7 +400,7 @@ class Servicer:
             except BaseException as exc:
                 code, answer = self.status_of(method, context, exc)
                 if answer is not None:
-                    await context.abort(*answer)
+                    await self._end(context, answer)
                 raise
             finally:
                 left = [reader, task, *(pending.get_nowait() for _ in range(pending.qsize()))]

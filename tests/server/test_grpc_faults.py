@@ -223,3 +223,24 @@ def test_unary_calls_past_the_limit_are_resource_exhausted_with_a_retry_hint(ser
     assert {code for code, _ in answers} <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}
     assert all(retry == "1" for code, retry in answers if code == grpc.StatusCode.RESOURCE_EXHAUSTED)
     assert sum(code == grpc.StatusCode.OK for code, _ in answers) >= CONCURRENT
+
+
+def test_unary_calls_ended_while_their_messages_arrive_log_no_error(server: ServerProcess,
+                                                                      channel: grpc.Channel) -> None:
+    """ModelInfer calls whose deadline passes, or which are cancelled, while their messages are on their way (the
+    server reads them itself, under its memory budget): each ends quietly, where the server's answer to a call that
+    had ended made gRPC log a failed send as an ERROR."""
+    request = infer_request(random_inputs(8, 8, 64, 2, 256)).SerializeToString()  # 3 MiB, under LIMIT
+    infer = channel.unary_unary(SERVICE + "ModelInfer")
+    for seconds in (0.001, 0.002, 0.004, 0.008, 0.016, 0.032):
+        futures = [infer.future(request, timeout=seconds) for _ in range(8)]
+        cancelled = [infer.future(request, timeout=60) for _ in range(8)]
+        time.sleep(seconds)
+        for future in cancelled:
+            future.cancel()
+        for future in futures:
+            assert future.exception() is None or future.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert alive(channel)
+    time.sleep(0.5)
+    errors = [line for line in server.log().splitlines() if " ERROR " in line]
+    assert not errors, errors
