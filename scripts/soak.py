@@ -509,6 +509,9 @@ def main() -> int:
                 "shared_memory": True, **shared_memory_key_settings(),
                 # a budget the RSS bound covers while slow readers fill it; their cut comes soon
                 "memory_budget_bytes": 192 * MiB, "send_timeout": args.send_timeout,
+                # the largest body sent is 32 MiB of JSON: a gRPC message's read holds twice this limit of the
+                # budget until its size is known (posenc.service.grpc.servicer.receive)
+                "max_request_bytes": 40 * MiB,
                 # idle gRPC streams are ended soon, so the soak sees it happen (scripts/soak_grpc.py)
                 "grpc_stream_idle_seconds": GRPC_IDLE_SECONDS,
                 # serving under load is measured, not the start-up calibration of the CPU forms (its B=1 runs up

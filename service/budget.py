@@ -78,13 +78,10 @@ class MemoryBudget:
 
     async def acquire(self, nbytes: int, what: str, *, line: bool = True, holding: int = 0) -> Reservation:
         """Hold `nbytes` (at most the whole budget) until the reservation is released; 503 when they do not
-        come free in time. `line=False`: behind the line, for a request that holds nothing yet and will want more
-        later (a gRPC message whose size is unknown until it is read): it waits while anyone waits in the line
-        (those hold part of their memory already: letting it ahead could leave them all waiting for each other),
-        and its wait is not counted in `max_waiters` (the caller's own limit bounds how many wait). `holding`:
-        what the caller holds already (`Reservation.grow`)."""
+        come free in time. `line=False`: the wait is not counted in `max_waiters` (the caller's own limit bounds
+        how many wait: gRPC's calls in progress). `holding`: what the caller holds already (`Reservation.grow`)."""
         amount = self._amount(nbytes)
-        if self.reserved + amount > self.capacity or (not line and self.waiting):
+        if self.reserved + amount > self.capacity:
             await self._wait(amount, what, line, holding)
         self.reserved += amount
         return Reservation(self, amount)
@@ -144,7 +141,7 @@ class MemoryBudget:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.wait_seconds):
-                while self.reserved + amount > self.capacity or (not line and self.waiting):
+                while self.reserved + amount > self.capacity:
                     if self._stuck(arrival):
                         raise Unavailable(f"busy: {what} needs {amount} bytes more while every request that holds "
                                           f"memory waits for more ({self.reserved} of {self.capacity} bytes, "
@@ -159,8 +156,8 @@ class MemoryBudget:
                               retry_after=RETRY_AFTER_SECONDS, overloaded=True) from None
         finally:
             self.waiting -= line
-            if self._growing.pop(arrival, None) is not None or (line and not self.waiting):
-                self._wake()  # the next to grow checks whether it is stuck; those behind the line wait for it
+            if self._growing.pop(arrival, None) is not None:
+                self._wake()  # the next to grow checks whether it is stuck now
 
 
 class Reservation:

@@ -73,10 +73,14 @@ log = logging.getLogger("posenc.grpc")
 SERVICE = "inference.GRPCInferenceService"
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
 STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
-# A message being parsed: its bytes and their copies (`GrpcInferCall.reserve_bytes`), as an HTTP body's reservation.
-# A unary message's size is unknown until it has arrived (gRPC core's buffer and the bytes it hands over are whole
-# then), so its read holds this many times POSENC_MAX_REQUEST_BYTES, then this many times its size.
-PARSE_COPIES = 3
+PARSE_COPIES = 3  # a message being parsed: its bytes and their copies (`GrpcInferCall.reserve_bytes`), as over HTTP
+# A unary message being received: gRPC core's buffer and the bytes it hands over, both whole at that moment. Its size
+# is unknown until it has arrived, so its read holds this many times POSENC_MAX_REQUEST_BYTES.
+RECEIVE_COPIES = 2
+# A message being received must arrive within POSENC_BODY_TIMEOUT plus a second per MiB of POSENC_MAX_REQUEST_BYTES
+# (its size is unknown until then): a slow sender holds the read's reservation that long at most, while a server
+# slowed by its own load (reads wait on its threads too) does not cut its clients.
+RECEIVE_BYTES_PER_SECOND = 1 << 20
 # The methods that read their own message (registered with a request iterator): it is read under the budget.
 READ_UNDER_BUDGET = frozenset({"ModelInfer"})
 # Groups whose methods are never refused by the call limit: they answer at once from memory (no queue, no
@@ -276,18 +280,19 @@ class Servicer:
 
         gRPC core holds at most a stream's flow-control window (64 KiB: BDP probing is off) of a message nobody
         reads; once read, the message is whole in its buffer and then in the bytes handed over, and its size is
-        unknown until then. So the read waits until `PARSE_COPIES` × POSENC_MAX_REQUEST_BYTES fit in the budget
+        unknown until then. So the read waits until `RECEIVE_COPIES` × POSENC_MAX_REQUEST_BYTES fit in the budget
         (RESOURCE_EXHAUSTED when they do not come free in time; the wait is bounded by the calls in progress, not
-        by POSENC_MEMORY_WAITERS), then keeps `PARSE_COPIES` × its size: what an HTTP body of that size holds
-        before it is read. A message that has not arrived within POSENC_BODY_TIMEOUT of its read is
-        DEADLINE_EXCEEDED, so a slow sender holds the reservation that long at most."""
+        by POSENC_MEMORY_WAITERS), then keeps at most `PARSE_COPIES` × its size, what an HTTP body of that size
+        holds before it is read (the data plane grows it to that and on to the run). A message that has not
+        arrived in time (`RECEIVE_BYTES_PER_SECOND`) is DEADLINE_EXCEEDED."""
         settings = self.plane.settings
-        held = await self.plane.budget.acquire(PARSE_COPIES * settings.max_request_bytes,
+        seconds = settings.body_timeout + settings.max_request_bytes / RECEIVE_BYTES_PER_SECOND
+        held = await self.plane.budget.acquire(RECEIVE_COPIES * settings.max_request_bytes,
                                                "a gRPC message being received", line=False)
         try:
             receiver = aiter(messages)
             try:
-                async with asyncio.timeout(settings.body_timeout):
+                async with asyncio.timeout(seconds):
                     data = await anext(receiver, None)
             finally:
                 # gRPC's receiver (an async generator) holds the message it yielded until it is closed, in a
@@ -304,8 +309,8 @@ class Servicer:
                 await asyncio.to_thread(release_free_memory)
         except TimeoutError:
             held.release()
-            raise RequestTimeout(f"the request message did not arrive within {settings.body_timeout:g} s of its "
-                                 "read (POSENC_BODY_TIMEOUT)") from None
+            raise RequestTimeout(f"the request message did not arrive within {seconds:g} s of its read "
+                                 "(POSENC_BODY_TIMEOUT plus a second per MiB of POSENC_MAX_REQUEST_BYTES)") from None
         except BaseException:
             held.release()
             raise

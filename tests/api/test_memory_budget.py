@@ -100,40 +100,6 @@ def test_requests_that_all_wait_to_grow_are_not_left_waiting_for_each_other() ->
         "POSENC_MEMORY_BUDGET_BYTES); retry later"], log
 
 
-def test_a_request_behind_the_line_waits_for_those_growing() -> None:
-    """A read that holds nothing yet (`line=False`: a gRPC message of unknown size) waits while a request that holds
-    part of its memory waits to grow, even where it would fit: it would take what the other needs."""
-    async def scenario() -> list[str]:
-        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
-        log: list[str] = []
-        holder = await budget.acquire(50, "a holder")
-        grower = await budget.acquire(30, "a grower")
-
-        async def grow() -> None:
-            await grower.grow(60, "a grower")
-            log.append("grown")
-
-        growing = asyncio.create_task(grow())
-        await asyncio.sleep(0.01)
-        assert budget.waiting == 1
-
-        async def read() -> None:
-            reading = await budget.acquire(10, "a read", line=False)
-            log.append("read")
-            reading.release()
-
-        reader = asyncio.create_task(read())
-        await asyncio.sleep(0.05)
-        assert log == [] and budget.waiting == 1  # 10 would fit (80 of 100), yet it waits, and not in the line
-        holder.release()
-        await growing
-        await reader
-        grower.release()
-        return log
-
-    assert asyncio.run(scenario()) == ["grown", "read"]
-
-
 def test_a_request_that_fills_the_budget_exactly_fits() -> None:
     async def scenario() -> None:
         budget = MemoryBudget(100, max_waiters=0, wait_seconds=0.01)  # no line: waiting would be a 503
