@@ -19,6 +19,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from posenc.models.architectures import PairLayout
 from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_params import RopeParameters
@@ -158,24 +159,28 @@ def mrope_position_ids(
     return out, rope_delta
 
 
-def check_mrope_section(section: Sequence[int], n_frequencies: int) -> tuple[int, int, int]:
-    """Three positive section sizes (temporal, height, width) summing to rotary_dim / 2."""
+def check_mrope_section(section: Sequence[int], n_frequencies: int, interleaved: bool = False) -> tuple[int, int, int]:
+    """Three positive section sizes (temporal, height, width): summing to rotary_dim / 2 when contiguous (the module
+    splits the frequencies by them); at most rotary_dim / 2 when interleaved (Qwen3.5 and Qwen4 interleave 32 of
+    their frequencies; the ones past the sections follow t)."""
     if len(section) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in section):
         raise ParameterError("mrope_section", f"must be three positive integers (t, h, w), got {list(section)}")
-    if sum(section) != n_frequencies:
-        raise ParameterError("mrope_section", f"must sum to rotary_dim/2 = {n_frequencies}, got "
-                                              f"{list(section)} (sum {sum(section)})")
+    total = sum(section)
+    if total > n_frequencies or (total != n_frequencies and not interleaved):
+        rule = "sum to at most" if interleaved else "sum to"
+        raise ParameterError("mrope_section", f"must {rule} rotary_dim/2 = {n_frequencies}, got "
+                                              f"{list(section)} (sum {total})")
     return section[0], section[1], section[2]
 
 
-def mrope_axis(section: Sequence[int], interleaved: bool) -> np.ndarray:
-    """Which position axis (0 t, 1 h, 2 w) drives each frequency → int64 [sum(section)].
+def mrope_axis(section: Sequence[int], interleaved: bool, n_frequencies: int | None = None) -> np.ndarray:
+    """Which position axis (0 t, 1 h, 2 w) drives each frequency → int64 [n_frequencies] (default sum(section)).
 
     Contiguous (Qwen2-VL `recomposition_frequencies`): the first section[0] frequencies follow t, the next
     section[1] h, the last w. Interleaved (Qwen3-VL): frequency j follows h when j % 3 == 1 and
     j < 3·section[1], w when j % 3 == 2 and j < 3·section[2], else t.
     """
-    n = sum(section)
+    n = sum(section) if n_frequencies is None else n_frequencies
     if not interleaved:
         return np.repeat(np.arange(3), section)  # [n]
     j = np.arange(n)
@@ -192,8 +197,11 @@ def mrope_cos_sin(
     interleaved: bool,
     dtype: npt.DTypeLike = np.float32,
     rows: slice | None = None,
+    layout: PairLayout = "half",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """cos, sin [S, rotary_dim] (half layout: cat(f, f)) for position ids [3, S]; also inv_freq, attention factor.
+    """cos, sin [S, rotary_dim] for position ids [3, S]; also inv_freq, attention factor. `layout` pairs the channels
+    as the model rotates them: half = cat(f, f) (rotate_half: Qwen-VL, GLM-4V), interleaved = each frequency twice in
+    a row (ERNIE-4.5-VL, GLM-OCR). rotary_dim is `params.rotary_dim` (partial rotary: Qwen3.5 rotates part of the head).
 
     Frequency j uses the position of its axis (`mrope_axis`); as everywhere in posenc, angles and cos/sin
     are float64 from the float32 inv_freq, times the attention factor, cast once. Runtime-dependent
@@ -205,15 +213,17 @@ def mrope_cos_sin(
     if position_ids.size and int(position_ids.min()) < 0:
         raise ParameterError("position_ids", "must be >= 0")
     spec = rope_type_spec(params.rope_type)
-    check_mrope_section(section, params.n_frequencies)
+    check_mrope_section(section, params.n_frequencies, interleaved)
     seq_len = int(position_ids.max()) + 1 if position_ids.size else 1
     inv_freq = spec.inv_freq(params, seq_len).astype(F32)  # [d/2]
     attention_factor = float(spec.attention_factor(params))
-    axis = mrope_axis(section, interleaved)  # [d/2]
+    axis = mrope_axis(section, interleaved, params.n_frequencies)  # [d/2]
     span = table_rows(rows, position_ids.shape[1])
     positions = position_ids[axis, span.start:span.stop].T.astype(np.float64)  # [rows, d/2]: each frequency's axis
     angles = positions * inv_freq.astype(np.float64)[None, :]  # [rows, d/2]
     out_dtype = np.dtype(dtype)
     cos = cast(np.cos(angles) * attention_factor, out_dtype)
     sin = cast(np.sin(angles) * attention_factor, out_dtype)
+    if layout == "interleaved":
+        return np.repeat(cos, 2, axis=1), np.repeat(sin, 2, axis=1), inv_freq, attention_factor
     return np.concatenate([cos, cos], axis=1), np.concatenate([sin, sin], axis=1), inv_freq, attention_factor

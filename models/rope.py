@@ -17,6 +17,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from posenc.models.architectures import PairLayout
 from posenc.models.dtypes import cast, np_dtype
 from posenc.models.errors import ParameterError
 from posenc.models.rope_config import rope_parameters_from_config
@@ -40,7 +41,7 @@ __all__ = [
     "yarn_correction_range",
 ]
 
-Layout = Literal["half", "interleaved"]
+Layout = PairLayout  # one spelling of the channel pairings: posenc.models.architectures
 Form = Literal["full", "half"]
 
 

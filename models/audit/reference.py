@@ -12,6 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
+from posenc.models.architectures import (
+    CONTEXT_KEYS,
+    family,
+    first_int,
+    heads_keys,
+    hidden_keys,
+    kv_heads_keys,
+    model_section,
+    model_type_of,
+)
 from posenc.models.errors import ParameterError
 from posenc.models.presets import Preset, catalogue, find_preset
 from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
@@ -85,9 +95,8 @@ def _int(value: Any) -> int | None:
 
 
 def text_section(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    has_head = any(key in config for key in ("head_dim", "hidden_size", "num_attention_heads"))
-    text = config.get("text_config")
-    return text if not has_head and isinstance(text, Mapping) else config
+    """The text model's part of a config.json, found as the RoPE resolver finds it (`posenc.models.architectures`)."""
+    return model_section(config)[1]
 
 
 def _swa_theta(cfg: Mapping[str, Any]) -> float | None:
@@ -145,21 +154,20 @@ def _from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Map
         params, info = rope_parameters_from_config(config, layer_type=layer_type)
     except ParameterError as exc:
         problem = str(exc)
-    heads = _int(cfg.get("num_attention_heads")) or _int(cfg.get("n_head"))
-    hidden = _int(cfg.get("hidden_size")) or _int(cfg.get("n_embd"))
-    model_type = str(cfg.get("model_type") or config.get("model_type") or "") or None
-    context = info.get("max_position_embeddings") or _int(cfg.get("max_position_embeddings")) \
-        or _int(cfg.get("n_positions"))
+    model_type = model_type_of(config, cfg)
+    heads, hidden = first_int(cfg, heads_keys(model_type)), first_int(cfg, hidden_keys(model_type))
+    context = info.get("max_position_embeddings") or first_int(cfg, CONTEXT_KEYS)
     learned = _int(cfg.get("n_positions")) if params is None else None
     return Reference(
         kind=kind, label=label, params=params, context_length=context, hidden_size=hidden, num_heads=heads,
-        num_kv_heads=_int(cfg.get("num_key_value_heads")),
+        num_kv_heads=first_int(cfg, kv_heads_keys(model_type)),
         head_dim=params.head_dim if params is not None else None,
         architecture=GGUF_ARCHITECTURES.get(model_type or "", model_type),
         # per layer type, the sliding layers' base is their own reference's rope_theta
         theta_swa=_swa_theta(cfg) if layer_type is None else None,
         sections=tuple(info["mrope_section"]) if info.get("mrope_section") else None,
-        interleaved=serving.get("layout") == "interleaved", learned_positions=learned,
+        # a preset's serving layout, else the pairing of the config's family (ERNIE-4.5, GLM-4, Llama 4: interleaved)
+        interleaved=serving.get("layout", family(model_type).layout) == "interleaved", learned_positions=learned,
         alibi_heads=heads if serving.get("mode") is not None else None, problem=problem, layer_type=layer_type)
 
 

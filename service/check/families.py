@@ -59,7 +59,7 @@ GENERIC = FamilyCheck(_generic_hypotheses, default_tolerances)
 
 def _rope_table(query: TableQuery) -> RopeTable:
     assert isinstance(query, RopeTableQuery)
-    return RopeTable(query.rope, query.rows, query.offset, query.layout, query.form, np_dtype(query.dtype))
+    return RopeTable(query.rope, query.rows, query.offset, query.pair_layout, query.form, np_dtype(query.dtype))
 
 
 def _rope_tolerances(query: TableQuery, reference: Tables) -> Tolerances:

@@ -46,6 +46,7 @@ from posenc.models.mrope import (
     mrope_position_ids,
     segment_tokens,
 )
+from posenc.models.rope import Layout
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.service.codec.encode import Bundle
 from posenc.service.errors import BadRequest, InvalidParameter
@@ -251,7 +252,7 @@ class MropePositionsQuery(MropeSequenceQuery):
 
 
 class MropeQuery(MropeSequenceQuery):
-    """cos/sin [S, head_dim] that Qwen2-VL / Qwen2.5-VL (contiguous sections) and Qwen3-VL (interleaved)
+    """cos/sin [S, rotary_dim] that Qwen2-VL / Qwen2.5-VL (contiguous sections) and Qwen3-VL (interleaved)
     multiply q and k by (rotate_half layout), for described or given position ids.
     """
 
@@ -260,18 +261,24 @@ class MropeQuery(MropeSequenceQuery):
     row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
     body = _body("The sequence (" + SEGMENTS_DOC + ") or explicit `position_ids` [3, S].")
 
-    head_dim: int = Field(ge=2, le=MAX_DIM, description="Attention head size (all of it is rotated).")
+    head_dim: int = Field(ge=2, le=MAX_DIM, description="Attention head size.")
+    partial_rotary_factor: float | None = Field(None, gt=0, le=1, description=(
+        "Fraction of head_dim that is rotated (Qwen3.5): rotary_dim = int(head_dim * factor), even. Not given: 1.0."))
     rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
     mrope_section: str | None = Field(None, max_length=64, description=(
-        "t,h,w frequency counts summing to head_dim/2. Not given: the model's default (qwen2_vl, qwen2_5_vl "
+        "t,h,w frequency counts summing to rotary_dim/2. Not given: the model's default (qwen2_vl, qwen2_5_vl "
         "16,24,24; qwen3_vl 24,20,20)."))
     interleaved: bool | None = Field(None, description=(
         "Interleave the sections (Qwen3-VL) instead of contiguous (Qwen2-VL). Not given: by model."))
+    layout: Layout = Field("half", description=(
+        "Channel pairing of cos/sin: half = cat(freqs, freqs) as rotate_half (Qwen-VL, GLM-4V); interleaved = each "
+        "frequency twice in a row (ERNIE-4.5-VL, GLM-OCR)."))
     dtype: FloatDTypeField = "float32"
 
     @cached_property
     def rope(self) -> RopeParameters:
-        return make_rope_parameters(head_dim=self.head_dim, rope_theta=self.rope_theta)
+        return make_rope_parameters(head_dim=self.head_dim, rope_theta=self.rope_theta,
+                                    partial_rotary_factor=self.partial_rotary_factor)
 
     @cached_property
     def section(self) -> tuple[int, int, int]:
@@ -281,14 +288,14 @@ class MropeQuery(MropeSequenceQuery):
             values = [int(v) for v in self.mrope_section.split(",")]
         except ValueError:
             raise InvalidParameter("mrope_section: must be three comma-separated integers (t,h,w)") from None
-        return check_mrope_section(values, self.rope.n_frequencies)
+        return check_mrope_section(values, self.rope.n_frequencies, self.is_interleaved)
 
     @property
     def is_interleaved(self) -> bool:
         return self.model in INTERLEAVED_MODELS if self.interleaved is None else self.interleaved
 
     def check(self) -> None:
-        check_mrope_section(self.section, self.rope.n_frequencies)
+        check_mrope_section(self.section, self.rope.n_frequencies, self.is_interleaved)
         super().check()
 
     def params(self) -> dict[str, Any]:
@@ -296,12 +303,12 @@ class MropeQuery(MropeSequenceQuery):
 
     def specs(self) -> dict[str, TensorSpec]:
         out = np_dtype(self.dtype)
-        return {"cos": TensorSpec((self.length, self.head_dim), out),
-                "sin": TensorSpec((self.length, self.head_dim), out),
-                "inv_freq": TensorSpec((self.head_dim // 2,), np_dtype("float32"))}
+        width = self.rope.rotary_dim
+        return {"cos": TensorSpec((self.length, width), out), "sin": TensorSpec((self.length, width), out),
+                "inv_freq": TensorSpec((self.rope.n_frequencies,), np_dtype("float32"))}
 
     def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
-        # positions, angles, cos and sin in float64 over [S, head_dim/2]
+        # positions, angles, cos and sin in float64 over [S, rotary_dim/2]
         return super().working_bytes(specs) + 4 * FLOAT64_TEMPORARY * specs["cos"].size // 2
 
     @cached_property
@@ -312,8 +319,8 @@ class MropeQuery(MropeSequenceQuery):
     def compute_rows(self, rows: slice | None) -> Bundle:
         ids, delta = self.resolved_ids
         cos, sin, inv_freq, factor = mrope_cos_sin(self.rope, ids, self.section, self.is_interleaved,
-                                                   np_dtype(self.dtype), rows)
-        metadata = {"attention_factor": repr(factor), "layout": "half"}
+                                                   np_dtype(self.dtype), rows, self.layout)
+        metadata = {"attention_factor": repr(factor), "layout": self.layout}
         if delta is not None:
             metadata["rope_deltas"] = str(delta)
         return Bundle({"cos": cos, "sin": sin, "inv_freq": inv_freq}, metadata)
@@ -323,5 +330,5 @@ register_table("/v1/rope/mrope/positions", MropePositionsQuery,
                summary="M-RoPE 3-D position ids of a text/image/video sequence (Qwen2-VL family)",
                response_description="Tensors `position_ids` [3, S] (rows t, h, w) and `rope_deltas` [1].")
 register_table("/v1/rope/mrope", MropeQuery, summary="M-RoPE cos/sin for a sequence (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)",
-               response_description="Tensors `cos`, `sin` [S, head_dim] (half layout) in the requested dtype and "
-                                    "`inv_freq` [head_dim/2] float32.")
+               response_description="Tensors `cos`, `sin` [S, rotary_dim] in the requested layout and dtype, and "
+                                    "`inv_freq` [rotary_dim/2] float32.")

@@ -40,6 +40,8 @@ from posenc.service.errors import BadRequest, InvalidParameter
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, Body, TableQuery, TensorSpec, register_table
 
+LAYOUT_DOC = ("Channel order of form=full: half = cat(freqs, freqs) as HF rotate_half (NeoX, Llama); "
+              "interleaved = each frequency twice in a row (GPT-J, Meta complex).")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
 MAX_FACTOR_LIST = 1 << 20  # characters of a comma-separated longrope factor list
 
@@ -76,9 +78,6 @@ class RopeTableQuery(TableQuery):
     row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
 
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
-    layout: Layout = Field("half", description=(
-        "Channel order of form=full: half = cat(freqs, freqs) as HF rotate_half (NeoX, Llama); "
-        "interleaved = each frequency twice in a row (GPT-J, Meta complex)."))
     form: Form = Field("full", description=(
         "full: [max_position, rotary_dim] ready for q*cos + rotate(q)*sin; half: [max_position, rotary_dim/2], "
         "one column per frequency (onnx RotaryEmbedding, flash-attention caches); layout does not apply."))
@@ -86,6 +85,11 @@ class RopeTableQuery(TableQuery):
 
     @property
     def rope(self) -> RopeParameters:
+        raise NotImplementedError
+
+    @property
+    def pair_layout(self) -> Layout:
+        """The channel order of form=full the table is written in."""
         raise NotImplementedError
 
     @property
@@ -98,7 +102,7 @@ class RopeTableQuery(TableQuery):
     def params(self) -> dict[str, Any]:
         # form=half has one column per frequency: the layout does not apply (and must not split the cache)
         return {**self.rope.as_metadata(), "max_position": self.rows, "offset": self.offset,
-                "layout": self.layout if self.form == "full" else None, "form": self.form, "dtype": self.dtype}
+                "layout": self.pair_layout if self.form == "full" else None, "form": self.form, "dtype": self.dtype}
 
     def specs(self) -> dict[str, TensorSpec]:
         width = self.rope.table_dim if self.form == "full" else self.rope.n_frequencies
@@ -116,8 +120,8 @@ class RopeTableQuery(TableQuery):
         return {}
 
     def compute_rows(self, rows: slice | None) -> Bundle:
-        cos, sin, info = rope_cos_sin(self.rope, self.rows, self.offset, self.layout, self.form, np_dtype(self.dtype),
-                                      rows)
+        cos, sin, info = rope_cos_sin(self.rope, self.rows, self.offset, self.pair_layout, self.form,
+                                      np_dtype(self.dtype), rows)
         metadata = {"attention_factor": repr(info.attention_factor), "seq_len": str(info.seq_len),
                     "table_dim": str(self.rope.table_dim), **self.metadata()}
         if info.factor_set is not None:
@@ -137,6 +141,7 @@ class RopeQuery(RopeTableQuery):
     preset_table = "rope"
 
     max_position: int = Field(ge=1, le=MAX_ROWS, description="Number of rows (positions).")
+    layout: Layout = Field("half", description=LAYOUT_DOC)
     head_dim: int = Field(ge=2, le=MAX_DIM, description="Attention head size.")
     partial_rotary_factor: float | None = Field(None, gt=0, le=1, description=(
         "Fraction of head_dim that is rotated: rotary_dim = int(head_dim * factor) (transformers truncation; "
@@ -189,6 +194,10 @@ class RopeQuery(RopeTableQuery):
     def rows(self) -> int:
         return self.max_position
 
+    @property
+    def pair_layout(self) -> Layout:
+        return self.layout
+
     @cached_property
     def rope(self) -> RopeParameters:
         values = self.model_dump(exclude={"max_position", "offset", "layout", "form", "dtype", "yarn_mscale"})
@@ -240,16 +249,28 @@ class RopeFromConfigQuery(RopeTableQuery):
     layer_type: str | None = Field(None, max_length=128, description=(
         "For per-layer rope_parameters (e.g. Gemma's full_attention / sliding_attention): which entry. "
         "Not given: the config's only one."))
+    config_section: str | None = Field(None, max_length=256, pattern=r"^[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*$", description=(
+        "The dotted path of the model whose RoPE to answer in a composite config (audio_config, "
+        "talker_config.text_config). Not given: the text model (the config itself, text_config, "
+        "thinker_config.text_config, decoder_config, ...)."))
+    layout: Layout | None = Field(None, description=LAYOUT_DOC + (
+        " Not given: the one the model's rotary module uses (interleaved for GPT-J, CodeGen, Cohere, GLM, ERNIE-4.5, "
+        "Llama 4 and DeepSeek-V2/V4; half for the others), as the metadata's `layout` says."))
 
     @cached_property
     def resolved(self) -> tuple[RopeParameters, dict[str, Any]]:
         if self.upload is None:
             raise ParameterError("config", "a config.json body is required")
-        return rope_parameters_from_config(self.upload, layer_type=self.layer_type)
+        return rope_parameters_from_config(self.upload, layer_type=self.layer_type, section=self.config_section)
 
     @property
     def rope(self) -> RopeParameters:
         return self.resolved[0]
+
+    @property
+    def pair_layout(self) -> Layout:
+        layout: Layout = self.layout or self.resolved[1]["layout"]
+        return layout
 
     @property
     def rows(self) -> int:
