@@ -54,12 +54,15 @@ READERS: dict[str, Reader] = {"gguf": read_gguf, "safetensors": read_safetensors
 def detect(prefix: bytes) -> str:
     """The format (a key of READERS) from a file's first bytes: GGUF magic, a safetensors header length then '{',
     JSON (an object or an array, which no ONNX model starts with: their first bytes would be protobuf start-group
-    tags), else an ONNX protobuf."""
+    tags), else an ONNX protobuf. A '{' at byte 8 alone does not make safetensors: a minified config.json may have
+    one there (`{"meta":{`). Eight bytes of JSON text hold no NUL, while a safetensors header length (little-endian)
+    under 2**56 bytes ends in one: text that starts as JSON and holds no NUL is JSON."""
     if prefix[:4] == b"GGUF":
         return "gguf"
-    if len(prefix) >= 9 and prefix[8:9] == b"{":
+    starts_as_json = prefix.lstrip()[:1] in (b"{", b"[")
+    if len(prefix) >= 9 and prefix[8:9] == b"{" and not (starts_as_json and b"\x00" not in prefix[:8]):
         return "safetensors"
-    if prefix.lstrip()[:1] in (b"{", b"["):
+    if starts_as_json:
         return "json"
     return "onnx"
 

@@ -195,6 +195,33 @@ def test_a_4000_digit_number_in_from_config(client: TestClient, field: str) -> N
     assert len(refused(response, field, "must be <=")) < 200
 
 
+# --- inv_freq: a vector, or a [2, n] short/long pair; any other first dimension is refused -----------------------
+
+PAIR_OR_VECTOR = "must be a non-empty vector or a [2, n] pair, got shape"
+
+
+def _inv_freq_safetensors(rows: int) -> bytes:
+    return safetensors(json.dumps({"dtype": "F32", "shape": [rows, 4], "data_offsets": [0, rows * 16]}).encode(),
+                       rows * 16)
+
+
+def test_inv_freq_of_3_rows_in_a_safetensors_file(client: TestClient) -> None:
+    """[2, n] is the pair the audit reads (no refusal); [3, n] is a 400 naming the tensor and its shape."""
+    paired = client.post("/v1/audit", content=_inv_freq_safetensors(2))
+    assert paired.status_code == 200, paired.text[:300]
+    three = client.post("/v1/audit", content=_inv_freq_safetensors(3))
+    assert three.status_code == 400, three.text[:300]
+    refused(three, "tensor 'model.rotary_emb.inv_freq'", f"{PAIR_OR_VECTOR} [3, 4]")
+
+
+def test_inv_freq_of_3_rows_in_an_extract(client: TestClient) -> None:
+    paired = client.post("/v1/audit", content=extract(inv_freq=array([2, 4], 8)))
+    assert paired.status_code == 200, paired.text[:300]
+    three = client.post("/v1/audit", content=extract(inv_freq=array([3, 4], 12)))
+    assert three.status_code == 400, three.text[:300]
+    refused(three, f"extract: inv_freq {PAIR_OR_VECTOR} [3, 4]")
+
+
 # --- the property: every hostile value in every numeric field ---------------------------------------------------
 
 HOSTILE = [float("nan"), float("inf"), float("-inf"), HUGE, -HUGE, -1, 0, -0.0, 1.5, 2**32, 2**63, 2**64 - 1,

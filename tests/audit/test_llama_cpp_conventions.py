@@ -153,6 +153,29 @@ def test_a_mask_with_unequal_factors_keeps_the_divisors(tmp_path: Path) -> None:
     assert any("rope_freqs marks 32 of 64 pairs unrotated" in note for note in found.notes)
 
 
+def test_a_factor_of_exactly_the_threshold_leaves_its_pair_unrotated(tmp_path: Path) -> None:
+    """rope_freqs is F32: a factor of UNROTATED_FACTOR (1e20 as float32, the value the comparison takes it at) masks
+    its pair, as the written 1e30 does; the float32 just below it is a divisor like any other."""
+    meta = {"context_length": 8192, "embedding_length": 1024, "attention.head_count": 8, "attention.key_length": 128,
+            "rope.dimension_count": 128, "rope.freq_base": 1e6}
+    at = np.float32(UNROTATED_FACTOR)
+    factors = np.array([1.0] * 32 + [at] * 32, dtype=np.float32)
+    path = write_gguf(tmp_path / "at.gguf", "gemma4", meta, {"rope_freqs.weight": factors})
+    found = read_path(path, Settings())
+    assert found.rotary_dim == 64 and found.freq_factors is None, found.notes
+    assert any("rope_freqs marks 32 of 64 pairs unrotated" in note for note in found.notes), found.notes
+    config = {"model_type": "gemma4_text", "hidden_size": 1024, "num_attention_heads": 8, "head_dim": 128,
+              "max_position_embeddings": 8192,
+              "rope_parameters": {"rope_type": "proportional", "partial_rotary_factor": 0.5, "rope_theta": 1e6}}
+    result = audit_file(path, config=config)
+    assert result.verdict == "correct", result.document()["facts"]
+    factors[32:] = np.nextafter(at, np.float32(0))
+    below = read_path(write_gguf(tmp_path / "below.gguf", "gemma4", meta, {"rope_freqs.weight": factors}),
+                      Settings())
+    assert below.rotary_dim == 128 and below.freq_factors is not None
+    assert not any("unrotated" in note for note in below.notes), below.notes
+
+
 def test_the_swa_keys_are_read(tmp_path: Path) -> None:
     """Before: attention.key_length_swa and rope.dimension_count_swa were not read at all."""
     found = read_path(write_gguf(tmp_path / "gemma4.gguf", "gemma4", GEMMA4, _mask(256, 64)), Settings())

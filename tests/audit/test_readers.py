@@ -165,6 +165,47 @@ def test_the_route_and_the_command_read_through_readers_read(monkeypatch: pytest
     assert seen == ["FileSource", "UploadSource"]
 
 
+# --- the format told from the first bytes ------------------------------------------------------------------------
+
+MINIFIED = json.dumps(SMALL_LLAMA3, separators=(",", ":"))
+# minified config.json documents with a '{' at byte 8, where a safetensors file's header starts
+BRACE_AT_BYTE_8 = {"an object value": '{"meta":{"by":"hand"},' + MINIFIED[1:], "a key": '{"a":1,"{":0,' + MINIFIED[1:]}
+
+
+@pytest.mark.parametrize("case", BRACE_AT_BYTE_8)
+def test_a_minified_config_with_a_brace_at_byte_8_is_read_as_a_config(
+        client: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str) -> None:
+    """Before: told as safetensors, its first 8 bytes of text read as a header length of about 4e18, a 400. Read as
+    JSON, it reports what the same config without the extra entry reports."""
+    text = BRACE_AT_BYTE_8[case]
+    assert text[8] == "{" and json.loads(text)["rope_theta"] == SMALL_LLAMA3["rope_theta"]
+    plain, crafted = tmp_path / "plain.json", tmp_path / "config.json"
+    plain.write_text(MINIFIED)
+    crafted.write_text(text)
+    status, answer = _command(capsys, crafted)
+    assert status in (0, 1), answer
+    assert answer["source"] == "config.json" and answer == _command(capsys, plain)[1]
+    code, routed = _route(client, text.encode())
+    assert code == 200 and routed == answer, routed
+
+
+@pytest.mark.parametrize("length", [0x7B, 0x207B, 0x7B20], ids=["{", "{ ", " {"])
+def test_a_safetensors_header_length_whose_bytes_read_as_a_brace_is_still_safetensors(
+        client: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str], length: int) -> None:
+    """The length's first bytes may be '{' or whitespace then '{' (its last byte is 0): still a safetensors file."""
+    inv_freq = _inv_freq()
+    entry = {"dtype": "F32", "shape": [inv_freq.size], "data_offsets": [0, inv_freq.nbytes]}
+    header = json.dumps({INV_FREQ: entry}).encode().ljust(length)  # trailing spaces: allowed padding
+    body = _safetensors(header, inv_freq.tobytes())
+    assert body[8:9] == b"{" and body.lstrip()[:1] == b"{"
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(body)
+    status, answer = _command(capsys, path)
+    assert status in (0, 1), answer
+    assert answer["source"] == "safetensors" and answer["found"]["rotary_dim"] == 2 * inv_freq.size
+    assert _route(client, body) == (200, answer)
+
+
 # --- the safetensors header: the codec's checks, the codec's refusals ----------------------------------------
 
 F32x4 = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
