@@ -155,6 +155,44 @@ def echo(value: str) -> str:
     return f"{value[:ECHO_LIMIT]!r}… ({len(value)} characters)"
 
 
+# A gRPC status message travels percent-encoded in the `grpc-message` trailer, and a client refuses metadata over
+# its limit (16 KiB in tritonclient's channel) with RESOURCE_EXHAUSTED, losing the status: it is cut to this many
+# bytes on the wire (`grpc_details`).
+GRPC_DETAILS_BYTES = 4096
+LISTED_NAMES = 20  # names an error message lists (`listed`); the rest are counted
+
+
+def listed(names: Sequence[str], limit: int = LISTED_NAMES) -> str:
+    """Names of a client's request for an error message: a list as `repr` writes it (each name `echo`ed), its first
+    `limit` names and "and N more" for the rest (a request of 20,000 names makes no 20,000-name message)."""
+    shown = "[" + ", ".join(echo(name) for name in names[:limit]) + "]"
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+def _wire_bytes(char: str) -> int:
+    """The bytes of one character in a percent-encoded `grpc-message`: printable ASCII but '%' stays as it is, any
+    other byte of its UTF-8 is written %XX."""
+    code = ord(char)
+    if 0x20 <= code <= 0x7E and char != "%":
+        return 1
+    return 3 * (1 if code < 0x80 else 2 if code < 0x800 else 3 if code < 0x10000 else 4)
+
+
+def grpc_details(message: str, limit: int = GRPC_DETAILS_BYTES) -> str:
+    """`message` as a gRPC status message: whole when it fits in `limit` bytes on the wire, else cut there and ended
+    with the count of characters left out. Linear in `limit`, whatever the message's length."""
+    room = limit - 64  # the suffix: "… (N more characters)", the ellipsis percent-encoded
+    used, cut = 0, None
+    for index, char in enumerate(message):
+        used += _wire_bytes(char)
+        if cut is None and used > room:
+            cut = index
+        if used > limit:
+            assert cut is not None
+            return f"{message[:cut]}… ({len(message) - cut} more characters)"
+    return message
+
+
 def format_bytes(n: int) -> str:
     """A byte count for an error message: exact, and in MiB."""
     return f"{n} bytes ({n / 2**20:.1f} MiB)"

@@ -21,7 +21,7 @@ from posenc.models.audit.reference import (
 from posenc.models.audit.rope_audit import Audit
 from posenc.models.errors import ParameterError
 from posenc.service.audit import config_reader, readers
-from posenc.service.audit.stream import FileSource, UploadSource
+from posenc.service.audit.stream import FileSource, UploadSource, open_regular
 from posenc.service.audit_limits import AuditBounds
 from posenc.service.errors import BadRequest
 
@@ -30,10 +30,12 @@ T = TypeVar("T")
 
 def read_path(path: Path, settings: AuditBounds) -> Found:
     """A local file's facts (`posenc audit`), through the one dispatch (`readers.read`): GGUF and safetensors read
-    by seeking (header, then the few tensors), ONNX loaded without its external data, JSON whole."""
+    by seeking (header, then the few tensors), ONNX loaded without its external data, JSON whole; ONNX and JSON
+    within the bound of uploads (`audit_max_onnx_bytes`), regular files only (`stream.open_regular`)."""
     try:
-        with path.open("rb") as handle:
-            return _never_waits(readers.read(FileSource(handle, path, settings.audit_max_header_bytes)))
+        with open_regular(path) as handle:
+            return _never_waits(readers.read(FileSource(handle, path, settings.audit_max_header_bytes,
+                                                        settings.audit_max_onnx_bytes)))
     except OSError as exc:
         raise BadRequest(f"cannot read {path}: {exc.strerror}") from None
 

@@ -16,6 +16,7 @@ the size the cursor knows (a file's, an upload's Content-Length); a body sent wi
 from __future__ import annotations
 
 import os
+import stat
 import struct
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +51,7 @@ class Cursor:
         if end > self.limit:
             raise PayloadTooLarge(f"{self.what}: the header is larger than {format_bytes(self.limit)} (it declares "
                                   f"{end - self.pos} more bytes at offset {self.pos}); POSENC_AUDIT_MAX_HEADER_BYTES "
-                                  "bounds it")
+                                  "bounds it (`posenc audit --max-header-bytes`)")
         if end > len(self.data):
             if self.fill is None:
                 raise NeedMore(end)
@@ -230,7 +231,7 @@ class Source(Protocol):
         ...
 
     async def whole(self, kind: str) -> bytes:
-        """Every byte: an upload within POSENC_AUDIT_MAX_ONNX_BYTES (413 beyond), a local file as it is."""
+        """Every byte, within POSENC_AUDIT_MAX_ONNX_BYTES (413 beyond)."""
         ...
 
     async def compute(self, call: Callable[..., T], *args: Any) -> T:
@@ -240,14 +241,58 @@ class Source(Protocol):
 
 
 FILE_NAMES = {"gguf": "GGUF"}  # how a refusal names a local file of each kind ("GGUF file", "safetensors file")
+_NOT_REGULAR = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` open for reading, when it is a regular file (a symbolic link is followed: its target must be one). The
+    open does not block, so a FIFO is refused rather than waited on; a FIFO, a device (/dev/zero never ends), a socket
+    or a directory is a 400 naming what it is. OSError where it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            target = os.path.realpath(path)
+            named = f"{path} (-> {target})" if os.path.islink(path) else str(path)
+            raise BadRequest(f"{named} is {_NOT_REGULAR.get(stat.S_IFMT(mode), 'not a file')}: posenc audit reads "
+                             "regular files only")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def read_within(handle: BinaryIO, path: Path, limit: int) -> bytes:
+    """A local file's bytes from its start, at most `limit` (413 beyond, before anything is read where its size
+    says so): a file that grows meanwhile, or whose size says 0 (/proc), is read to limit + 1 bytes at most."""
+    size, more = os.fstat(handle.fileno()).st_size, ""
+    if size <= limit:
+        handle.seek(0)
+        body = handle.read(limit + 1)
+        if len(body) <= limit:
+            return body
+        size, more = len(body), " or more"
+    raise PayloadTooLarge(f"{path}: {format_bytes(size)}{more}, over the {format_bytes(limit)} an ONNX or JSON file "
+                          "is read within (POSENC_AUDIT_MAX_ONNX_BYTES; raise it with `posenc audit --max-onnx-bytes "
+                          "BYTES`)")
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, within `limit` (`open_regular`, `read_within`)."""
+    with open_regular(path) as handle:
+        return read_within(handle, path, limit)
 
 
 class FileSource:
-    """A local file (`posenc audit`), open for reading: a header read on as its parser needs, then its ranges by
-    seeking. Its coroutines never wait on anything (the command line has no event loop to keep free)."""
+    """A local file (`posenc audit`), open for reading (`open_regular`): a header read on as its parser needs, then
+    its ranges by seeking; or the file whole within `whole_limit`. Its coroutines never wait on anything (the command
+    line has no event loop to keep free)."""
 
-    def __init__(self, handle: BinaryIO, path: Path, header_limit: int) -> None:
-        self.handle, self.folder, self.header_limit = handle, path.parent, header_limit
+    def __init__(self, handle: BinaryIO, path: Path, header_limit: int, whole_limit: int) -> None:
+        self.handle, self.path, self.folder = handle, path, path.parent
+        self.header_limit, self.whole_limit = header_limit, whole_limit
         self.size = os.fstat(handle.fileno()).st_size
 
     async def start(self, n: int) -> bytes:
@@ -258,8 +303,7 @@ class FileSource:
         return read_file(self.handle, self.size, parse, self.header_limit, f"{FILE_NAMES.get(kind, kind)} file")
 
     async def whole(self, kind: str) -> bytes:
-        self.handle.seek(0)
-        return self.handle.read()
+        return read_within(self.handle, self.path, self.whole_limit)
 
     async def compute(self, call: Callable[..., T], *args: Any) -> T:
         return call(*args)

@@ -43,7 +43,20 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the whole JSON report")
     p.add_argument("--png", metavar="PATH", help="also write the picture of the divergence here (one FILE only)")
     p.add_argument("--remote", metavar="URL", help="a running service audits the extract (the file stays here)")
+    p.add_argument("--max-header-bytes", type=_bytes_bound, metavar="BYTES",
+                   help="largest GGUF or safetensors header read (default: POSENC_AUDIT_MAX_HEADER_BYTES, 64 MiB)")
+    p.add_argument("--max-onnx-bytes", type=_bytes_bound, metavar="BYTES",
+                   help="largest ONNX or JSON file, read whole (default: POSENC_AUDIT_MAX_ONNX_BYTES, 64 MiB)")
     p.set_defaults(handler=run)
+
+
+def _bytes_bound(value: str) -> int:
+    """A --max-*-bytes value: a whole number of bytes, at least the settings' floor."""
+    from posenc.service.audit_limits import FLOOR_BYTES
+
+    if not (value.isascii() and value.isdigit()) or int(value) < FLOOR_BYTES:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, at least {FLOOR_BYTES} (got {value!r})")
+    return int(value)
 
 
 def _remote(base: str, body: bytes, args: argparse.Namespace, config: str | None, fmt: str) -> bytes:
@@ -63,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.png and len(args.file) > 1:
         sys.stderr.write("posenc audit: --png takes one FILE\n")
         return 2
-    settings = _bounds()
+    settings = _bounds(args.max_header_bytes, args.max_onnx_bytes)
     if len(args.file) == 1:
         status, doc = _audit(args, args.file[0], settings)
         if doc is not None:
@@ -84,16 +97,31 @@ def run(args: argparse.Namespace) -> int:
     return max(statuses)
 
 
-def _bounds() -> AuditBounds:
-    """The read bounds: the defaults, or the settings (validated, a bad value exits naming the variable) when a
-    `POSENC_AUDIT_*` variable is set."""
+def _bounds(header: int | None, whole: int | None) -> AuditBounds:
+    """The read bounds, the service's for uploads: the defaults, or the settings (validated, a bad value exits naming
+    the variable) when a `POSENC_AUDIT_*` variable is set; a --max-*-bytes flag given replaces its bound."""
     from posenc.service.audit_limits import DefaultBounds, bounds_are_default
 
     if bounds_are_default():
-        return DefaultBounds()
-    from posenc.service.cli.settings_from_env import settings_or_exit
+        base: AuditBounds = DefaultBounds()
+    else:
+        from posenc.service.cli.settings_from_env import settings_or_exit
 
-    return settings_or_exit(access_log=False)
+        base = settings_or_exit(access_log=False)
+    if header is None and whole is None:
+        return base
+    return DefaultBounds(base.audit_max_header_bytes if header is None else header,
+                         base.audit_max_onnx_bytes if whole is None else whole)
+
+
+def _text(data: bytes, name: str) -> str:
+    """--config's bytes as text; a refusal naming the file where they are not UTF-8."""
+    from posenc.service.errors import BadRequest
+
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"{name}: not UTF-8 text (byte {exc.start}); --config takes a config.json") from None
 
 
 def _audit(args: argparse.Namespace, name: str, settings: AuditBounds) -> tuple[int, dict[str, Any] | None]:
@@ -103,14 +131,16 @@ def _audit(args: argparse.Namespace, name: str, settings: AuditBounds) -> tuple[
     from posenc.service.audit.report import picture
     from posenc.service.audit.run import parse_config, read_path
     from posenc.service.audit.run import run as run_audit
+    from posenc.service.audit.stream import read_regular
     from posenc.service.errors import ServiceError
 
     try:
-        config_text = Path(args.config).read_text() if args.config else None
+        config_text = _text(read_regular(Path(args.config), settings.audit_max_onnx_bytes), args.config) \
+            if args.config else None
         found = read_path(Path(name), settings)
         if args.remote:
             # a config.json goes as it is (its warnings are the server's to find); any other file as its extract
-            body = Path(name).read_bytes() if found.source == "config.json" \
+            body = read_regular(Path(name), settings.audit_max_onnx_bytes) if found.source == "config.json" \
                 else json.dumps(extract.dump(found)).encode()
             doc = json.loads(_remote(args.remote, body, args, config_text, "json"))
             if args.png:
@@ -128,5 +158,8 @@ def _audit(args: argparse.Namespace, name: str, settings: AuditBounds) -> tuple[
         return 2, None
     except (ParameterError, OSError) as exc:
         sys.stderr.write(f"posenc audit: {exc}\n")
+        return 2, None
+    except MemoryError:  # within the bounds a file fits; a process limit set lower still exits as unreadable
+        sys.stderr.write(f"posenc audit: {name}: not enough memory to audit it\n")
         return 2, None
     return (1 if doc["verdict"] == "wrong" else 0), doc

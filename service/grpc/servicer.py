@@ -40,6 +40,7 @@ from posenc.service.errors import (
     ServiceError,
     Unavailable,
     grpc_code_name,
+    grpc_details,
 )
 from posenc.service.inference.codecs.kserve_request import InferRequest
 from posenc.service.inference.codecs.protobuf import (
@@ -101,6 +102,13 @@ def grpc_status(exc: ServiceError) -> tuple[grpc.StatusCode, tuple[tuple[str, st
     trailing metadata (the retry hint of a 503)."""
     retry = exc.headers.get("Retry-After") if isinstance(exc, Unavailable) else None
     return grpc.StatusCode[grpc_code_name(exc)], ((RETRY_AFTER_KEY, retry),) if retry else ()
+
+
+def grpc_failure(exc: ServiceError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """What a call that failed with `exc` is aborted with: its status (`grpc_status`), its message cut to what a
+    client takes in its metadata (`posenc.service.errors.grpc_details`), its trailing metadata."""
+    status, trailing = grpc_status(exc)
+    return status, grpc_details(exc.message), trailing
 
 
 def _carries(metadata: Mapping[str, str | bytes], restriction: tuple[str, str]) -> bool:
@@ -205,8 +213,7 @@ class Servicer:
             if service not in SERVER_HEALTH_NAMES:
                 self.require("health", f"{path} (service '{service}')", metadata)
         except ServiceError as exc:
-            status, trailing = grpc_status(exc)
-            await context.abort(status, exc.message, trailing)
+            await context.abort(*grpc_failure(exc))
 
     def caller(self, method: str, metadata: Mapping[str, str | bytes]) -> SharedMemoryCaller:
         """403 for a restricted method without its header; the shared-memory caller (over gRPC: never a
@@ -340,8 +347,8 @@ class Servicer:
             code = context.code()
             return (code.name if isinstance(code, grpc.StatusCode) else "UNKNOWN"), None
         if isinstance(exc, ServiceError):
-            status, trailing = grpc_status(exc)
-            return status.name, (status, exc.message, trailing)
+            failure = grpc_failure(exc)
+            return failure[0].name, failure
         log.error("unhandled error in gRPC %s", method, exc_info=exc)
         return "INTERNAL", (grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE, ())
 
@@ -444,7 +451,7 @@ class Servicer:
             request, raw = await offload(work(len(data)), None, decode_infer, data)
             return stream_response(await self.infer(request, raw, caller, len(data), held))
         except ServiceError as exc:
-            message = exc.message
+            message = grpc_details(exc.message)  # as a unary call's status message
         except Exception as exc:  # this request's own failure; the stream goes on
             log.error("unhandled error in a gRPC stream request", exc_info=exc)
             message = INTERNAL_MESSAGE

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from posenc.service.errors import BadRequest
+from posenc.service.errors import BadRequest, listed
 from posenc.service.inference.codecs.kserve_request import InputTensor
 from posenc.service.inference.runtime.repository import VERSION, FailedModel, LoadedModel, ModelTensor, RepositoryEntry
 
@@ -39,7 +39,7 @@ def check_inputs(model: LoadedModel, tensors: Sequence[InputTensor]) -> dict[str
     missing = [name for name in expected if name not in given]
     unknown = [name for name in given if name not in expected]
     if unknown:
-        raise BadRequest(f"unknown input(s) {unknown}; model '{model.name}' takes {expected}")
+        raise BadRequest(f"unknown input(s) {listed(unknown)}; model '{model.name}' takes {expected}")
     if missing:
         raise BadRequest(f"missing input(s) {missing}; model '{model.name}' takes {expected}")
     _check_heads(given)
@@ -55,7 +55,7 @@ def check_outputs(model: LoadedModel, names: Sequence[str]) -> None:
     known = model.config.output_names
     unknown = [name for name in names if name not in known]
     if unknown:
-        raise BadRequest(f"unknown output(s) {unknown}; model '{model.name}' returns {known}")
+        raise BadRequest(f"unknown output(s) {listed(unknown)}; model '{model.name}' returns {known}")
 
 
 def _check_heads(given: Mapping[str, InputTensor]) -> None:

@@ -349,3 +349,22 @@ def test_a_model_check_reserves_its_run_too(monkeypatch: pytest.MonkeyPatch) -> 
         answer = client.post("/v2/models/rope_attention/check", content=request.body, headers=request.headers)
         assert answer.status_code == 200, answer.text
     assert held and held[-1] >= 3 * len(request.body) + RUN_SCORES
+
+
+def test_a_reservation_that_grows_past_the_budget_runs_alone_with_exactly_the_budget() -> None:
+    """Growing to more than the whole budget holds the whole budget, no more, once the others gave theirs back."""
+    async def scenario() -> tuple[int, int, int]:
+        budget = MemoryBudget(100, max_waiters=8, wait_seconds=5)
+        other = await budget.acquire(20, "another request")
+        reservation = await budget.acquire(30, "a test")
+        growing = asyncio.ensure_future(reservation.grow(10**9, "a test"))
+        await asyncio.sleep(0.01)
+        waited = not growing.done()  # 20 bytes are another request's
+        other.release()
+        await asyncio.wait_for(growing, 5)
+        held = (reservation.amount, budget.reserved)
+        reservation.release()
+        assert waited and budget.reserved == 0 and budget.waiting == 0
+        return (*held, budget.capacity)
+
+    assert asyncio.run(scenario()) == (100, 100, 100)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from posenc.service.errors import Forbidden
 from posenc.service.http.app import create_app
 from posenc.service.inference.deps import dataplane_of
-from posenc.service.request_kit.restricted import GROUP_ROUTES, group_of, shared_memory_caller
+from posenc.service.request_kit.restricted import GROUP_ROUTES, group_of, repeated_key, shared_memory_caller
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
 from posenc.service.settings import Settings
 from posenc.service.testing import kserve_request
@@ -122,3 +122,13 @@ def test_a_request_the_middleware_never_saw_is_an_unknown_tcp_client() -> None:
         caller.require("register")
     peer = Peer(pid=1, uid=1000, gids=frozenset({1000}))
     assert shared_memory_caller({"type": "http", PEER_SCOPE_KEY: peer}).owner == "uid 1000"
+
+
+@pytest.mark.parametrize(("headers", "repeated"), [
+    (["X-K", "x-k"], "x-k"), (["x-k", "X-K"], "x-k"), (["X-K", "X-k"], "x-k"), (["x-k", "other", "x-k"], "x-k"),
+    (["X-K"], None), (["x-k", "x-other", "X-Other"], None),
+])
+def test_a_key_sent_twice_is_found_in_any_case(headers: list[str], repeated: str | None) -> None:
+    """Header names are case-insensitive (metadata keys arrive lower-cased, HTTP header names as sent): the same
+    key in two spellings is the key sent twice."""
+    assert repeated_key(headers, {"x-k"}) == repeated

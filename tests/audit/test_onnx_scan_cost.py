@@ -117,6 +117,29 @@ def test_malformed_bytes_are_unreadable(data: bytes) -> None:
         onnx_reader.load(data=data)
 
 
+def _nested_types(levels: int) -> bytes:
+    """A model whose graph input has a sequence type of a sequence type ... `levels` deep (TypeProto.sequence_type,
+    field 4, holding TypeProto.Sequence.elem_type, field 1): the deepest message at depth 2 * levels + 2."""
+    inner = b""
+    for _ in range(levels):
+        element = b"\x0a" + _varint(len(inner)) + inner
+        inner = b"\x22" + _varint(len(element)) + element
+    value = b"\x12" + _varint(len(inner)) + inner  # ValueInfoProto.type
+    return _model_of_graph_bytes(b"\x5a" + _varint(len(value)) + value)  # GraphProto.input
+
+
+@pytest.mark.parametrize("levels", [50, 2_000], ids=["just-past", "far-past"])
+def test_messages_nested_past_the_bound_are_a_400_naming_it(monkeypatch: pytest.MonkeyPatch, levels: int) -> None:
+    """Past MAX_MESSAGE_DEPTH (102 and 4,002 deep) the count refuses the bytes, naming the bound, before protobuf
+    parses them (and before the count's own recursion could run out of stack)."""
+    _never_parsed(monkeypatch)
+    with running_client() as client:
+        response = client.post("/v1/audit", content=_nested_types(levels))
+    assert response.status_code == 400, response.text
+    assert response.json()["error"] == ("ONNX: the file is not a readable ONNX model (messages nested deeper than "
+                                        f"{onnx_reader.MAX_MESSAGE_DEPTH})")
+
+
 def test_the_route_refuses_the_bomb_with_the_limit_named() -> None:
     with running_client() as client:
         response = client.post("/v1/audit", content=_model_of_graph_bytes(b"\x2a\x00" * 200_001))

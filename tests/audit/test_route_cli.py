@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tracemalloc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +85,24 @@ def test_onnx_uploads_are_bounded_by_the_setting(tmp_path: Path) -> None:
     with running_client() as client:
         answer = client.post("/v1/audit", params={"config": json.dumps(SMALL_LLAMA3)}, content=body)
         assert answer.json()["verdict"] == "correct", answer.json()
+
+
+def test_an_onnx_upload_without_a_length_is_bounded_as_it_arrives() -> None:
+    """Sent in chunks without Content-Length, the body's size is known only as it arrives: one byte over
+    POSENC_AUDIT_MAX_ONNX_BYTES is a 413, exactly the bound is audited."""
+    cos, sin = caches_of(SMALL_LLAMA3, 2048)
+    body = genai_onnx(cos, sin)
+
+    def chunks() -> Iterator[bytes]:
+        yield from (body[i:i + 4096] for i in range(0, len(body), 4096))
+
+    with running_client(audit_max_onnx_bytes=len(body) - 1) as small:
+        refused = small.post("/v1/audit", content=chunks())
+    assert refused.status_code == 413, refused.text
+    assert refused.json()["error"].startswith(f"a onnx upload over {len(body) - 1} bytes")
+    with running_client(audit_max_onnx_bytes=len(body)) as exact:
+        answer = exact.post("/v1/audit", params={"config": json.dumps(SMALL_LLAMA3)}, content=chunks())
+    assert answer.status_code == 200 and answer.json()["verdict"] == "correct", answer.text
 
 
 def test_the_extract_round_trips(client: TestClient, tmp_path: Path) -> None:

@@ -218,3 +218,13 @@ def test_below_the_drop_time_every_graph_is_timed_at_every_length() -> None:
     timings = calibration.time_graphs({STANDARD: fast, "model.blocked16.onnx": slow}, [("query", "FP32", [-1, -1], 1)],
                                       deadline=time.monotonic() + 60, sequences=(16, 32), rounds=3)
     assert timings is not None and fast.runs == slow.runs == 8
+
+
+def test_a_deadline_already_past_stops_after_the_first_round() -> None:
+    """`time_graphs` gives up (None: config.json's rule) as soon as a round ends past its deadline: one warm-up and
+    one timed run of each graph at the first length, nothing longer."""
+    first, second = _Busy(0.0001), _Busy(0.0001)
+    timings = calibration.time_graphs({STANDARD: first, "model.blocked4.onnx": second},
+                                      [("query", "FP32", [-1, -1], 1)], deadline=time.monotonic() - 1,
+                                      sequences=(16, 32), rounds=3)
+    assert timings is None and first.runs == second.runs == 2

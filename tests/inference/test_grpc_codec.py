@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from posenc.models.dtypes import DTYPES, DType
 from posenc.service.errors import (
+    GRPC_DETAILS_BYTES,
     BadRequest,
     Forbidden,
     InsufficientStorage,
@@ -20,7 +21,8 @@ from posenc.service.errors import (
     Unavailable,
 )
 from posenc.service.grpc.server import inference_handler
-from posenc.service.grpc.servicer import Servicer, grpc_status
+from posenc.service.grpc.servicer import Servicer, grpc_failure, grpc_status
+from posenc.service.inference.codecs import protobuf
 from posenc.service.inference.codecs.protobuf import (
     CONTENTS_FIELD,
     decode_infer_request,
@@ -76,11 +78,33 @@ def test_bfloat16_raw_is_exact() -> None:
     assert parsed.inputs[0].array.tobytes() == array.tobytes()
 
 
-def test_values_out_of_range_use_the_http_message() -> None:
+@pytest.mark.parametrize("values", [[1, 300], [-200, 1], [-129, 127]], ids=["above", "below", "just-below"])
+def test_values_out_of_range_use_the_http_message(values: list[int]) -> None:
+    """Typed contents outside the datatype's range, on either side (int_contents carries 32 bits: INT8 is checked)."""
     request = pb.ModelInferRequest(model_name="m")
-    request.inputs.add(name="x", datatype="INT8", shape=[2]).contents.int_contents.extend([1, 300])
+    request.inputs.add(name="x", datatype="INT8", shape=[2]).contents.int_contents.extend(values)
     with pytest.raises(BadRequest, match=r"^input 'x': 'data' has values outside the INT8 range$"):
         decode_infer_request(request, None)
+
+
+@pytest.mark.parametrize("typed", [False, True], ids=["raw_input_contents", "contents"])
+def test_rank_over_64_is_refused_before_the_buffer(typed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape of 65 dimensions (numpy holds 64 at most: it was INTERNAL) is a 400 naming the limit, raised
+    before the inputs' buffer is allocated, from raw bytes and from typed contents alike (as the wire gives them)."""
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="x", datatype="FP32", shape=[2, *[1] * 64])
+    if typed:
+        tensor.contents.fp32_contents.extend([1.0, 2.0])
+    else:
+        request.raw_input_contents.append(np.array([1.0, 2.0], np.float32).tobytes())
+    message, raw = split_infer_request(request.SerializeToString())
+
+    def no_buffer(chunks: object) -> None:
+        raise AssertionError("the inputs' buffer was allocated")
+
+    monkeypatch.setattr(protobuf, "aligned_join", no_buffer)
+    with pytest.raises(BadRequest, match=r"^input 'x': shape has rank 65; at most 64 dimensions are supported$"):
+        decode_infer_request(message, None, raw)
 
 
 def test_binary_data_size_must_agree_with_the_raw_bytes_and_outputs_are_raw() -> None:
@@ -165,6 +189,20 @@ def test_response_bytes_are_protobufs_own_encoding() -> None:
 def test_status_of_each_error(error: ServiceError, code: grpc.StatusCode, retry: str | None) -> None:
     status, trailing = grpc_status(error)
     assert status == code and dict(trailing).get("retry-after") == retry
+
+
+@pytest.mark.parametrize("text", ["a" * 10_000, "é%" * 5_000, "\U0001f600" * 5_000, "short"])
+def test_a_status_message_fits_the_limit_on_the_wire(text: str) -> None:
+    """Cut by its percent-encoded size (what the client's metadata limit counts), with the count left out."""
+    status, details, _ = grpc_failure(BadRequest(text))
+    wire = "".join(c if " " <= c <= "~" and c != "%" else "".join(f"%{b:02X}" for b in c.encode()) for c in details)
+    assert status == grpc.StatusCode.INVALID_ARGUMENT and len(wire) <= GRPC_DETAILS_BYTES
+    if text == "short":
+        assert details == text
+    else:
+        kept = details.rsplit("… (", 1)[0]
+        assert text.startswith(kept) and len(wire) > GRPC_DETAILS_BYTES - 100
+        assert details.endswith(f"… ({len(text) - len(kept)} more characters)")
 
 
 def test_every_served_method_has_a_protocol_group() -> None:

@@ -228,3 +228,21 @@ def test_health_is_not_serving_with_problems_and_during_the_drain() -> None:
         return answer.status, server.grace
 
     assert asyncio.run(scenario()) == (health_pb2.HealthCheckResponse.NOT_SERVING, 7.0)
+
+
+def test_a_call_refused_before_the_data_plane_gives_its_memory_back() -> None:
+    """A ModelInfer message is read under the memory budget (`Servicer.receive`); refused as malformed before the
+    data plane sees it, the call leaves nothing reserved."""
+    budget = MemoryBudget(1 << 30, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(Settings(), budget=budget)
+    handler = servicer.unary("ModelInfer", pb.ModelInferRequest, servicer.ModelInfer)
+
+    async def message() -> AsyncIterator[bytes]:
+        yield b"\xff\xff" * 1000
+
+    async def scenario() -> None:
+        with pytest.raises(grpc.aio.AbortError, match=r"^INVALID_ARGUMENT: malformed inference\.ModelInferRequest"):
+            await handler(message(), Context())
+
+    asyncio.run(scenario())
+    assert budget.reserved == 0 and servicer.active == 0

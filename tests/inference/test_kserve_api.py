@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from posenc.service.testing import kserve_request
+from posenc.service.testing import kserve_request, request_with_header
 from tests.conftest import running_client
 from tests.onnx_models import REPOSITORY, SHIPPED, geometry, random_inputs, run, session
 
@@ -140,6 +140,22 @@ def test_malformed_bodies_are_400(client: TestClient) -> None:
     ]:
         r = client.post(f"/v2/models/{MODEL}/infer", content=content, headers=hdrs)
         assert r.status_code == 400 and message in r.json()["error"], (message, r.text)
+
+
+RANK_65 = [*GOOD["query"].shape, *[1] * 61]  # query's elements, in 65 dimensions: more than numpy's 64
+
+
+@pytest.mark.parametrize("route", ["infer", "check"])
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_rank_over_64_is_400_naming_the_limit(client: TestClient, route: str, binary: bool) -> None:
+    """A shape of 65 dimensions is refused by the parser, before its data becomes an array (numpy cannot hold
+    one: it was a 500), on the infer and the check route."""
+    header = kserve_request(GOOD, binary=binary).header
+    header["inputs"][0]["shape"] = RANK_65
+    request = request_with_header(header, list(GOOD.values()) if binary else [])
+    r = client.post(f"/v2/models/{MODEL}/{route}", content=request.body, headers=request.headers)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "input 'query': shape has rank 65; at most 64 dimensions are supported"
 
 
 def test_request_over_the_byte_limit_is_413() -> None:

@@ -5,7 +5,9 @@ budget (`Engine.load_in_background`, `calibration_child`)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from posenc.service.http.app import create_app
 from posenc.service.inference.runtime import calibration_child, repository
-from posenc.service.inference.runtime.calibration import Timings
+from posenc.service.inference.runtime.calibration import Timings, config_inputs
 from posenc.service.inference.runtime.calibration_child import CHILD_BYTES, measure_apart, run_child
 from posenc.service.inference.runtime.repository import LoadedModel
 from posenc.service.settings import Settings
@@ -105,6 +107,35 @@ def test_the_child_times_every_graph_within_its_share_of_memory() -> None:
     assert answer is not None and set(answer["seconds"]) == set(graphs)
     assert answer["sequences"][-1] == 1024
     assert 0 < answer["peak_bytes"] < CHILD_BYTES, answer["peak_bytes"]
+
+
+def test_the_child_imports_nothing_from_the_servers_directory_or_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A json.py in the server's working directory and on its PYTHONPATH (it leaves a marker when imported) is not
+    what the child imports: the child runs isolated (-I), in /, with only the variables it needs; a graph's path
+    relative to the server's directory still reaches it."""
+    work, marker = tmp_path / "work", tmp_path / "imported"
+    work.mkdir()
+    (work / "json.py").write_text(f"open({str(marker)!r}, 'a').write('json.py imported')\n")
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("PYTHONPATH", str(work))
+    monkeypatch.setenv("POSENC_RESTRICTED_API", "statistics:x-key=secret")
+    started: list[dict[str, Any]] = []
+    popen = subprocess.Popen
+
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        started.append(kwargs)
+        return popen(*args, **kwargs)
+
+    monkeypatch.setattr(calibration_child.subprocess, "Popen", recorded)
+    folder = REPOSITORY / "rope_attention"
+    inputs = config_inputs(json.loads((folder / "config.json").read_text()))
+    answer = run_child({"model.onnx": Path(os.path.relpath(folder / "model.onnx"))}, inputs, threads=1, seconds=60)
+    assert not marker.exists()
+    assert answer is not None and answer["sequences"][-1] == 1024
+    (kwargs,) = started
+    assert kwargs["cwd"] == "/" and "PYTHONPATH" not in kwargs["env"] and "POSENC_RESTRICTED_API" not in kwargs["env"]
+    assert set(kwargs["env"]) <= set(os.environ) and "PATH" in kwargs["env"]
 
 
 def test_a_child_out_of_time_or_failing_is_config_json(tmp_path: Path) -> None:

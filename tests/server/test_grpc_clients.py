@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import re
 import uuid
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
 from posenc.models.dtypes import lookup
+from posenc.service.errors import GRPC_DETAILS_BYTES
 from posenc.service.request_kit import phases
 from posenc.service.testing import SHARED_MEMORY_HEADERS, ServerProcess, shared_memory_key_settings
 from tests.onnx_models import REPOSITORY, SHIPPED, grpc_infer_request, random_inputs, run, session, triton_inputs
@@ -112,6 +114,34 @@ def test_errors_are_status_codes_with_the_http_text(server: ServerProcess,
             assert over_grpc.value.message() == over_http.value.message()
     finally:
         http.close()
+
+
+@pytest.mark.parametrize("count", [1_000, 20_000])
+def test_an_error_naming_thousands_of_outputs_stays_short(client: grpcclient.InferenceServerClient,
+                                                          count: int) -> None:
+    """Unknown output names, each repeated in the error, made a status message over the client's metadata limit
+    (RESOURCE_EXHAUSTED in place of INVALID_ARGUMENT at 1,000 names; 20 MB at 20,000): the message is cut, and says
+    how much was left out."""
+    outputs = [grpcclient.InferRequestedOutput(f"no_such_output_{i:05d}") for i in range(count)]
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(MODEL, grpc_inputs(random_inputs(8, 8, 64, 1, 2)), outputs=outputs)
+    message = info.value.message()
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT", message[:200]
+    assert message.startswith("unknown output(s) ['no_such_output_00000', 'no_such_output_00001'")
+    assert len(message.encode()) <= GRPC_DETAILS_BYTES and re.search(r"and \d+ more", message), message
+
+
+def test_an_error_repeating_a_long_value_is_cut_with_a_count(server: ServerProcess) -> None:
+    """A message that lists no names but repeats a value of the request (a 100,000-character parameter) is cut to
+    GRPC_DETAILS_BYTES in the one place errors become statuses, and says how many characters were left out."""
+    request = grpc_infer_request(random_inputs(8, 8, 64, 1, 2), MODEL)
+    request.parameters["binary_data_output"].string_param = "x" * 100_000
+    with grpc.insecure_channel(server.grpc_address) as channel, pytest.raises(grpc.RpcError) as info:
+        channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(request.SerializeToString(), timeout=30)
+    details = info.value.details() or ""
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, details[:200]
+    assert details.startswith("request: parameter 'binary_data_output' must be true or false (got 'xxx")
+    assert len(details.encode()) <= GRPC_DETAILS_BYTES and re.search(r"… \(\d+ more characters\)$", details)
 
 
 def test_asyncio_client(server: ServerProcess) -> None:

@@ -29,7 +29,7 @@ import numpy as np
 import pydantic_core
 
 from posenc.models.dtypes import BY_KSERVE, cast
-from posenc.service.errors import BadRequest, echo
+from posenc.service.errors import BadRequest, echo, listed
 from posenc.service.inference.codecs.kserve_json import (
     LIFT_MIN_BYTES,
     Fallback,
@@ -46,6 +46,8 @@ SHARED_MEMORY_EXTENSION = "system_shared_memory"
 _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 _OUTPUT_KEYS = {"name", "parameters"}
 _INPUT_KEYS = {"name", "datatype", "shape", "data", "parameters"}
+# numpy's limit on an array's dimensions (NPY_MAXDIMS since numpy 2): a tensor of higher rank cannot be held at all
+MAX_RANK = 64
 
 
 def extensions(shared_memory: bool) -> list[str]:
@@ -134,8 +136,17 @@ def _flag(params: Mapping[str, Any], key: str, where: str, default: bool = False
     return value
 
 
+def check_rank(rank: int, where: str) -> None:
+    """400 naming MAX_RANK when a tensor's shape has more dimensions than an array can have (before any data is
+    read or allocated: numpy would raise inside the parse)."""
+    if rank > MAX_RANK:
+        raise BadRequest(f"{where}: shape has rank {rank}; at most {MAX_RANK} dimensions are supported")
+
+
 def _shape(entry: Mapping[str, Any], where: str) -> tuple[int, ...]:
     shape = entry.get("shape")
+    if isinstance(shape, list):
+        check_rank(len(shape), where)
     ok = isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     if not ok:
         raise BadRequest(f"{where}: 'shape' must be a list of non-negative integers (got {shape!r})")
@@ -190,7 +201,7 @@ def _input_entry(entry: Any, index: int) -> tuple[str, str, tuple[int, ...], dic
     where = f"input '{name}'"
     unknown = set(entry) - _INPUT_KEYS
     if unknown:
-        raise BadRequest(f"{where}: unknown keys {sorted(unknown)}")
+        raise BadRequest(f"{where}: unknown keys {listed(sorted(unknown))}")
     datatype = entry.get("datatype")
     if not isinstance(datatype, str) or datatype not in BY_KSERVE:
         raise BadRequest(f"{where}: datatype {datatype!r} is not supported; supported: {', '.join(BY_KSERVE)}")
@@ -242,7 +253,7 @@ def _parse_inputs(entries: Any, binary: memoryview, source: TensorSource | None,
     parsed = [_input_entry(entry, i) for i, entry in enumerate(entries)]
     names = [name for name, *_ in parsed]
     if len(set(names)) != len(names):
-        raise BadRequest(f"duplicate input names in {names}")
+        raise BadRequest(f"duplicate input names in {listed(names)}")
     sizes = [_binary_size(params, f"input '{name}'") for name, _, _, params in parsed]
     declared = sum(size or 0 for size in sizes)
     if declared > len(binary):
@@ -299,7 +310,7 @@ def _parse_outputs(entries: Any, binary_default: bool, shared_memory: bool) -> l
         where = f"output '{entry['name']}'"
         unknown = set(entry) - _OUTPUT_KEYS
         if unknown:
-            raise BadRequest(f"{where}: unknown keys {sorted(unknown)}")
+            raise BadRequest(f"{where}: unknown keys {listed(sorted(unknown))}")
         params = _parameters(entry, where)
         if "classification" in params:
             raise BadRequest(f"{where}: the classification extension is not supported")
@@ -307,7 +318,7 @@ def _parse_outputs(entries: Any, binary_default: bool, shared_memory: bool) -> l
         outputs.append(RequestedOutput(entry["name"], binary, _shm_ref(params, where, shared_memory)))
     names = [o.name for o in outputs]
     if len(set(names)) != len(names):
-        raise BadRequest(f"duplicate output names in {names}")
+        raise BadRequest(f"duplicate output names in {listed(names)}")
     return outputs
 
 

@@ -24,8 +24,13 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from posenc.models.dtypes import BY_KSERVE, lookup
-from posenc.service.errors import BadRequest
-from posenc.service.inference.codecs.kserve_request import InferRequest, TensorSource, parse_infer_document
+from posenc.service.errors import BadRequest, listed
+from posenc.service.inference.codecs.kserve_request import (
+    InferRequest,
+    TensorSource,
+    check_rank,
+    parse_infer_document,
+)
 from posenc.service.inference.codecs.kserve_response import requested_outputs
 from posenc.service.request_kit.bodies import ALIGNMENT
 
@@ -387,13 +392,15 @@ def infer_document(request: Proto, raw: Sequence[bytes | memoryview] | None = No
     if raw:
         named = [t.name for t in request.inputs if t.HasField("contents")]
         if named:
-            raise BadRequest(f"inputs {named} have typed contents and the request has raw_input_contents; send every "
-                             "input one way")
+            raise BadRequest(f"inputs {listed(named)} have typed contents and the request has raw_input_contents; "
+                             "send every input one way")
         if len(raw) != len(takers):
             raise BadRequest(f"raw_input_contents has {len(raw)} entries; the request has {len(takers)} inputs "
                              "outside shared memory, one entry each in input order")
     chunks = dict(zip(takers, raw, strict=False))
     decoded: list[_TypedChunk] = []  # typed contents, into the binary buffer (one request: raw or typed)
+    for tensor in request.inputs:  # before any size below is computed from a shape
+        check_rank(len(tensor.shape), f"input '{tensor.name}'")
     for index, tensor in enumerate(request.inputs):
         where = f"input '{tensor.name}'"
         params = _parameters(tensor.parameters)

@@ -7,7 +7,7 @@ cache), and the start-up peak passed a 2 GiB container limit. A child process pe
 from the model's files, times them, prints the timings as one JSON line, and exits: the kernel takes back all
 it used. The serving process builds only the sessions of the graphs its rule names, and never runs the others.
 
-    python -m posenc.service.inference.runtime.calibration_child < request.json
+    python -I -c "<CHILD_START>" <folder holding posenc> < request.json
 
 The request: {"graphs": {file: path}, "inputs": [[name, datatype, shape, sequence axis], ...], "threads": N,
 "seconds": the time left, "parent": the parent's pid}. The answer (stdout): {"sequences": [...], "seconds":
@@ -49,6 +49,19 @@ PR_SET_PDEATHSIG = 1
 # (name, KServe datatype, shape with -1 for dynamic dims, the sequence axis) of one model input
 InputShape = tuple[str, str, Sequence[int], int | None]
 
+# The child's interpreter is isolated (-I: no PYTHONPATH nor other PYTHON* variable, no user site, and not the working
+# directory on sys.path: a json.py where the server was started must not run in the child), starts in CHILD_CWD, and
+# finds posenc as its parent does (an editable install's finder is a .pth hook of site-packages, which -I keeps) or
+# else in the folder that holds the parent's `posenc`, appended after the standard library (installs found through
+# PYTHONPATH or the user site).
+CHILD_START = "import sys; sys.path.append(sys.argv.pop(1)); from {module} import main; sys.exit(main())"
+CHILD_CWD = "/"
+# The environment it gets: what runs the interpreter and its libraries, and the variables that change how
+# onnxruntime, OpenMP and the allocator run the timed graphs (so they run as they would in the server). Nothing
+# else: the child reads no POSENC_* variable (its request comes on stdin).
+CHILD_VARIABLES = frozenset({"PATH", "LD_LIBRARY_PATH", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "GLIBC_TUNABLES"})
+CHILD_VARIABLE_PREFIXES = ("ORT_", "OMP_", "KMP_", "MKL_", "OPENBLAS_", "MALLOC_")
+
 _running: set[subprocess.Popen[bytes]] = set()
 _running_lock = threading.Lock()
 
@@ -76,11 +89,11 @@ def run_child(graphs: Mapping[str, Path], inputs: Sequence[InputShape], threads:
     the child ran past it (killed) or failed (logged)."""
     if seconds <= 0:
         return None
-    request = {"graphs": {file: str(path) for file, path in graphs.items()},
+    request = {"graphs": {file: os.path.abspath(path) for file, path in graphs.items()},  # (the child runs in /)
                "inputs": [[name, datatype, list(shape), axis] for name, datatype, shape, axis in inputs],
                "threads": threads, "seconds": seconds, "parent": os.getpid()}
-    process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    process = subprocess.Popen(child_command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=CHILD_CWD, env=child_environment(os.environ))
     with _running_lock:
         _running.add(process)
     try:
@@ -109,6 +122,19 @@ def run_child(graphs: Mapping[str, Path], inputs: Sequence[InputShape], threads:
     log.log(level, "calibration child %d: peak %.0f MiB (%.0f MiB reserved for it)", process.pid,
             peak / 2**20 if isinstance(peak, int) else 0, CHILD_BYTES / 2**20)
     return answer
+
+
+def child_command() -> list[str]:
+    """The child's command line (CHILD_START)."""
+    package = sys.modules[__name__.partition(".")[0]]  # `posenc`: imported with this module, its parent package
+    root = str(Path(str(package.__file__)).resolve().parent.parent)
+    return [sys.executable, "-I", "-c", CHILD_START.format(module=__name__), root]
+
+
+def child_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `environ` the child gets (CHILD_VARIABLES, CHILD_VARIABLE_PREFIXES)."""
+    return {name: value for name, value in environ.items()
+            if name in CHILD_VARIABLES or name.startswith(CHILD_VARIABLE_PREFIXES)}
 
 
 def stop_children() -> None:
