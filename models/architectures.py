@@ -36,12 +36,15 @@ class Family:
 
     head_size: keys that give the rotated head size, tried before the generic `HEAD_SIZE_KEYS`.
     hidden, heads, kv_heads: the family's own spellings of the hidden size and the head counts.
+    rope: False for families whose positions are not rotary (GPT-2's learned table, BLOOM's and MPT's ALiBi): their
+        heads are read, a RoPE is not resolved.
     renamed: {config.json key: the name the resolver reads} (a config class's own renames; a given new name wins).
     rotary_dim: the config's `rotary_dim` is the rotated channels of each head (GPT-J, CodeGen).
     layout: how the model pairs channels when it rotates q and k: half (rotate_half, cat(f, f)) or interleaved
         (GPT-J pairs).
-    mrope_section: the M-RoPE sections (t, h, w) the rotary module takes when the config names none;
-    mrope_interleaved: whether its sections interleave (T H W T H W ...: Qwen3-VL) rather than follow each other.
+    mrope_section: the M-RoPE sections the rotary module takes when the config names none;
+    mrope_order: how its sections share out the frequencies (`posenc.models.mrope.mrope_axis`): contiguous (Qwen2-VL),
+        interleaved (T H W T H W ...: Qwen3-VL) or alternating_hw (ERNIE-4.5-VL).
     """
 
     head_size: tuple[str, ...] = ()
@@ -50,14 +53,15 @@ class Family:
     kv_heads: tuple[str, ...] = ()
     renamed: Mapping[str, str] = field(default_factory=dict)
     rotary_dim: bool = False
+    rope: bool = True
     layout: PairLayout = "half"
     mrope_section: tuple[int, int, int] | None = None
-    mrope_interleaved: bool = False
+    mrope_order: Literal["contiguous", "interleaved", "alternating_hw"] = "contiguous"
 
 
 _QWEN2_VL = Family(mrope_section=(16, 24, 24))
-_QWEN3_VL = Family(mrope_section=(24, 20, 20), mrope_interleaved=True)
-_QWEN3_5 = Family(mrope_section=(11, 11, 10), mrope_interleaved=True)
+_QWEN3_VL = Family(mrope_section=(24, 20, 20), mrope_order="interleaved")
+_QWEN3_5 = Family(mrope_section=(11, 11, 10), mrope_order="interleaved")
 _GLM4_V = Family(mrope_section=(8, 12, 12))
 _GPTJ_KEYS = {"n_embd": "hidden_size", "n_head": "num_attention_heads", "n_positions": "max_position_embeddings"}
 _INTERLEAVED = Family(layout="interleaved")
@@ -69,6 +73,10 @@ FAMILIES: dict[str, Family] = {
     "codegen": Family(renamed=_GPTJ_KEYS, rotary_dim=True, layout="interleaved"),
     "jetmoe": Family(head_size=("kv_channels",)),
     "dbrx": Family(hidden=("d_model",), heads=("n_heads",)),
+    "falcon": Family(heads=("n_head",), kv_heads=("num_kv_heads",)),
+    "gpt2": Family(hidden=("n_embd",), heads=("n_head",), rope=False),
+    "bloom": Family(hidden=("n_embed",), heads=("n_head",), rope=False),
+    "mpt": Family(hidden=("d_model",), heads=("n_heads",), rope=False),
     "moonshine": Family(heads=("decoder_num_attention_heads", "encoder_num_attention_heads"),
                         kv_heads=("decoder_num_key_value_heads", "encoder_num_key_value_heads")),
     "zamba2": Family(head_size=("attention_head_dim",)),
@@ -82,9 +90,10 @@ FAMILIES: dict[str, Family] = {
     "qwen2_5_omni_talker": _QWEN2_VL, "qwen2_5_omni_thinker": _QWEN2_VL,
     "qwen3_vl": _QWEN3_VL, "qwen3_vl_moe": _QWEN3_VL, "qwen3_omni_moe": _QWEN3_VL, "cosmos3_edge": _QWEN3_VL,
     "qwen3_5": _QWEN3_5, "qwen3_5_moe": _QWEN3_5, "qwen4_exp": _QWEN3_5,
-    "glm4v": _GLM4_V, "glm4v_moe": _GLM4_V, "glm_image": _GLM4_V,
+    "glm4v": Family(layout="interleaved", mrope_section=(8, 12, 12)), "glm4v_moe": _GLM4_V, "glm_image": _GLM4_V,
     "glm_ocr": Family(layout="interleaved", mrope_section=(8, 12, 12)),
-    "ernie4_5_vl_moe": Family(layout="interleaved", mrope_section=(22, 22, 20)),
+    "ernie4_5_vl_moe": Family(layout="interleaved", mrope_section=(22, 22, 20), mrope_order="alternating_hw"),
+    "hy_v4_vl": Family(layout="interleaved", mrope_section=(24, 20, 20), mrope_order="interleaved"),
 }
 
 

@@ -28,6 +28,8 @@ from posenc.models.row_blocks import table_rows
 
 MropeModel = Literal["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 SegmentKind = Literal["text", "image", "video"]
+# How the sections share out the frequencies (`mrope_axis`).
+SectionOrder = Literal["contiguous", "interleaved", "alternating_hw"]
 PaddingSide = Literal["left", "right"]
 
 # The rotary modules' defaults when a config has no mrope_section.
@@ -159,32 +161,50 @@ def mrope_position_ids(
     return out, rope_delta
 
 
-def check_mrope_section(section: Sequence[int], n_frequencies: int, interleaved: bool = False) -> tuple[int, int, int]:
-    """Three positive section sizes (temporal, height, width): summing to rotary_dim / 2 when contiguous (the module
-    splits the frequencies by them); at most rotary_dim / 2 when interleaved (Qwen3.5 and Qwen4 interleave 32 of
-    their frequencies; the ones past the sections follow t)."""
+def section_order(order: SectionOrder | bool) -> SectionOrder:
+    """`order`, with the boolean `interleaved` of older callers read as interleaved / contiguous."""
+    if isinstance(order, bool):
+        return "interleaved" if order else "contiguous"
+    return order
+
+
+def check_mrope_section(section: Sequence[int], n_frequencies: int,
+                        order: SectionOrder | bool = "contiguous") -> tuple[int, int, int]:
+    """Three positive section sizes: summing to rotary_dim / 2 when contiguous or alternating (the module splits the
+    frequencies by them); at most rotary_dim / 2 when interleaved (Qwen3.5 and Qwen4 interleave 32 of their
+    frequencies; the ones past the sections follow t). Alternating (ERNIE-4.5-VL, sections h, w, t) needs h == w."""
+    order = section_order(order)
     if len(section) != 3 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in section):
-        raise ParameterError("mrope_section", f"must be three positive integers (t, h, w), got {list(section)}")
+        raise ParameterError("mrope_section", f"must be three positive integers, got {list(section)}")
     total = sum(section)
+    interleaved = order == "interleaved"
     if total > n_frequencies or (total != n_frequencies and not interleaved):
         rule = "sum to at most" if interleaved else "sum to"
         raise ParameterError("mrope_section", f"must {rule} rotary_dim/2 = {n_frequencies}, got "
                                               f"{list(section)} (sum {total})")
+    if order == "alternating_hw" and section[0] != section[1]:
+        raise ParameterError("mrope_section", f"alternating h/w sections must be equal (h, w, t), got {list(section)}")
     return section[0], section[1], section[2]
 
 
-def mrope_axis(section: Sequence[int], interleaved: bool, n_frequencies: int | None = None) -> np.ndarray:
+def mrope_axis(section: Sequence[int], order: SectionOrder | bool, n_frequencies: int | None = None) -> np.ndarray:
     """Which position axis (0 t, 1 h, 2 w) drives each frequency → int64 [n_frequencies] (default sum(section)).
 
-    Contiguous (Qwen2-VL `recomposition_frequencies`): the first section[0] frequencies follow t, the next
-    section[1] h, the last w. Interleaved (Qwen3-VL): frequency j follows h when j % 3 == 1 and
-    j < 3·section[1], w when j % 3 == 2 and j < 3·section[2], else t.
+    contiguous (Qwen2-VL `recomposition_frequencies`, sections t, h, w): the first section[0] frequencies follow t,
+    the next section[1] h, the last w. interleaved (Qwen3-VL): frequency j follows h when j % 3 == 1 and
+    j < 3·section[1], w when j % 3 == 2 and j < 3·section[2], else t. alternating_hw (ERNIE-4.5-VL, sections h, w,
+    t): the first section[0] + section[1] frequencies alternate h, w; the last section[2] follow t.
     """
+    order = section_order(order)
     n = sum(section) if n_frequencies is None else n_frequencies
-    if not interleaved:
+    if order == "contiguous":
         return np.repeat(np.arange(3), section)  # [n]
     j = np.arange(n)
     axis = np.zeros(n, dtype=np.int64)
+    if order == "alternating_hw":
+        hw = section[0] + section[1]
+        axis[:hw] = 1 + j[:hw] % 2
+        return axis
     axis[(j % 3 == 1) & (j < 3 * section[1])] = 1
     axis[(j % 3 == 2) & (j < 3 * section[2])] = 2
     return axis
@@ -194,7 +214,7 @@ def mrope_cos_sin(
     params: RopeParameters,
     position_ids: np.ndarray,
     section: Sequence[int],
-    interleaved: bool,
+    order: SectionOrder | bool,
     dtype: npt.DTypeLike = np.float32,
     rows: slice | None = None,
     layout: PairLayout = "half",
@@ -213,11 +233,11 @@ def mrope_cos_sin(
     if position_ids.size and int(position_ids.min()) < 0:
         raise ParameterError("position_ids", "must be >= 0")
     spec = rope_type_spec(params.rope_type)
-    check_mrope_section(section, params.n_frequencies, interleaved)
+    check_mrope_section(section, params.n_frequencies, order)
     seq_len = int(position_ids.max()) + 1 if position_ids.size else 1
     inv_freq = spec.inv_freq(params, seq_len).astype(F32)  # [d/2]
     attention_factor = float(spec.attention_factor(params))
-    axis = mrope_axis(section, interleaved, params.n_frequencies)  # [d/2]
+    axis = mrope_axis(section, order, params.n_frequencies)  # [d/2]
     span = table_rows(rows, position_ids.shape[1])
     positions = position_ids[axis, span.start:span.stop].T.astype(np.float64)  # [rows, d/2]: each frequency's axis
     angles = positions * inv_freq.astype(np.float64)[None, :]  # [rows, d/2]

@@ -183,6 +183,8 @@ def rope_parameters_from_config(
     section, cfg = model_section(config, section)
     # a model chosen by path is its own family; the text model found by the search may inherit its wrapper's
     model_type = str(cfg.get("model_type") or "") or None if chosen else model_type_of(config, cfg)
+    if not family(model_type).rope:
+        raise ParameterError("model_type", f"{model_type} has no rotary positions (learned or ALiBi)")
     cfg = _with_class_spellings(cfg, model_type)
     source = next((key for key in ("rope_scaling", "rope_parameters") if cfg.get(key)), "none")
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -234,18 +236,18 @@ def rope_parameters_from_config(
 
 
 def _mrope_info(model_type: str | None, entry: Mapping[str, Any], params: RopeParameters) -> dict[str, Any]:
-    """`mrope_section` and `mrope_interleaved` of an M-RoPE config (validated), else {}: the config's sections, else
-    the ones its family's rotary module defaults to; interleaved as the family's module does it, or as the config's
-    `mrope_interleaved` says."""
+    """`mrope_section`, `mrope_order` and `mrope_interleaved` of an M-RoPE config (validated), else {}: the config's
+    sections, else the ones its family's rotary module defaults to; ordered as the family's module orders them, or
+    interleaved where the config's `mrope_interleaved` says so."""
     known = family(model_type)
     section = entry.get("mrope_section", known.mrope_section)
     if section is None:
         return {}
     if not isinstance(section, list | tuple):
         raise ParameterError("mrope_section", f"must be a list of three integers, got {section!r}")
-    interleaved = known.mrope_interleaved or bool(entry.get("mrope_interleaved"))
-    return {"mrope_section": list(check_mrope_section(section, params.n_frequencies, interleaved)),
-            "mrope_interleaved": interleaved}
+    order = "interleaved" if entry.get("mrope_interleaved") else known.mrope_order
+    return {"mrope_section": list(check_mrope_section(section, params.n_frequencies, order)), "mrope_order": order,
+            "mrope_interleaved": order == "interleaved"}
 
 
 def _null_theta() -> float:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from posenc.models.mrope import mrope_axis, mrope_cos_sin
+from posenc.models.mrope import SectionOrder, mrope_axis, mrope_cos_sin
 from posenc.models.properties.measures import adjacent_distance, first_collision_position
 from posenc.models.properties.rope import relativity_residual, rope_rows, rotate
 from posenc.models.rope_params import RopeParameters
@@ -105,8 +105,8 @@ def vision_properties(model: VisionRopeModel, head_dim: int, theta: float, heigh
     return curves, scalars
 
 
-def mrope_properties(params: RopeParameters, position_ids: np.ndarray, section: Sequence[int], interleaved: bool,
-                     dtype: np.dtype, pairs: int, seed: int) -> Measured:
+def mrope_properties(params: RopeParameters, position_ids: np.ndarray, section: Sequence[int],
+                     interleaved: SectionOrder | bool, dtype: np.dtype, pairs: int, seed: int) -> Measured:
     """Properties of the served M-RoPE cos/sin for position ids int64 [3, S].
 
     Curves: those of `axis_measures` per section t, h, w (span = the positions that axis reaches in this
@@ -118,8 +118,8 @@ def mrope_properties(params: RopeParameters, position_ids: np.ndarray, section: 
     half = inv_freq.size
     cos, sin = cos_full[:, :half], sin_full[:, :half]  # [S, F]: cat(f, f) holds each value twice
     positions = np.ascontiguousarray(position_ids.T)  # [S, 3]
-    curves, scalars = axis_measures(cos, sin, inv_freq, mrope_axis(section, interleaved), positions, factor,
-                                    MROPE_AXES, pairs, seed)
+    axis = mrope_axis(section, interleaved, params.n_frequencies)  # [F]
+    curves, scalars = axis_measures(cos, sin, inv_freq, axis, positions, factor, MROPE_AXES, pairs, seed)
     served = np.concatenate([cos, sin], axis=1)
     adjacent = np.sqrt(2.0) * adjacent_distance(served)
     moves = np.any(positions[1:] != positions[:-1], axis=1)

@@ -123,7 +123,7 @@ class MropePropertiesQuery(PropertiesQuery, MropeQuery):
 
     def compute(self) -> Bundle:
         ids, _ = self.position_ids()
-        curves, scalars = mrope_properties(self.rope, ids, self.section, self.is_interleaved, np_dtype(self.dtype),
+        curves, scalars = mrope_properties(self.rope, ids, self.section, self.order, np_dtype(self.dtype),
                                            self.pairs, self.seed)
         return Bundle(curves, summary(scalars))
 

@@ -39,11 +39,13 @@ from posenc.models.mrope import (
     INTERLEAVED_MODELS,
     MropeModel,
     PaddingSide,
+    SectionOrder,
     Segment,
     check_mrope_section,
     check_segments,
     mrope_cos_sin,
     mrope_position_ids,
+    section_order,
     segment_tokens,
 )
 from posenc.models.rope import Layout
@@ -269,7 +271,11 @@ class MropeQuery(MropeSequenceQuery):
         "t,h,w frequency counts summing to rotary_dim/2. Not given: the model's default (qwen2_vl, qwen2_5_vl "
         "16,24,24; qwen3_vl 24,20,20)."))
     interleaved: bool | None = Field(None, description=(
-        "Interleave the sections (Qwen3-VL) instead of contiguous (Qwen2-VL). Not given: by model."))
+        "Interleave the sections (Qwen3-VL) instead of contiguous (Qwen2-VL). Not given: by model or section_order."))
+    section_order: SectionOrder | None = Field(None, description=(
+        "How the sections share out the frequencies: contiguous (Qwen2-VL: t, h, w blocks), interleaved (Qwen3-VL: "
+        "T H W T H W ...), alternating_hw (ERNIE-4.5-VL: sections h, w, t; the first h + w frequencies alternate h, w, "
+        "the rest follow t). Not given: interleaved if `interleaved`, else by model."))
     layout: Layout = Field("half", description=(
         "Channel pairing of cos/sin: half = cat(freqs, freqs) as rotate_half (Qwen-VL, GLM-4V); interleaved = each "
         "frequency twice in a row (ERNIE-4.5-VL, GLM-OCR)."))
@@ -288,18 +294,29 @@ class MropeQuery(MropeSequenceQuery):
             values = [int(v) for v in self.mrope_section.split(",")]
         except ValueError:
             raise InvalidParameter("mrope_section: must be three comma-separated integers (t,h,w)") from None
-        return check_mrope_section(values, self.rope.n_frequencies, self.is_interleaved)
+        return check_mrope_section(values, self.rope.n_frequencies, self.order)
+
+    @property
+    def order(self) -> SectionOrder:
+        if self.section_order is not None:
+            if self.interleaved is not None and self.interleaved != (self.section_order == "interleaved"):
+                raise InvalidParameter(f"interleaved: {str(self.interleaved).lower()} contradicts section_order "
+                                       f"{self.section_order}; give one of them")
+            return self.section_order
+        interleaved = self.model in INTERLEAVED_MODELS if self.interleaved is None else self.interleaved
+        return section_order(interleaved)
 
     @property
     def is_interleaved(self) -> bool:
-        return self.model in INTERLEAVED_MODELS if self.interleaved is None else self.interleaved
+        return self.order == "interleaved"
 
     def check(self) -> None:
-        check_mrope_section(self.section, self.rope.n_frequencies, self.is_interleaved)
+        check_mrope_section(self.section, self.rope.n_frequencies, self.order)
         super().check()
 
     def params(self) -> dict[str, Any]:
-        return {**super().params(), "mrope_section": list(self.section), "interleaved": self.is_interleaved}
+        return {**super().params(), "mrope_section": list(self.section), "interleaved": self.is_interleaved,
+                "section_order": self.order}
 
     def specs(self) -> dict[str, TensorSpec]:
         out = np_dtype(self.dtype)
@@ -318,7 +335,7 @@ class MropeQuery(MropeSequenceQuery):
 
     def compute_rows(self, rows: slice | None) -> Bundle:
         ids, delta = self.resolved_ids
-        cos, sin, inv_freq, factor = mrope_cos_sin(self.rope, ids, self.section, self.is_interleaved,
+        cos, sin, inv_freq, factor = mrope_cos_sin(self.rope, ids, self.section, self.order,
                                                    np_dtype(self.dtype), rows, self.layout)
         metadata = {"attention_factor": repr(factor), "layout": self.layout}
         if delta is not None:

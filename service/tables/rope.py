@@ -290,7 +290,8 @@ class RopeFromConfigQuery(RopeTableQuery):
         # M-RoPE configs (Qwen2-VL family): the table is the text-position one; the sections are stated
         return {**super().params(), "layer_type": self.layer_type,
                 "config_max_position_embeddings": info["max_position_embeddings"],
-                "mrope_section": info.get("mrope_section"), "mrope_interleaved": info.get("mrope_interleaved")}
+                "mrope_section": info.get("mrope_section"), "mrope_interleaved": info.get("mrope_interleaved"),
+                "mrope_order": info.get("mrope_order")}
 
     def metadata(self) -> dict[str, str]:
         info = self.resolved[1]

@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import running_client
 from tests.parity import rotary_sweep
-from tests.parity.rotary_sweep import EXCLUDED, KNOWN_GAPS, Row
+from tests.parity.rotary_sweep import CONFIG_FIXES, EXCLUDED, Row
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,7 @@ def rows() -> Iterator[list[Row]]:
 
 
 def test_every_text_and_mrope_row_is_served_exactly(rows: list[Row]) -> None:
-    failing = [r for r in rows if r.kind in ("text", "mrope") and r.status not in ("exact", "ulp")
-               and r.cls not in KNOWN_GAPS]
+    failing = [r for r in rows if r.kind in ("text", "mrope") and r.status not in ("exact", "ulp")]
     assert not failing, "\n".join(f"{r.folder} {r.cls} {r.layer_type}: {r.status} {r.note}" for r in failing)
 
 
@@ -31,12 +30,13 @@ def test_ulp_rows_are_inv_freq_rounding_only(rows: list[Row]) -> None:
             assert r.max_error is not None and r.max_error <= rotary_sweep.ULP, r
 
 
-def test_known_gaps_still_fail_as_stated(rows: list[Row]) -> None:
-    """A gap that posenc closes must leave the list (and the coverage table say so)."""
-    by_class = {r.cls: r for r in rows}
-    for name, (status, _) in KNOWN_GAPS.items():
-        assert name in by_class, f"{name} is listed as a gap but no longer found"
-        assert by_class[name].status == status, (name, by_class[name].status, by_class[name].note)
+def test_every_config_fix_is_still_needed() -> None:
+    """A default config that transformers can run and posenc serves needs no published values: its fix must go."""
+    found = {r.name: r for r in rotary_sweep.rotary_classes()}
+    with running_client() as client:
+        for name in CONFIG_FIXES:
+            assert name in found, f"{name} has a config fix but is no longer found"
+            assert rotary_sweep.default_still_unfit(client, found[name]), f"{name}'s default config is fit now"
 
 
 def test_every_excluded_reason_still_holds() -> None:
