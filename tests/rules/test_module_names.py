@@ -26,3 +26,17 @@ def test_a_catch_all_name_is_found(tmp_path: Path) -> None:
         (tmp_path / name).write_text("")
     assert catch_all_modules(tmp_path) == ["models/properties/common.py", "service/check/core.py",
                                            "tests/infer_utils.py"]
+
+
+def test_the_tables_package_names_its_machinery_and_every_other_module_registers_a_table() -> None:
+    """service/tables imports every module outside MACHINERY as a family: a family registers a table (its query
+    model's module), the machinery none."""
+    import pkgutil
+
+    import posenc.service.tables as tables
+
+    registering = {route.query.__module__.rsplit(".", 1)[1] for route in tables.TABLES.values()
+                   if route.query.__module__.startswith(tables.__name__ + ".")}
+    modules = {module.name for module in pkgutil.iter_modules(tables.__path__)}
+    assert tables.MACHINERY <= modules, tables.MACHINERY - modules
+    assert modules - tables.MACHINERY == registering
