@@ -278,7 +278,7 @@ def text_rows(client: Any, rotary: Rotary) -> list[Row]:
         row.rope_type = rope.get("rope_type") if isinstance(rope, dict) else None
         positions = torch.arange(rows)[None]
         if getattr(module, "mrope_section", None) is not None:
-            out.append(_mrope_row(client, row, module, uploads[-1]))
+            out.append(_mrope_row(client, rotary, row, module, uploads[-1]))
             continue
         cos, sin = run_module(module, layer_type, positions)
         if not hasattr(module, f"{layer_type + '_' if layer_type else ''}inv_freq"):
@@ -365,17 +365,57 @@ def mrope_position_ids(merge: int = 2) -> np.ndarray:
     return np.concatenate(parts, axis=1).astype(np.int64)
 
 
+def rope_index_position_ids(rotary: Rotary) -> tuple[np.ndarray, str] | None:
+    """(int64 [3, S], the class whose get_rope_index made them): the model's own 3-D position ids for text, an image
+    (t 1, h 8, w 12 patches), text, a video (t 2, h 4, w 4), text, or without the video where the model refuses it
+    (Qwen3-VL splits videos into frames); None where no get_rope_index runs without a built model."""
+    module = importlib.import_module(rotary.module_name)
+    owners = [cls for cls in vars(module).values() if isinstance(cls, type) and "get_rope_index" in vars(cls)]
+    if rotary.folder not in transformers.CONFIG_MAPPING or not owners:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = transformers.CONFIG_MAPPING[rotary.folder]()
+    merge = getattr(getattr(config, "vision_config", None), "spatial_merge_size", 2)
+    image, video = ("image", (1, 8, 12)), ("video", (2, 4, 4))
+    for segments in ([("text", 5), image, ("text", 3), video, ("text", 4)], [("text", 5), image, ("text", 4)]):
+        types: list[int] = []
+        grids: dict[str, list[list[int]]] = {"image": [], "video": []}
+        for kind, size in segments:
+            if isinstance(size, int):
+                types += [0] * size
+                continue
+            types += [1 if kind == "image" else 2] * (size[0] * (size[1] // merge) * (size[2] // merge))
+            grids[kind].append(list(size))
+        for owner in owners:
+            model = owner.__new__(owner)
+            torch.nn.Module.__init__(model)
+            object.__setattr__(model, "config", config)
+            accepted = inspect.signature(owner.get_rope_index).parameters
+            given = {"mm_token_type_ids": torch.tensor([types]),
+                     "image_grid_thw": torch.tensor(grids["image"]) if grids["image"] else None,
+                     "video_grid_thw": torch.tensor(grids["video"]) if grids["video"] else None}
+            try:
+                ids, _ = owner.get_rope_index(model, torch.zeros(1, len(types), dtype=torch.long),
+                                              **{k: v for k, v in given.items() if k in accepted})
+            except Exception:  # this owner needs more of a built model, or refuses this sequence
+                continue
+            return ids[:, 0, :].numpy().astype(np.int64), owner.__name__
+    return None
+
+
 def _metadata(body: bytes) -> dict[str, str]:
     length = int.from_bytes(body[:8], "little")
     return json.loads(body[8:8 + length]).get("__metadata__", {})
 
 
-def _mrope_row(client: Any, row: Row, module: Any, upload: tuple[dict[str, Any], str]) -> Row:
-    """An M-RoPE module run on 3-D position ids, against POST /v1/rope/mrope with the parameters posenc resolves from
-    the model's config.json (from-config's metadata: sections, their interleaving, rotary_dim, pair layout), within
-    the module's own float32 angle rounding."""
+def _mrope_row(client: Any, rotary: Rotary, row: Row, module: Any, upload: tuple[dict[str, Any], str]) -> Row:
+    """An M-RoPE module run on 3-D position ids (its model's get_rope_index's where that runs), against
+    POST /v1/rope/mrope with the parameters posenc resolves from the model's config.json (from-config's metadata:
+    sections, their order, rotary_dim, pair layout), within the module's own float32 angle rounding."""
     row.kind, row.endpoint = "mrope", "POST /v1/rope/mrope"
-    ids = mrope_position_ids()
+    real = rope_index_position_ids(rotary)
+    ids, source = real if real is not None else (mrope_position_ids(), "the sweep's own layout")
     config, section = upload
     params: dict[str, Any] = {"max_position": 8, **({"config_section": section} if section else {})}
     response = client.post("/v1/rope/from-config", params=params, content=json.dumps(config, default=str),
@@ -409,7 +449,7 @@ def _mrope_row(client: Any, row: Row, module: Any, upload: tuple[dict[str, Any],
         if np.all(np.abs(tables["cos"] - cos) <= bound) and np.all(np.abs(tables["sin"] - sin) <= bound):
             row.status = "exact"
             row.note = (f"sections {query['mrope_section']} {query['section_order']}, rotary_dim "
-                        f"{resolved['rotary_dim']}; within the module's float32 angle rounding")
+                        f"{resolved['rotary_dim']}; position ids of {source}; within the module's float32 rounding")
             return row
     row.status, row.note = "wrong", "beyond the module's float32 angle rounding in either pairing"
     return row
