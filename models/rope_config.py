@@ -133,6 +133,9 @@ def rope_layer_types(config: Mapping[str, Any], section: str | None = None) -> t
     return tuple(sorted(key for key in _nested_keys(rope, cfg) if rope[key] is not None))
 
 
+_NAMED = 20  # layer types an error message names (a config may list thousands)
+
+
 def _select_entry(
     rope: Mapping[str, Any], config: Mapping[str, Any], layer_type: str | None
 ) -> tuple[dict[str, Any], bool]:
@@ -142,10 +145,11 @@ def _select_entry(
         if layer_type is not None:
             raise ParameterError("layer_type", "this config has one RoPE for all layers; omit layer_type")
         return dict(rope), False
-    if layer_type not in nested_keys:
-        raise ParameterError(
-            "layer_type", f"this config has per-layer RoPE; choose one of {', '.join(sorted(nested_keys))}"
-        )
+    if layer_type not in set(nested_keys):
+        names = sorted(nested_keys)
+        more = f" and {len(names) - _NAMED} more" if len(names) > _NAMED else ""
+        raise ParameterError("layer_type", f"this config has per-layer RoPE; choose one of "
+                                           f"{', '.join(names[:_NAMED])}{more}")
     entry = rope[layer_type]
     if entry is None:
         raise ParameterError("layer_type", f"layer type {layer_type!r} has no RoPE (NoPE layer)")
