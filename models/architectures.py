@@ -25,6 +25,9 @@ HEADS_KEYS = ("num_attention_heads",)
 KV_HEADS_KEYS = ("num_key_value_heads",)
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions")
 HEAD_SIZE_KEYS = ("head_dim", "qk_rope_head_dim")
+# Multi-head latent attention (DeepSeek-V2/V3, MiniCPM3, Kimi): a q/k head's unrotated and rotated channels and the
+# KV latent's width (the audit expects llama.cpp's key_length / key_length_mla from them).
+MLA_KEYS = ("qk_nope_head_dim", "qk_rope_head_dim", "kv_lora_rank")
 # Sub-configs that hold a composite model's text model, tried in order when the config itself has no heads.
 SECTIONS = ("text_config", "thinker_config.text_config", "decoder_config", "language_config", "llm_config",
             "encoder", "decoder")

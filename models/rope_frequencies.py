@@ -209,8 +209,11 @@ def llama3_inv_freq(p: RopeParameters, seq_len: int | None) -> np.ndarray:
     wavelen = _rdiv32(2 * math.pi, inv_freq)
     low_freq_wavelen, high_freq_wavelen = F32(old_len / low), F32(old_len / high)
     scaled = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (_rdiv32(old_len, wavelen) - F32(low)) / F32(high - low)
-    smoothed = (F32(1) - smooth) * scaled / factor + smooth * scaled
+    # low == high (Llama 4: 1 and 1): the band between is empty, the division by zero counts nowhere, as in
+    # transformers, except at a wavelength of exactly original / low (NaN there: rope_types refuses it)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        smooth = (_rdiv32(old_len, wavelen) - F32(low)) / F32(high - low)
+        smoothed = (F32(1) - smooth) * scaled / factor + smooth * scaled
     is_medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return np.where(is_medium, smoothed, scaled)
 

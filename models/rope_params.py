@@ -11,7 +11,8 @@ Decisions where the reference is silent or fails (docs/ENCODINGS.md §1.1, §1.2
   silently rotates one channel more than asked (`arange(0, d, 2)` has ceil(d/2) entries). No table
   of `d` channels is consistent with that, so any odd rotary dim is a ParameterError.
 - `factor < 1` (given or derived from max/original lengths): ParameterError (transformers warns).
-- llama3 `low_freq_factor == high_freq_factor`: ParameterError (transformers divides by zero).
+- llama3 `low_freq_factor == high_freq_factor` (Llama 4): built as transformers builds it (no smoothing band), but
+  a ParameterError where a frequency's wavelength is exactly original / low_freq_factor (transformers: 0 / 0, NaN).
 - `dynamic` needs `rotary_dim > 2` (its exponent d / (d - 2)).
 - parameters a rope_type does not read are dropped (transformers ignores them), so two requests
   that produce the same table resolve to the same parameters.

@@ -87,10 +87,15 @@ def _check_ntk_exponent(p: RopeParameters) -> None:
 
 
 def _check_llama3_smoothing(p: RopeParameters) -> None:
-    """llama3's smoothing divides by high_freq_factor − low_freq_factor (transformers divides by zero)."""
-    if p.low_freq_factor == p.high_freq_factor:
-        raise ParameterError("high_freq_factor", f"must differ from low_freq_factor ({p.low_freq_factor!r}); the "
-                                                 "smoothing divides by their difference")
+    """llama3's smoothing divides by high_freq_factor − low_freq_factor. Equal (Llama 4's 1 and 1), transformers warns
+    and builds the frequencies all the same: each one kept or divided by factor, the band between them empty. Only a
+    frequency whose float32 wavelength is exactly original / low_freq_factor falls in that band, where transformers
+    computes zero over zero (NaN): refused."""
+    if p.low_freq_factor == p.high_freq_factor and not np.all(np.isfinite(llama3_inv_freq(p, None))):
+        raise ParameterError("high_freq_factor", f"equals low_freq_factor ({p.low_freq_factor!r}) and a frequency's "
+                                                 "wavelength is exactly original_max_position_embeddings / "
+                                                 "low_freq_factor: the smoothing divides zero by zero there "
+                                                 "(transformers computes NaN)")
 
 
 def _no_batch_info(p: RopeParameters, seq_len: int) -> Mapping[str, Any]:

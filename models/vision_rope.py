@@ -28,18 +28,18 @@ from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_types import default_inv_freq
 from posenc.models.row_blocks import table_rows
+from posenc.models.vision_towers import TOWERS_BY_NAME, tower_from_config
 
 VisionRopeModel = Literal["pixtral", "llama4"]
 VisionForm = Literal["full", "half"]
 Tower = Literal["text", "vision"]
 
-# config.json model_type → model; the config classes' defaults (PixtralVisionConfig, Llama4VisionConfig)
+# config.json model_type → model; the config classes' defaults (PixtralVisionConfig, Llama4VisionConfig), kept
+# with every other tower's in posenc.models.vision_towers
 VISION_MODEL_TYPES: dict[str, VisionRopeModel] = {"pixtral": "pixtral", "llama4_vision_model": "llama4"}
 VISION_DEFAULTS: dict[str, dict[str, int]] = {
-    "pixtral": {"hidden_size": 1024, "num_attention_heads": 16, "image_size": 1024, "patch_size": 16},
-    "llama4": {"hidden_size": 768, "num_attention_heads": 16, "image_size": 448, "patch_size": 14},
-}
-DEFAULT_VISION_ROPE_THETA = 10000.0  # PixtralVisionConfig's and Llama4VisionConfig's rope_theta
+    model: dict(TOWERS_BY_NAME[model].defaults) for model in ("pixtral", "llama4")}
+DEFAULT_VISION_ROPE_THETA = TOWERS_BY_NAME["pixtral"].default_theta  # PixtralVisionConfig's and Llama4VisionConfig's
 
 
 def check_vision_head_dim(head_dim: int) -> None:
@@ -127,39 +127,22 @@ class VisionRopeConfig:
     section: str
 
 
-def _config_int(cfg: Mapping[str, Any], name: str, default: int) -> int:
-    value = cfg.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ParameterError(name, f"must be a positive integer in the vision config, got {value!r}")
-    return value
-
-
 def vision_rope_from_config(config: Mapping[str, Any], tower: Tower | None) -> VisionRopeConfig | None:
-    """The vision RoPE of a config.json, or None when the text model's RoPE is meant.
+    """The vision RoPE of a Pixtral or Llama 4 config.json, or None when the text model's RoPE is meant.
 
     A bare vision config (model_type pixtral / llama4_vision_model) is read unless tower="text"; a wrapper
-    (LLaVA-Pixtral, Mistral-3, Llama 4) only with tower="vision", from its `vision_config`. head_dim is
-    hidden_size // num_attention_heads (PixtralVisionConfig sets it so whatever the file says).
+    (LLaVA-Pixtral, Mistral-3, Llama 4) only with tower="vision", from its `vision_config`
+    (`posenc.models.vision_towers.tower_from_config` reads both). head_dim is hidden_size // num_attention_heads
+    (PixtralVisionConfig sets it so whatever the file says).
     """
     if tower == "text":
         return None
-    section, cfg = "", config
-    if config.get("model_type") not in VISION_MODEL_TYPES:
+    found = tower_from_config(config, tower == "vision")
+    if found is None or found.scheme.model_types[0] not in VISION_MODEL_TYPES:
         if tower is None:
             return None
-        vision = config.get("vision_config")
-        if not isinstance(vision, Mapping) or vision.get("model_type") not in VISION_MODEL_TYPES:
-            raise ParameterError("tower", "tower=vision needs a vision config or a `vision_config` of model_type "
-                                          + " or ".join(VISION_MODEL_TYPES))
-        section, cfg = "vision_config", vision
-    model = VISION_MODEL_TYPES[cfg["model_type"]]
-    defaults = VISION_DEFAULTS[model]
-    hidden, heads, image, patch = (_config_int(cfg, name, default) for name, default in defaults.items())
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    theta = rope.get("rope_theta") if isinstance(rope, Mapping) else None
-    theta = cfg.get("rope_theta", DEFAULT_VISION_ROPE_THETA) if theta is None else theta
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta > 1:
-        raise ParameterError("rope_theta", f"must be a number > 1, got {theta!r}")
-    head_dim = hidden // heads
-    check_vision_head_dim(head_dim)
-    return VisionRopeConfig(model, head_dim, float(theta), image, patch, section)
+        raise ParameterError("tower", "tower=vision needs a vision config or a `vision_config` of model_type "
+                                      + " or ".join(VISION_MODEL_TYPES))
+    check_vision_head_dim(found.head_dim)
+    return VisionRopeConfig(VISION_MODEL_TYPES[found.scheme.model_types[0]], found.head_dim, found.rope_theta,
+                            found.image_size, found.patch_size, found.section)

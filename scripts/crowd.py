@@ -65,8 +65,8 @@ MIXES = {
     # uploads checked against RoPE, a cached table
     "keep-alive": Mix({"table-16mib": 25, "infer": 35, "check-upload": 20, "table-cached": 20}, False,
                       "keep-alive connections: 16 MiB tables, inferences, 2 MiB check uploads, a cached table"),
-    # clients without a connection pool: uncached [16, 512, 512] ALiBi biases (16 MiB), the same inferences,
-    # 8 MiB .npy uploads checked against an ALiBi bias they do not match, small slopes
+    # clients without a connection pool (each request says Connection: close): uncached [16, 512, 512] ALiBi biases
+    # (16 MiB), the same inferences, 8 MiB .npy uploads checked against an ALiBi bias they do not match, small slopes
     "new-connections": Mix({"alibi-16mib": 2, "infer": 2, "check-alibi-8mib": 1, "alibi-slopes": 1}, True,
                            "a new connection per request: 16 MiB ALiBi biases, inferences, 8 MiB .npy checks, "
                            "slopes"),
@@ -98,8 +98,12 @@ class Crowd:
         self.port = port
         self.mix = mix
         self.rngs = [random.Random(seed * 7919 + index) for index in range(clients)]
+        # a client without a connection pool says so: the server closes after each answer, and a refusal given
+        # before an upload was read (a 503 of the memory budget) must still reach it as a status, not a reset
+        self.closing = {"Connection": "close"} if mix.new_connections else {}
         infer = kserve_request(attention_inputs(8, 8, 64, 2, 256, seed=seed), binary_output=True, content_type=True)
-        self.infer = HttpRequest("POST", "/v2/models/rope_attention/infer", infer.body, infer.headers, "infer")
+        self.infer = HttpRequest("POST", "/v2/models/rope_attention/infer", infer.body,
+                                 {**infer.headers, **self.closing}, "infer")
         self.uploads: dict[str, bytes] = {}
         if "check-upload" in mix.kinds:
             self.uploads["check-upload"] = http_request(port, f"/v1/rope?{CHECKED}&format=safetensors",
@@ -114,21 +118,21 @@ class Crowd:
         kind = rng.choices(list(self.mix.kinds), list(self.mix.kinds.values()))[0]
         if kind == "table-16mib":  # [32768, 128] float32, never asked before
             return HttpRequest("GET", f"/v1/rope?max_position=32768&head_dim=128&offset={rng.randrange(1 << 30)}"
-                                      "&format=raw&tensor=cos", label=kind)
+                                      "&format=raw&tensor=cos", headers=self.closing, label=kind)
         if kind == "alibi-16mib":  # [16, 512, 512] float32, uncached: alibi_bias_max differs every time
             return HttpRequest("GET", "/v1/alibi/bias?num_heads=16&query_length=512&key_length=512&format=raw"
-                                      f"&alibi_bias_max={rng.uniform(1, 8)!r}", label=kind)
+                                      f"&alibi_bias_max={rng.uniform(1, 8)!r}", headers=self.closing, label=kind)
         if kind == "table-cached":
-            return HttpRequest("GET", CACHED, label=kind)
+            return HttpRequest("GET", CACHED, headers=self.closing, label=kind)
         if kind == "alibi-slopes":
-            return HttpRequest("GET", "/v1/alibi/slopes?num_heads=8", label=kind)
+            return HttpRequest("GET", "/v1/alibi/slopes?num_heads=8", headers=self.closing, label=kind)
         if kind == "check-upload":
             return HttpRequest("POST", f"/v1/check/rope?{CHECKED}", self.uploads[kind],
-                               {"Content-Type": "application/octet-stream"}, kind)
+                               {"Content-Type": "application/octet-stream", **self.closing}, kind)
         if kind == "check-alibi-8mib":
             return HttpRequest("POST", "/v1/check/alibi/bias?num_heads=8&query_length=512&key_length=512"
                                        f"&alibi_bias_max={rng.choice((8, 4))}", self.uploads[kind],
-                               {"Content-Type": "application/octet-stream"}, kind)
+                               {"Content-Type": "application/octet-stream", **self.closing}, kind)
         return self.infer
 
     def observe(self, done: Outcome) -> bool:

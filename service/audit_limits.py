@@ -14,6 +14,12 @@ MiB = 1024 * 1024
 MAX_HEADER_BYTES = 64 * MiB  # a GGUF or safetensors header: metadata and vocabulary (256k tokens: a few MiB)
 MAX_ONNX_BYTES = 64 * MiB  # an ONNX or JSON upload, held whole to parse
 FLOOR_BYTES = 1024  # the smallest bound either may be set to
+# Layer types judged apart, each with a RoPE of its own: a config.json's per-layer-type rope_parameters (the file
+# audited or the reference), a checkpoint's `{layer_type}_inv_freq` buffers, an extract's `layers`. Models have two or
+# three (Gemma: full and sliding attention; DeepSeek-V4: main and compress). Each costs a reference resolved, an audit
+# and its tables (about 10 kB of report) and transformers' resolver reads the whole rope dict for each: past this
+# bound a file is refused before any of it is resolved (10,000 layer types took minutes of CPU and a gigabyte).
+MAX_LAYER_TYPES = 16
 ENV_PREFIX = "POSENC_AUDIT_"  # the variables of these bounds (the settings read them case-insensitively)
 
 

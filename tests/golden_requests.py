@@ -38,6 +38,9 @@ GET_REQUESTS = [
     "&original_max_position_embeddings=4096&attention_factor=1.5",
     "/v1/rope?max_position=8&head_dim=128&rope_theta=500000&rope_type=llama3&factor=8&low_freq_factor=1"
     "&high_freq_factor=4&original_max_position_embeddings=8192",
+    # low_freq_factor = high_freq_factor (Llama 4's 1 and 1): no smoothing band, as transformers computes it
+    "/v1/rope?max_position=8&head_dim=64&rope_type=llama3&factor=8&low_freq_factor=2&high_freq_factor=2"
+    "&original_max_position_embeddings=8192",
     "/v1/rope?max_position=8&head_dim=8&rope_type=longrope&short_factor=1,1.5,2,2.5&long_factor=2,3,4,5"
     "&original_max_position_embeddings=4&max_position_embeddings=16",
     "/v1/rope?max_position=8&head_dim=8&rope_type=longrope&short_factor=1,1.5,2,2.5&long_factor=2,3,4,5"
@@ -83,8 +86,9 @@ ERROR_REQUESTS = [
     "/v1/rope?max_position=8&head_dim=64&rope_type=longrope&max_position_embeddings=64",
     "/v1/rope?max_position=8&head_dim=8&rope_type=longrope&short_factor=1,x&long_factor=1,2,3,4"
     "&original_max_position_embeddings=4",
-    "/v1/rope?max_position=8&head_dim=64&rope_type=llama3&factor=8&low_freq_factor=2&high_freq_factor=2"
-    "&original_max_position_embeddings=8192",
+    # llama3, low_freq_factor = high_freq_factor: 0 / 0 at a wavelength of exactly original / low (transformers: NaN)
+    "/v1/rope?max_position=8&head_dim=2&rope_type=llama3&factor=8&low_freq_factor=0.15915494309189535"
+    "&high_freq_factor=0.15915494309189535&original_max_position_embeddings=1",
     "/v1/rope?max_position=8&head_dim=4&rope_type=dynamic&factor=2&max_position_embeddings=4&rotary_dim=2",
     "/v1/rope?max_position=8&head_dim=64&format=npy",
     "/v1/rope?max_position=8&head_dim=64&format=xml",

@@ -88,6 +88,9 @@ class Found:
     num_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    # the q/k head size of a model with multi-head latent attention stored in llama.cpp's compressed layout (GGUF's
+    # attention.key_length_mla; its attention.key_length, `head_dim`, is then the latent's: kv_lora_rank + rope dims)
+    key_length_mla: int | None = None
     rotary_dim: int | None = None
     rope_theta: float | None = None
     theta_swa: float | None = None
@@ -121,8 +124,8 @@ class Found:
         """The scalar facts as read (arrays by shape), for the report."""
         out: dict[str, Any] = {"source": self.source}
         for name in ("architecture", "context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
-                     "rotary_dim", "rope_theta", "theta_swa", "attention_factor", "sections", "interleaved",
-                     "learned_positions", "learned_name"):
+                     "key_length_mla", "rotary_dim", "rope_theta", "theta_swa", "attention_factor", "sections",
+                     "interleaved", "learned_positions", "learned_name"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = _plain(value)

@@ -137,3 +137,77 @@ FREQS_OF_FULL_LAYERS_ONLY: Mapping[str, str] = MappingProxyType({
 def convention(arch: str, key: str) -> Convention | None:
     """The convention llama.cpp applies to `{arch}.{key}`: the architecture's own, else every architecture's."""
     return BY_ARCHITECTURE.get(arch, {}).get(key) or ABSENT.get(key)
+
+
+# (e) multi-head latent attention (MLA: DeepSeek-V2/V3, MiniCPM3, Kimi): each q/k head is qk_nope_head_dim channels
+# left unrotated and qk_rope_head_dim rotated ones. The converters write rope.dimension_count = qk_rope_head_dim and
+# attention.key_length = qk_nope_head_dim + qk_rope_head_dim, the q/k head (MiniCPM3Model.set_gguf_parameters, the
+# converters before MLA's compressed layout); in the compressed layout llama.cpp decompresses at run time they write
+# that head as attention.key_length_mla instead, attention.key_length = kv_lora_rank + qk_rope_head_dim (the KV
+# latent and the rotated part) and, for the architectures below, one KV head: the latent every head shares.
+MLA_HEAD = Convention(
+    key="attention.key_length_mla", same_as="attention.key_length",
+    says="takes the q/k head (qk_nope_head_dim + qk_rope_head_dim) from attention.key_length_mla where it is stated "
+         "(the compressed layout: attention.key_length is then kv_lora_rank + qk_rope_head_dim), else from "
+         "attention.key_length",
+    source="src/llama-hparams.cpp, llama_hparams::n_embd_head_k_mla: is_mla() ? n_embd_head_k_mla_impl : "
+           "n_embd_head_k(); src/models/deepseek2.cpp, n_embd_head_qk_nope = n_embd_head_k_mla - n_rot; "
+           "convert_hf_to_gguf.py, conversion/deepseek.py, DeepseekV2Model.set_gguf_parameters: "
+           "add_key_length(kv_lora_rank + qk_rope_head_dim), add_key_length_mla(qk_nope_head_dim + qk_rope_head_dim)")
+_ONE_KV_HEAD = "set_gguf_parameters: self.hparams[\"num_key_value_heads\"] = 1 (MLA converted into MQA of the latent)"
+MLA_ONE_KV_HEAD: Mapping[str, str] = MappingProxyType({
+    "deepseek2": f"convert_hf_to_gguf.py, conversion/deepseek.py, DeepseekV2Model.{_ONE_KV_HEAD}",
+    "deepseek32": f"convert_hf_to_gguf.py, conversion/deepseek.py, DeepseekV32Model (DeepseekV2Model's) "
+                  f"{_ONE_KV_HEAD}",
+    "kimi-k3": f"convert_hf_to_gguf.py, conversion/kimi_k3.py, {_ONE_KV_HEAD}",
+    "kimi-linear": f"convert_hf_to_gguf.py, conversion/kimi_linear.py, {_ONE_KV_HEAD}",
+    "bailingmoe3": f"convert_hf_to_gguf.py, conversion/bailingmoe3.py, {_ONE_KV_HEAD}",
+})
+
+
+# (f) YaRN's attention factor, the factor cos and sin carry: llama.cpp computes it once per context from
+# rope.scaling.yarn_log_multiplier (mscale_all_dim, where an architecture's loader reads the key) and cancels ggml's own
+# 0.1·ln(s) + 1 (ggml/src/ggml-cpu/ops.cpp, rope_yarn), so the table carries get_mscale(s, mscale) /
+# get_mscale(s, mscale_all_dim) as transformers' yarn does with both given, or get_mscale(s, 1) = 0.1·ln(s) + 1 when
+# the multiplier is absent or 0. DeepSeek-V2's graph puts YaRN's mscale² into the softmax scale (kq_scale) instead.
+@dataclass(frozen=True, kw_only=True)
+class YarnMultiplier:
+    """How one architecture's loader reads rope.scaling.yarn_log_multiplier: `divisor`, what the stored value is
+    divided by to give mscale_all_dim (the DeepSeek converters write 0.1 x mscale_all_dim); `mscale_is_all`: mscale
+    is taken to be mscale_all_dim where that is not 1 (else 1)."""
+
+    divisor: float
+    mscale_is_all: bool
+    source: str
+
+    def mscales(self, stored: float) -> tuple[float, float]:
+        """(mscale, mscale_all_dim) llama.cpp uses for a stored multiplier."""
+        mscale_all_dim = stored / self.divisor
+        return (mscale_all_dim if self.mscale_is_all and mscale_all_dim != 1.0 else 1.0), mscale_all_dim
+
+
+_YARN_FACTOR = ("src/llama-context.cpp, llama_context::llama_context: yarn_attn_factor = get_mscale(factor, mscale) / "
+                "get_mscale(factor, mscale_all_dims), times 1 / (1 + 0.1 ln factor) against ggml's rope_yarn")
+YARN_MULTIPLIER_KEY = "rope.scaling.yarn_log_multiplier"
+YARN_MULTIPLIER: Mapping[str, YarnMultiplier] = MappingProxyType({
+    "deepseek2": YarnMultiplier(divisor=0.1, mscale_is_all=True, source=(
+        "src/models/deepseek2.cpp, llama_model_deepseek2::load_arch_hparams: rope_yarn_log_mul /= 0.1f; "
+        f"{_YARN_FACTOR}, mscale = mscale_all_dims for LLM_ARCH_DEEPSEEK2 [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]; "
+        "src/models/deepseek2.cpp, llm_build_deepseek2: kq_scale = mscale^2 / sqrt(n_embd_head_k)")),
+    "deepseek32": YarnMultiplier(divisor=0.1, mscale_is_all=False, source=(
+        f"src/models/deepseek32.cpp, load_arch_hparams: rope_yarn_log_mul /= 0.1f; {_YARN_FACTOR}, mscale = 1")),
+    "mistral3": YarnMultiplier(divisor=1.0, mscale_is_all=False, source=(
+        f"src/models/mistral3.cpp, load_arch_hparams: get_key(LLM_KV_ROPE_SCALING_YARN_LOG_MUL); {_YARN_FACTOR}, "
+        "mscale = 1")),
+})
+
+
+# (g) scaling computed at run time from the sequence length (transformers' dynamic NTK): llama.cpp has no such scaling
+# and the converter writes none for it (on purpose: a GGUF key could only fix one length's frequencies). Such a file
+# runs the unscaled frequencies, the model's own up to max_position_embeddings.
+RUNTIME_SCALING = Convention(
+    key="rope.scaling.type", value="none",
+    says="has no RoPE scaling recomputed from the sequence length (its types are none, linear, yarn and longrope), "
+         "and its converter writes none for it: the file runs the unscaled frequencies",
+    source="include/llama.h, enum llama_rope_scaling_type; convert_hf_to_gguf.py, conversion/base.py, "
+           "TextModel.set_gguf_parameters: rope_type \"dynamic\" writes nothing")

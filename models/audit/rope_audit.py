@@ -21,12 +21,13 @@ from posenc.models.audit.explain_caches import explain_caches
 from posenc.models.audit.factor_facts import frequency_factor_facts, longrope_factor_facts
 from posenc.models.audit.found import OPTIONAL_POSITION_SOURCES, Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
-from posenc.models.audit.reference import SLIDING_LAYER_TYPE, Reference
+from posenc.models.audit.llama_cpp import RUNTIME_SCALING, YARN_MULTIPLIER, YARN_MULTIPLIER_KEY
+from posenc.models.audit.reference import SLIDING_LAYER_TYPE, Reference, expected_sizes
 from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
 from posenc.models.diagnosis.agreement import number
 from posenc.models.errors import ParameterError
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
-from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, rope_type_spec
+from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, GGUF_SCALING_TYPES, rope_type_spec
 
 
 @dataclass
@@ -73,7 +74,7 @@ def verdict_of(facts: list[Fact], divergence: Divergence | None, ref: Reference)
 
 
 def _judged_by_model(facts: list[Fact], divergence: Divergence | None, ref: Reference) -> bool:
-    named = not ref.guessed and (ref.params is not None or ref.alibi_heads is not None
+    named = not ref.guessed and (ref.params is not None or ref.alibi_mode is not None
                                  or ref.learned_positions is not None)
     return named and (divergence is not None or any(f.verdict == "ok" for f in facts))
 
@@ -241,6 +242,14 @@ def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: lis
               "the original context length differs from the model's", missing_is="note")
         return
     found_type = found.scaling.get("rope_type")
+    if found_type is None and spec.scaled and spec.runtime_dependent \
+            and params.rope_type not in GGUF_SCALING_TYPES.values():
+        # recomputed from the sequence length (dynamic NTK): GGUF cannot state it, llama.cpp cannot run it
+        facts.append(Fact("scaling.type", params.rope_type, None, "unchecked", None,
+                          f"the model's {params.rope_type} scaling is recomputed at run time past "
+                          f"max_position_embeddings ({params.max_position_embeddings}); llama.cpp "
+                          f"{RUNTIME_SCALING.says} ({RUNTIME_SCALING.source})"))
+        return
     if not spec.scaled:
         if found_type is not None and rope_type_spec(found_type).scaled:
             facts.append(Fact("scaling.type", params.rope_type, found_type, "wrong", "scaling_not_in_model",
@@ -257,22 +266,46 @@ def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: lis
         _fact(facts, "scaling.original_context_length", params.original_max_position_embeddings,
               found.scaling.get("original_max_position_embeddings"), "scaling_original_length_wrong",
               "the original context length is missing or differs from the model's")
+    _yarn_multiplier_fact(found, params, facts)
+
+
+def _yarn_multiplier_fact(found: Found, params: RopeParameters, facts: list[Fact]) -> None:
+    """YaRN's mscale_all_dim where the file's architecture reads it from rope.scaling.yarn_log_multiplier
+    (`llama_cpp.YARN_MULTIPLIER`: DeepSeek-V2/V3, whose converter writes 0.1 x mscale_all_dim): it sets the factor cos
+    and sin carry and the softmax's mscale²; absent, llama.cpp's cos and sin carry 0.1 ln(s) + 1."""
+    rule = YARN_MULTIPLIER.get(found.architecture or "")
+    if rule is None or not params.mscale_all_dim or "mscale_all_dim" not in rope_type_spec(params.rope_type).reads:
+        return
+    name, want = YARN_MULTIPLIER_KEY.removeprefix("rope."), params.mscale_all_dim * rule.divisor  # as written
+    read = found.scaling.get("mscale_all_dim")  # as llama.cpp reads it
+    if read is None:
+        facts.append(Fact(name, want, None, "missing", "attention_factor_missing",
+                          f"{YARN_MULTIPLIER_KEY} is absent: llama.cpp's cos and sin carry 0.1·ln(s) + 1 and the "
+                          f"softmax no YaRN mscale; the model's mscale_all_dim is {params.mscale_all_dim:g} "
+                          f"({rule.source})"))
+        return
+    _fact(facts, name, want, read * rule.divisor, "attention_factor_wrong",
+          f"{YARN_MULTIPLIER_KEY} gives mscale_all_dim {read:g}; the model's is {params.mscale_all_dim:g} "
+          f"({rule.source})")
 
 
 # what an audit judges: everything ("whole"), or, for a model with RoPE per layer type, the facts of the whole model
 # once ("model": sizes but the head's, context, learned positions, ALiBi, the reader's own) and those of one layer
 # type's layers in each ("layer": the head size, RoPE, tables)
 Part = Literal["whole", "model", "layer"]
-SIZES: dict[Part, tuple[str, ...]] = {"whole": ("num_heads", "num_kv_heads", "head_dim", "hidden_size"),
-                                      "model": ("num_heads", "num_kv_heads", "hidden_size"), "layer": ("head_dim",)}
+SIZES: dict[Part, tuple[str, ...]] = {
+    "whole": ("num_heads", "num_kv_heads", "head_dim", "key_length_mla", "hidden_size"),
+    "model": ("num_heads", "num_kv_heads", "hidden_size"), "layer": ("head_dim", "key_length_mla")}
+SIZE_MISTAKES = {"num_kv_heads": "head_count_wrong", "num_heads": "head_count_wrong",
+                 "key_length_mla": "head_dim_wrong"}
 
 
 def _size_facts(found: Found, ref: Reference, facts: list[Fact], part: Part) -> None:
+    expected = expected_sizes(ref, found)  # the reference's, as the file's format and layout state them
     for name in SIZES[part]:
-        mistake = {"num_kv_heads": "head_count_wrong", "num_heads": "head_count_wrong"}.get(name, f"{name}_wrong")
-        mine = getattr(found, name)
-        if mine is not None and getattr(ref, name) is not None:
-            _fact(facts, name, getattr(ref, name), mine, mistake, f"{name} differs from the model's")
+        mine, (want, why) = getattr(found, name), expected.get(name, (None, ""))
+        if mine is not None and want is not None:
+            _fact(facts, name, want, mine, SIZE_MISTAKES.get(name, f"{name}_wrong"), why)
     if found.context_length is not None and ref.context_length is not None and part != "layer":
         longer = found.context_length > ref.context_length
         facts.append(Fact("context_length", ref.context_length, found.context_length,

@@ -29,9 +29,11 @@ SOURCES: Mapping[str, str] = MappingProxyType({
     "vLLM": "vLLM's implementation of the model (its DeepSeek models use DeepseekScalingRotaryEmbedding)",
 })
 
-# family → the table kinds (`posenc.models.presets.tables.TABLE_KINDS`) a preset of it applies to
+# family → the table kinds (`posenc.models.presets.tables.TABLE_KINDS`) a preset of it applies to; a
+# multimodal preset whose serving names `"tower": "vision"` also serves its vision tower's table (`Preset.tables`)
 FAMILY_TABLES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "rope": ("rope",), "multimodal_rope": ("rope", "multimodal_rope"), "vision_rope": ("vision_rope",),
+    "vision_tower": ("vision_tower",),
     "alibi": ("alibi",), "t5": ("t5",), "deberta": ("deberta",), "xlnet": ("xlnet",), "sinusoidal": ("sinusoidal",),
 })
 
@@ -49,7 +51,10 @@ class Preset:
 
     @property
     def tables(self) -> tuple[str, ...]:
-        return FAMILY_TABLES[self.family]
+        tables = FAMILY_TABLES[self.family]
+        if self.family == "multimodal_rope" and self.serving.get("tower") == "vision":
+            return (*tables, "vision_tower")
+        return tables
 
     def source_of(self, key: str) -> str:
         """Where `key` (of config or serving) was read."""

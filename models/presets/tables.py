@@ -18,6 +18,7 @@ from posenc.models.rope_config import rope_parameters_from_config
 from posenc.models.rope_params import RopeParameters
 from posenc.models.rope_types import ROPE_TYPES, api_spelling
 from posenc.models.vision_rope import vision_rope_from_config
+from posenc.models.vision_towers import tower_from_config
 
 
 def _first(config: Mapping[str, Any], *keys: str) -> Any:
@@ -74,6 +75,15 @@ def _vision_rope(preset: Preset) -> dict[str, Any]:
             "image_size": found.image_size, "patch_size": found.patch_size}
 
 
+def _vision_tower(preset: Preset) -> dict[str, Any]:
+    """`GET /v1/rope/vision/tower`'s values: the tower from-config?tower=vision reads in the preset's config."""
+    tower = tower_from_config(preset.config, True)
+    if tower is None:
+        raise ParameterError("preset", f"{preset.name} has no vision tower config")
+    return {"vision_tower": tower.scheme.name, "head_dim": tower.head_dim, "rope_theta": tower.rope_theta,
+            "spatial_merge_size": tower.merge, "window": tower.window}
+
+
 def _alibi(preset: Preset) -> dict[str, Any]:
     values: dict[str, Any] = {"num_heads": _first(preset.config, "n_head", "n_heads", "num_attention_heads"),
                               "mode": preset.serving["mode"]}
@@ -113,7 +123,8 @@ def _sinusoidal(preset: Preset) -> dict[str, Any]:
 
 # table kind → its parameters from a preset
 TABLE_KINDS: Mapping[str, Callable[[Preset], dict[str, Any]]] = {
-    "rope": _rope, "multimodal_rope": _mrope, "vision_rope": _vision_rope, "alibi": _alibi, "t5": _t5,
+    "rope": _rope, "multimodal_rope": _mrope, "vision_rope": _vision_rope, "vision_tower": _vision_tower,
+    "alibi": _alibi, "t5": _t5,
     "deberta": _deberta, "xlnet": _xlnet, "sinusoidal": _sinusoidal,
 }
 

@@ -8,13 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from posenc.models.audit.found import Fact, Found
-from posenc.models.audit.reference import SLIDING_LAYER_TYPE, text_section
+from posenc.models.audit.reference import SLIDING_LAYER_TYPE, model_sizes, text_section
 from posenc.models.errors import ParameterError
 from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
 from posenc.models.rope_params import RopeParameters
 from posenc.models.rope_types import ROPE_TYPES
 from posenc.service.audit import extract, values
+from posenc.service.audit_limits import MAX_LAYER_TYPES
 from posenc.service.codec.safetensors_header import json_object
+from posenc.service.errors import BadRequest
 
 # A config.json is a few KB: a few hundred values, nested 3 or 4 deep; the largest hold a classifier's id2label
 # and label2id (ImageNet-21k's: 2 x 21,843 entries). The bounds are well above any real one and keep a parse of
@@ -29,6 +31,18 @@ def parse(body: bytes | str, what: str = "config.json") -> Mapping[str, Any]:
                                             what, LIMITS), what)
 
 
+def layer_types(config: Mapping[str, Any], what: str) -> tuple[str, ...]:
+    """The layer types of `config` with a RoPE of their own (`rope_layer_types`: one pass over the config), at most
+    MAX_LAYER_TYPES: a 400 naming the bound beyond, before any of them is resolved (each resolution reads the whole
+    rope dict)."""
+    names = rope_layer_types(config)
+    if len(names) > MAX_LAYER_TYPES:
+        raise BadRequest(f"{what}: rope_parameters gives {len(names)} layer types a RoPE of their own; the audit "
+                         f"judges at most {MAX_LAYER_TYPES} (models have two or three: Gemma's full_attention and "
+                         "sliding_attention)")
+    return names
+
+
 def document_found(body: bytes) -> Found:
     """The facts of a JSON file: `posenc audit --remote`'s extract (it holds `extract.MARK`), else a config.json."""
     document = parse(body, "JSON upload")
@@ -39,13 +53,16 @@ def document_found(body: bytes) -> Found:
 
 def to_found(config: Mapping[str, Any]) -> Found:
     """A config.json's facts as transformers builds them; with RoPE per layer type (transformers 5's nested
-    rope_parameters), each layer type's in `found.layers` and its main layers' (not sliding) at the top."""
+    rope_parameters), each layer type's in `found.layers` and its main layers' (not sliding) at the top. Its sizes
+    (hidden size, heads, KV heads, context) are read as the reference reads them, through the table of architectures
+    (`reference.model_sizes`)."""
     cfg = text_section(config)
-    found = Found("config.json", architecture=str(cfg.get("model_type") or "") or None)
+    sizes = model_sizes(config)
+    found = Found("config.json", architecture=sizes.model_type)
     if _learned_positions(found, cfg):
         return found
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    names = rope_layer_types(config)
+    names = layer_types(config, "config.json")
     if isinstance(rope, Mapping):
         for name, entry in ({name: rope[name] for name in names} if names else {"": rope}).items():
             if isinstance(entry, Mapping):
@@ -59,9 +76,8 @@ def to_found(config: Mapping[str, Any]) -> Found:
         return found
     main = next((name for name in resolved if name != SLIDING_LAYER_TYPE), next(iter(resolved)))
     params, info = resolved[main]
-    found.context_length = info.get("max_position_embeddings")
-    found.hidden_size = cfg.get("hidden_size") if isinstance(cfg.get("hidden_size"), int) else None
-    found.num_heads = cfg.get("num_attention_heads") if isinstance(cfg.get("num_attention_heads"), int) else None
+    found.context_length = info.get("max_position_embeddings") or sizes.context_length
+    found.hidden_size, found.num_heads, found.num_kv_heads = sizes.hidden_size, sizes.num_heads, sizes.num_kv_heads
     _rope_facts(found, params, info)
     for name in names:
         found.layers[name] = _rope_facts(Found("config.json", layer_type=name), *resolved[name])

@@ -13,12 +13,13 @@ import numpy as np
 
 from posenc.models.audit.found import SCALING_FIELDS, Caches, Found
 from posenc.service.audit import values
+from posenc.service.audit_limits import MAX_LAYER_TYPES
 from posenc.service.errors import BadRequest
 
 MARK = "posenc_audit_extract"
 ARRAYS = ("inv_freq", "freq_factors", "long_factors", "short_factors", "alibi_slopes")
-SCALARS = ("architecture", "context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim",
-           "rope_theta", "theta_swa", "attention_factor", "interleaved", "learned_name")
+SCALARS = ("architecture", "context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "key_length_mla",
+           "rotary_dim", "rope_theta", "theta_swa", "attention_factor", "interleaved", "learned_name")
 DTYPES = {"float32": np.dtype("<f4"), "float16": np.dtype("<f2"), "float64": np.dtype("<f8"),
           "bfloat16": np.dtype(ml_dtypes.bfloat16)}
 SOURCES = ("gguf", "onnx", "safetensors", "config.json")
@@ -65,7 +66,7 @@ def dump(found: Found) -> dict[str, Any]:
     return out
 
 
-INTS = ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "rotary_dim")
+INTS = ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "key_length_mla", "rotary_dim")
 INHERITED = frozenset({"head_dim", "rotary_dim", "rope_theta"})  # what a layer type's facts may take from the others
 FLOATS = ("rope_theta", "theta_swa", "attention_factor")
 TEXT = ("architecture", "learned_name")
@@ -101,7 +102,6 @@ def _scaling(value: Any) -> dict[str, Any]:
     return out
 
 
-MAX_LAYER_TYPES = 16  # layer types an extract may describe apart (models have two or three)
 NAME = 64  # characters of a layer type's name
 
 

@@ -26,13 +26,16 @@ from posenc.models.audit.llama_cpp import (
     ABSENT,
     FREQS_OF_FULL_LAYERS_ONLY,
     MASK,
+    MLA_HEAD,
     SWA_KEYS,
     UNROTATED_FACTOR,
     WHOLE_HEAD_TYPE,
+    YARN_MULTIPLIER,
+    YARN_MULTIPLIER_KEY,
     convention,
 )
 from posenc.models.audit.reference import SLIDING_LAYER_TYPE
-from posenc.models.rope_types import GGUF_SCALING_TYPES
+from posenc.models.rope_types import GGUF_SCALING_TYPES, ROPE_TYPES
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout, NeedMore
 from posenc.service.errors import BadRequest
@@ -214,8 +217,8 @@ def _number(meta: dict[str, Any], key: str) -> Any:
 
 # the keys (after `{arch}.`) that hold counts and sizes; the other numbers read are reals
 INT_KEYS = frozenset({"context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
-                      "attention.key_length", "attention.key_length_swa", "rope.dimension_count",
-                      "rope.dimension_count_swa", "rope.scaling.original_context_length"})
+                      "attention.key_length", "attention.key_length_swa", "attention.key_length_mla",
+                      "rope.dimension_count", "rope.dimension_count_swa", "rope.scaling.original_context_length"})
 
 
 def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
@@ -237,10 +240,13 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     head_dim = key("attention.key_length") or (hidden // heads if hidden and heads else None)
     found = Found("gguf", architecture=arch, context_length=key("context_length"), hidden_size=hidden,
                   num_heads=heads, num_kv_heads=key("attention.head_count_kv"), head_dim=head_dim,
+                  key_length_mla=key("attention.key_length_mla") or None,
                   rotary_dim=key("rope.dimension_count") or head_dim, rope_theta=key("rope.freq_base"),
                   theta_swa=key("rope.freq_base_swa"), attention_factor=key("rope.scaling.attn_factor"))
     if _learned_positions(found, header, arch):
         return found
+    if found.key_length_mla is not None:
+        found.notes.append(MLA_HEAD.note(arch, absent=False))
     if found.rope_theta is None:
         _note_absent(found, arch, "rope.freq_base")
     _sliding_layers(found, arch, key)
@@ -264,6 +270,7 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         if default is not None and isinstance(default.value, str):
             found.scaling = {"rope_type": GGUF_SCALING_TYPES[default.value], "factor": factor}
             found.notes.append(default.note(arch))
+    _yarn_multiplier(found, arch, key(YARN_MULTIPLIER_KEY))
     factor_tensors = any(stem in tensors for stem in NEEDED)
     if found.scaling and "rope_type" not in found.scaling and not factor_tensors:
         found.scaling = {}  # scaling values without a type or factor tensors: llama.cpp applies none
@@ -278,6 +285,25 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     _sliding_view(found, arch, key)
     _unrotated_pairs(found)
     return found
+
+
+def _yarn_multiplier(found: Found, arch: str, stored: float | None) -> None:
+    """rope.scaling.yarn_log_multiplier as `arch`'s loader reads it (`llama_cpp.YARN_MULTIPLIER`): YaRN's mscale and
+    mscale_all_dim, whose ratio is the factor llama.cpp's cos and sin carry (absent or 0: 0.1 ln(s) + 1, transformers'
+    yarn without them). A multiplier the loader does not read is noted and left out."""
+    if not stored:
+        return
+    rule = YARN_MULTIPLIER.get(arch)
+    if rule is None:
+        found.notes.append(f"{arch}.{YARN_MULTIPLIER_KEY} = {stored:g}: llama.cpp's {arch} loader does not read it")
+        return
+    kind = found.scaling.get("rope_type")
+    if kind is None or "mscale_all_dim" not in ROPE_TYPES[kind].reads:
+        return  # read, but used only by a scaling that has YaRN's attention factor
+    found.scaling["mscale"], found.scaling["mscale_all_dim"] = rule.mscales(stored)
+    found.notes.append(f"{arch}.{YARN_MULTIPLIER_KEY} = {stored:g}: llama.cpp reads mscale "
+                       f"{found.scaling['mscale']:g}, mscale_all_dim {found.scaling['mscale_all_dim']:g} "
+                       f"({rule.source})")
 
 
 def _learned_positions(found: Found, header: dict[str, Any], arch: str) -> bool:

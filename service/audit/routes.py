@@ -5,17 +5,18 @@ POSENC_AUDIT_MAX_ONNX_BYTES."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
 from posenc.service.audit.report import picture
 from posenc.service.audit.run import parse_config, read_upload, run
 from posenc.service.errors import BadRequest, ClientClosedRequest
-from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep
+from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep, ThreadKindsDep
+from posenc.service.request_kit.threads import AUDIT_WORK
 
 router = APIRouter(tags=["audit"])
 BODY = {"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": {
@@ -27,7 +28,7 @@ BODY = {"requestBody": {"required": True, "content": {"application/octet-stream"
 @router.post("/v1/audit", summary="Audit a GGUF, ONNX, safetensors or config.json file's position handling",
              openapi_extra=BODY, response_class=JSONResponse)
 async def audit_route(
-    request: Request, settings: SettingsDep, budget: MemoryBudgetDep,
+    request: Request, settings: SettingsDep, budget: MemoryBudgetDep, kinds: ThreadKindsDep,
     preset: Annotated[str | None, Query(description="Reference: a catalogue preset (GET /v1/presets); default: "
                                                     "the presets matching the file's architecture and sizes.",
                                         max_length=200)] = None,
@@ -41,7 +42,10 @@ async def audit_route(
     format: Annotated[Literal["json", "png"], Query(description="json (default): facts, verdicts, tables; png: "
                                                               "the divergence.")] = "json",
 ) -> Response:
-    reference_config = await run_in_threadpool(parse_config, config)  # counted, then parsed off the event loop
+    # every step off the event loop runs on the audits' own threads: however many audits come, the other
+    # requests' threads stay theirs
+    in_thread = partial(kinds.run, AUDIT_WORK)
+    reference_config = await in_thread(parse_config, config)  # counted, then parsed off the event loop
     length = request.headers.get("content-length")
     size = int(length) if length is not None and length.isascii() and length.isdigit() and len(length) < 19 \
         else None
@@ -51,10 +55,10 @@ async def audit_route(
                                                               settings.audit_max_onnx_bytes))
     async with budget.reserve(held, "an audit"):
         try:
-            found = await read_upload(request.stream().__aiter__(), size, settings)
+            found = await read_upload(request.stream().__aiter__(), size, settings, in_thread)
         except ClientDisconnect:
             raise ClientClosedRequest("the client disconnected during the upload") from None
-        result = await run_in_threadpool(run, found, preset, reference_config, layer_type)
+        result = await in_thread(run, found, preset, reference_config, layer_type)
     if format == "png":
-        return Response(await run_in_threadpool(picture, result, "upload"), media_type="image/png")
+        return Response(await in_thread(picture, result, "upload"), media_type="image/png")
     return JSONResponse(result.document())

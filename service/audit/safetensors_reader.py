@@ -13,6 +13,7 @@ import numpy as np
 from posenc.models.audit.found import Found
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout
+from posenc.service.audit_limits import MAX_LAYER_TYPES
 from posenc.service.codec import safetensors_header
 from posenc.service.errors import BadRequest
 
@@ -35,7 +36,6 @@ HEADER_LIMITS = values.JsonLimits(values=14 * MAX_TENSORS, depth=8, members=MAX_
 # its own, `rotary_emb_local` (rope_local_base_freq, unscaled)
 LAYER_BUFFER = re.compile(r"rotary_emb\.(?P<layer_type>[a-z][a-z_]{0,63})_inv_freq$")
 LOCAL_BUFFER = ("rotary_emb_local.inv_freq", "sliding_attention")
-MAX_LAYER_TYPES = 16  # layer types whose buffers are read (models have two or three)
 
 
 def _wanted(name: str) -> tuple[str, str | None] | None:

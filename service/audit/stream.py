@@ -18,12 +18,15 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
 from posenc.service.errors import BadRequest, PayloadTooLarge, format_bytes
+
+T = TypeVar("T")
+InThread = Callable[..., Awaitable[Any]]  # `await in_thread(call, *args)`: call(*args) on a worker thread
 
 
 class NeedMore(Exception):
@@ -149,20 +152,18 @@ async def _read_to(chunks: AsyncIterator[bytes], buffer: bytearray, want: int) -
     return False
 
 
-async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: HeaderParser, limit: int, what: str
-                      ) -> tuple[Any, dict[str, bytes]]:
-    """The same from a request body: the first 64 KiB are parsed in a worker thread; a header that needs more is
-    read up to what it asks for (at least twice the bytes at hand, within `limit`) and parsed again. The body is
-    then consumed and dropped but for the named ranges; reading stops after the last one (without a declared
-    size, where the header fixes it, at the body's end)."""
-    from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
-
+async def read_stream(chunks: AsyncIterator[bytes], size: int | None, parse: HeaderParser, limit: int, what: str,
+                      in_thread: InThread) -> tuple[Any, dict[str, bytes]]:
+    """The same from a request body: the first 64 KiB are parsed in a worker thread (`in_thread`); a header that
+    needs more is read up to what it asks for (at least twice the bytes at hand, within `limit`) and parsed again.
+    The body is then consumed and dropped but for the named ranges; reading stops after the last one (without a
+    declared size, where the header fixes it, at the body's end)."""
     buffer = bytearray()
     want = min(FIRST_READ, limit)
     while True:
         ended = await _read_to(chunks, buffer, want)
         try:
-            layout = await run_in_threadpool(parse, Cursor(buffer, limit, what, size=size))
+            layout = await in_thread(parse, Cursor(buffer, limit, what, size=size))
             break
         except NeedMore as more:
             if ended:
@@ -206,9 +207,6 @@ async def _collect(chunks: AsyncIterator[bytes], head: bytearray, ended: bool, r
         except StopAsyncIteration:
             ended, chunk = True, b""
     return {name: bytes(value) for name, value in out.items()}, position, ended
-
-
-T = TypeVar("T")
 
 
 class Source(Protocol):
@@ -311,13 +309,17 @@ class FileSource:
 
 class UploadSource:
     """A request body (`POST /v1/audit`) of `size` bytes (its Content-Length; None: not declared): a header parsed
-    in worker threads as the bytes arrive, then the body consumed and dropped up to each range; or the body held
-    whole within `whole_limit`."""
+    in worker threads (`in_thread`: the server's audit threads, else anyio's) as the bytes arrive, then the body
+    consumed and dropped up to each range; or the body held whole within `whole_limit`."""
 
     folder: None = None
 
-    def __init__(self, chunks: AsyncIterator[bytes], size: int | None, header_limit: int, whole_limit: int) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes], size: int | None, header_limit: int, whole_limit: int,
+                 in_thread: InThread | None = None) -> None:
+        from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
+
         self.chunks, self.size, self.header_limit, self.whole_limit = chunks, size, header_limit, whole_limit
+        self.in_thread = in_thread or run_in_threadpool
         self.first = b""  # the bytes `start` read, handed on first
 
     async def start(self, n: int) -> bytes:
@@ -336,7 +338,7 @@ class UploadSource:
             yield chunk
 
     async def header(self, parse: HeaderParser, kind: str) -> tuple[Any, dict[str, bytes]]:
-        return await read_stream(self._body(), self.size, parse, self.header_limit, f"{kind} upload")
+        return await read_stream(self._body(), self.size, parse, self.header_limit, f"{kind} upload", self.in_thread)
 
     async def whole(self, kind: str) -> bytes:
         limit = self.whole_limit
@@ -353,6 +355,5 @@ class UploadSource:
         return bytes(body)  # the bytearray goes with this frame: one copy held while it is parsed
 
     async def compute(self, call: Callable[..., T], *args: Any) -> T:
-        from starlette.concurrency import run_in_threadpool  # the server's threads: the CLI never comes here
-
-        return await run_in_threadpool(call, *args)
+        result: T = await self.in_thread(call, *args)
+        return result

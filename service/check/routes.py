@@ -25,7 +25,8 @@ from posenc.service.codec.decode import upload_request_body
 from posenc.service.codec.encode import MEDIA_TYPES, encode_safetensors
 from posenc.service.errors import NotAcceptable, echo
 from posenc.service.request_kit.bodies import declared_length, read_body
-from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep
+from posenc.service.request_kit.deps import MemoryBudgetDep, SettingsDep, ThreadKindsDep
+from posenc.service.request_kit.threads import CHECK_WORK
 from posenc.service.tables import TABLES
 from posenc.service.tables.registry import TableRoute
 
@@ -69,7 +70,7 @@ def _endpoint(route: TableRoute) -> Any:
 
     async def check_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
                           options: Annotated[CheckOptions, Depends(check_options)], settings: SettingsDep,
-                          budget: MemoryBudgetDep) -> Response:
+                          budget: MemoryBudgetDep, kinds: ThreadKindsDep) -> Response:
         if options.format not in CHECK_FORMATS:
             raise NotAcceptable(f"format: {echo(options.format)} is not served by a check; use "
                                 f"{' or '.join(CHECK_FORMATS)}")
@@ -82,12 +83,12 @@ def _endpoint(route: TableRoute) -> Any:
         reservation = await budget.acquire(check.held_bytes(declared), check.path)
         try:
             body = await read_body(request.headers.get("content-length"), request.stream(), limit)
-            planned = await run_in_threadpool(check.plan, body, request.headers.get("content-type"))
+            planned = await kinds.run(CHECK_WORK, check.plan, body, request.headers.get("content-type"))
             del body
             # the upload's real length (a chunked body was counted at the limit); t5/bias: its table, now known
             reservation.shrink(planned.working_bytes)
             await reservation.grow(planned.working_bytes, check.path)
-            report = await run_in_threadpool(run, planned)
+            report = await kinds.run(CHECK_WORK, run, planned)  # checks' own threads: other kinds keep theirs
             held = planned.working_bytes
             del planned  # the decoded upload
         finally:

@@ -27,6 +27,8 @@ from posenc.service.presets import routes as presets
 from posenc.service.properties.routes import properties_router
 from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.restricted import RestrictedApi
+from posenc.service.request_kit.threads import thread_kinds
+from posenc.service.request_kit.work import WORK_SCOPE, serving
 from posenc.service.settings import Settings
 from posenc.service.tables.blocks import RowBlocks
 from posenc.service.tables.cache import ByteLRUCache
@@ -84,6 +86,7 @@ def create_app(settings: Settings | None = None, *, load_in_background: bool = F
     app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
                                            wait_seconds=settings.memory_wait_seconds)
     app.state.bodies_in_flight = BodiesInFlight(app.state.memory_budget)  # response bodies not yet sent
+    app.state.thread_kinds = thread_kinds(settings)  # audits, checks, tables: threads of their own count each
     configure_malloc(settings.malloc_arenas, settings.malloc_keep_bytes)
     app.state.readiness_problems = ["starting"]
     app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory,
@@ -129,8 +132,14 @@ class PosencApp(FastAPI):
     fast_path: FastPath | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":  # under another server than posenc's, Server-Timing starts here
-            scope.setdefault(HEAD_AT, time.perf_counter())
+        if scope["type"] != "http":
+            await self._serve(scope, receive, send)
+            return
+        scope.setdefault(HEAD_AT, time.perf_counter())  # under another server than posenc's, Server-Timing starts here
+        with serving(scope.get(WORK_SCOPE)):  # the request's work, current for its threads and named at shutdown
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.fast_path is None:
             await self.full_path(scope, receive, send)
         else:

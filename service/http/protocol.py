@@ -26,7 +26,16 @@ when httptools is installed, which `uvicorn[standard]` guarantees):
   bytes meets the send timeout too;
 * a shutdown deadline (`POSENC_GRACEFUL_SHUTDOWN_TIMEOUT`): after SIGTERM/SIGINT, a connection that still
   has a request in flight (a trickling upload, a download the client stopped reading) is aborted when the
-  graceful timeout runs out, instead of keeping the process alive forever.
+  graceful timeout runs out, instead of keeping the process alive forever;
+* a request's work stopped with its connection (`posenc.service.request_kit.work`): each request carries a `Work`
+  in its scope, cancelled when the connection goes before the answer was sent (the client left, or one of the
+  timers above cut it), which the request's CPU-bound work checks between its steps;
+* a lingering close: an answer given before the request's body was read (a 413, a 503), on a connection that closes
+  after it, is followed by the end of our side of the stream (FIN) while the rest of the body is read and dropped,
+  for at most `LINGER_SECONDS` (a gap of `LINGER_GAP_SECONDS` with nothing) and `LINGER_BYTES`, as nginx's
+  lingering_close does. Closed at once, the socket would hold unread bytes, and the kernel answers those with a
+  reset that the client often meets before the answer (a client that sends its whole body before reading got a
+  reset for half its refusals under load).
 """
 
 from __future__ import annotations
@@ -53,9 +62,17 @@ from posenc.service.request_kit.descriptors import DESCRIPTORS_SCOPE_KEY, Passed
 from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.sending import SEND_HOLD_SCOPE
 from posenc.service.request_kit.unix import PEER_SCOPE_KEY, Peer
+from posenc.service.request_kit.work import WORK_SCOPE, Work
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
+
+# A lingering close (see the module docstring) reads and drops at most this much of an unread body, for at most this
+# long in all and this long without a byte; past them the connection is closed whatever the client still sends.
+LINGER_BYTES = 64 * 1024 * 1024
+LINGER_SECONDS = 30.0
+LINGER_GAP_SECONDS = 5.0
+LABEL_CHARACTERS = 200  # of a request's path in its work's name (the log lines of a shutdown)
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,24 @@ def _cancel(handle: asyncio.TimerHandle | None) -> None:
         handle.cancel()
 
 
+class CloseAfterAnswer:
+    """The transport as a request's cycle sees it: where uvicorn closes the connection after an answer, the protocol
+    decides between closing it and a lingering close (`TimeoutHttpToolsProtocol.close_after_answer`); everything else
+    is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: TimeoutHttpToolsProtocol) -> None:
+        self._transport, self._protocol = transport, protocol
+
+    def close(self) -> None:
+        self._protocol.close_after_answer()
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class TimeoutHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with head, body-gap and shutdown timers (see the module docstring)."""
 
@@ -136,6 +171,10 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.sending_holds: list[Callable[[], None]] = []
         self.sent_holds: list[Callable[[], None]] = []
         self.lost = False
+        self.lingering = False  # the answer is sent and our side closed; the rest of the body is read and dropped
+        self.linger_bytes = 0
+        self.linger_deadline = 0.0
+        self.linger_timer: asyncio.TimerHandle | None = None
 
     # -- head: a connection must not sit on an incomplete request head (or on nothing at all)
 
@@ -146,6 +185,9 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         self.head_timer = self.loop.call_later(self.timeouts.header, self._head_timed_out)
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            self._linger_on(len(data))
+            return
         in_head, heads = self.in_head, self.heads_completed
         super().data_received(data)
         # httptools buffers a head until it is complete: counted here, chunk by chunk, it is cut at the limit
@@ -194,9 +236,17 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         if not (self.parser.should_upgrade() and self._should_upgrade()):  # a WebSocket is not ours to time
             extensions: dict[Any, Any] = self.scope.setdefault("extensions", {})
             extensions[RECEIVE_INTO] = partial(self.receive_into, self.cycle)
+            # (the request's task, just created, has not run yet: it sees both)
+            path = str(self.scope.get("path", ""))
+            self.scope[WORK_SCOPE] = Work(f"{self.scope.get('method')} {path[:LABEL_CHARACTERS]}")  # type: ignore[literal-required]
+            self.cycle.transport = CloseAfterAnswer(self.transport, self)  # type: ignore[assignment]
             self._restart_body_timer()  # stopped by on_message_complete: at once when there is no body
 
     def on_response_complete(self) -> None:
+        if self.lingering:  # no next request on this connection: only its count and the held bodies
+            self.server_state.total_requests += 1
+            self._release_sent()
+            return
         super().on_response_complete()
         self._release_sent()
         if self.passed_descriptors is not None:  # only the first request could take them
@@ -282,6 +332,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
             return
         log.info("%s %s from %s: no body bytes for %g s (POSENC_BODY_TIMEOUT); closing the connection",
                  cycle.scope.get("method"), cycle.scope.get("path"), _peer(self.client), self.timeouts.body)
+        self._cancel_work(f"its body stalled for {self.timeouts.body:g} s (POSENC_BODY_TIMEOUT)")
         half_answered = cycle.response_started and not cycle.response_complete
         if not cycle.response_started and not cycle.disconnected:
             self.transport.write(self._timeout_response())
@@ -352,6 +403,7 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         log.info("cutting %s: it read nothing of its response for %g s (POSENC_SEND_TIMEOUT)", _peer(self.client),
                  self.timeouts.send)
         count_send_timeout()
+        self._cancel_work(f"its client read nothing for {self.timeouts.send:g} s (POSENC_SEND_TIMEOUT)")
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True
             self.cycle.message_event.set()
@@ -360,6 +412,9 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
     # -- shutdown: in-flight requests get the graceful timeout, then their connections are aborted
 
     def shutdown(self) -> None:
+        if self.lingering:  # answered: only the drop of an unread body goes on, within the graceful timeout
+            self._linger_until(min(self.linger_deadline, self.loop.time() + self.timeouts.graceful_shutdown))
+            return
         super().shutdown()  # closes an idle connection; a busy one answers its request, then closes
         self.cut_timer = self.loop.call_later(self.timeouts.graceful_shutdown, self.cut)
 
@@ -367,9 +422,15 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
         """Abort the connection: it still has a request in flight, or a response the client stopped reading."""
         _cancel(self.cut_timer)
         self.cut_timer = None
+        if self.lingering:  # its answer was sent: nothing is cut
+            self.transport.abort()
+            return
+        request = self._in_flight()
         log.warning("graceful shutdown timeout (%g s, POSENC_GRACEFUL_SHUTDOWN_TIMEOUT): aborting the "
-                    "connection from %s with a request in flight", self.timeouts.graceful_shutdown,
-                    _peer(self.client))
+                    "connection from %s with %s", self.timeouts.graceful_shutdown, _peer(self.client),
+                    f"{request.label} in flight" if request is not None else "a response not yet sent")
+        self._cancel_work(f"cut by the graceful shutdown timeout ({self.timeouts.graceful_shutdown:g} s, "
+                          "POSENC_GRACEFUL_SHUTDOWN_TIMEOUT)")
         if isinstance(self.server_state, DrainState):
             self.server_state.cut_connections += 1
         if self.cycle is not None and not self.cycle.response_complete:
@@ -377,10 +438,68 @@ class TimeoutHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.message_event.set()
         self.transport.abort()  # close() would wait for the write buffer to drain: that may never happen
 
+    # -- the work of a request whose connection is gone stops at its next check
+
+    def _in_flight(self) -> Work | None:
+        """The `Work` of the request being answered (None: none, or its answer is complete)."""
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return None
+        work: Work | None = cycle.scope.get(WORK_SCOPE)  # type: ignore[assignment]
+        return work
+
+    def _cancel_work(self, reason: str) -> None:
+        """Cancel the work of every request of this connection not answered yet (the current one, pipelined ones)."""
+        cycles = [self.cycle, *(cycle for cycle, _ in self.pipeline)]
+        for cycle in cycles:
+            if cycle is not None and not cycle.response_complete:
+                work = cycle.scope.get(WORK_SCOPE)
+                if isinstance(work, Work):
+                    work.cancel(reason)
+
+    # -- lingering close: an answer given before the body was read reaches the client, not a reset
+
+    def close_after_answer(self) -> None:
+        """uvicorn's close after an answer on a connection that is not kept alive: a lingering close while the
+        request's body is still arriving, else the close."""
+        cycle = self.cycle
+        if self.lingering or self.transport.is_closing():
+            return
+        if cycle is None or not cycle.response_complete or not cycle.more_body or cycle.disconnected \
+                or not self.transport.can_write_eof():  # (an answer cut short is not one to deliver)
+            self.transport.close()
+            return
+        self.lingering = True
+        _cancel(self.body_timer)  # the body is no longer read for anyone: no 408
+        self.body_timer = None
+        self.transport.write_eof()  # the answer, then our FIN: the client reads it whenever it reads
+        self.flow.resume_reading()
+        self._linger_until(self.loop.time() + LINGER_SECONDS)
+
+    def _linger_until(self, deadline: float) -> None:
+        self.linger_deadline = deadline
+        self._linger_on(0)
+
+    def _linger_on(self, received: int) -> None:
+        """`received` more bytes dropped: the close once a bound is passed, else the gap timer again."""
+        self.linger_bytes += received
+        _cancel(self.linger_timer)
+        self.linger_timer = None
+        left = self.linger_deadline - self.loop.time()
+        if self.linger_bytes > LINGER_BYTES or left <= 0:
+            self.transport.close()
+            return
+        self.linger_timer = self.loop.call_later(min(LINGER_GAP_SECONDS, left), self._linger_over)
+
+    def _linger_over(self) -> None:
+        self.linger_timer = None
+        self.transport.close()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        for handle in (self.head_timer, self.body_timer, self.cut_timer, self.send_timer):
+        self._cancel_work("its client left")  # (a timer that cut it gave its own reason first)
+        for handle in (self.head_timer, self.body_timer, self.cut_timer, self.send_timer, self.linger_timer):
             _cancel(handle)
-        self.head_timer = self.body_timer = self.cut_timer = self.send_timer = None
+        self.head_timer = self.body_timer = self.cut_timer = self.send_timer = self.linger_timer = None
         self.lost = True
         if self.passed_descriptors is not None:
             self.passed_descriptors.close()

@@ -24,9 +24,11 @@ from posenc.service.tables.registry import TABLES, TableRoute, table_routes
 router = APIRouter(tags=["presets"])
 
 GOLDEN_LENGTH = 64  # query/key lengths (and RoPE rows) of a golden URL: the model fixes none of them
+GOLDEN_GRID = "1,16,16"  # the image grid of a vision tower's golden URL (a multiple of every merge size served)
 # the lengths a golden URL of each table kind adds (RoPE: the rows, the model's whole context by default)
-GOLDEN_SIZES: dict[str, dict[str, int]] = {
-    "rope": {"max_position": GOLDEN_LENGTH}, "vision_rope": {}, "sinusoidal": {"max_position": GOLDEN_LENGTH},
+GOLDEN_SIZES: dict[str, dict[str, int | str]] = {
+    "rope": {"max_position": GOLDEN_LENGTH}, "vision_rope": {}, "vision_tower": {"grid_thw": GOLDEN_GRID},
+    "sinusoidal": {"max_position": GOLDEN_LENGTH},
     "alibi": {"query_length": GOLDEN_LENGTH, "key_length": GOLDEN_LENGTH},
     "t5": {"query_length": GOLDEN_LENGTH, "key_length": GOLDEN_LENGTH},
     "deberta": {"query_length": GOLDEN_LENGTH, "key_length": GOLDEN_LENGTH},

@@ -16,6 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from posenc.service.budget import BodiesInFlight, MemoryBudget
+from posenc.service.request_kit.threads import ThreadKinds
 from posenc.service.settings import Settings
 
 STARTING = ["starting"]  # the readiness problems before start-up has finished
@@ -36,6 +37,11 @@ async def bodies_in_flight_of(request: Request) -> BodiesInFlight:
     return bodies
 
 
+async def thread_kinds_of(request: Request) -> ThreadKinds:
+    kinds: ThreadKinds = request.app.state.thread_kinds
+    return kinds
+
+
 async def readiness_problems_of(request: Request) -> list[str]:
     """Why the service is not ready (empty: ready)."""
     return list(getattr(request.app.state, "readiness_problems", STARTING))
@@ -45,3 +51,4 @@ SettingsDep = Annotated[Settings, Depends(settings_of)]
 MemoryBudgetDep = Annotated[MemoryBudget, Depends(memory_budget_of)]
 BodiesInFlightDep = Annotated[BodiesInFlight, Depends(bodies_in_flight_of)]
 ReadinessDep = Annotated[list[str], Depends(readiness_problems_of)]
+ThreadKindsDep = Annotated[ThreadKinds, Depends(thread_kinds_of)]

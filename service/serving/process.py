@@ -28,9 +28,11 @@ def serving_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with http_lifespan(app):
             from posenc.service.grpc.server import start_grpc_server, stop
+            from posenc.service.serving.server import GRPC_CUTS
 
-            grpc_server = await start_grpc_server(app.state.dataplane, app.state.request_recorder.record_grpc,
-                                                  workers=settings.workers)
+            # the calls a drain cuts are counted in the exit status and logged as their clients saw them
+            record = GRPC_CUTS.recorder(app.state.request_recorder.record_grpc)
+            grpc_server = await start_grpc_server(app.state.dataplane, record, workers=settings.workers)
             try:
                 yield
             finally:

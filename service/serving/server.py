@@ -2,9 +2,16 @@
 timeouts and limits uvicorn lacks), a bounded drain, a clean exit status.
 
 `Server` runs one process without uvicorn's re-raise of the captured signal (which made a clean SIGTERM
-exit with status -15): `run_server` returns 0 after a clean drain and `EXIT_REQUESTS_CUT` when the graceful
-timeout had to cut connections. With several workers, uvicorn's own supervisor runs the workers (see
-`serve`).
+exit with status -15): `serve` returns 0 after a clean drain and `EXIT_REQUESTS_CUT` when the graceful
+timeout had to cut something: an HTTP connection, a gRPC call, or work that still ran. With several workers,
+uvicorn's own supervisor runs the workers (see `serve`).
+
+The end is bounded whatever runs: a request's work in a thread cannot be interrupted, only told to stop at its next
+check (`posenc.service.request_kit.work`), and Python waits for every thread before it exits (asyncio's run for
+the tasks awaiting them, the interpreter for the threads). Work still running once the connections are cut is named
+in a WARNING and the process exits at once (`os._exit`), and a deadline (`BACKSTOP_MARGIN_SECONDS` after
+POSENC_GRACEFUL_SHUTDOWN_TIMEOUT, counted from the start of the drain) ends it if anything else holds it: 40 audits
+in threads used to keep a SIGTERMed process alive for minutes.
 """
 
 from __future__ import annotations
@@ -13,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import select
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 
 import uvicorn
 from uvicorn.config import STARTUP_FAILURE
@@ -29,6 +38,7 @@ from posenc.service.http.logs import log_config
 from posenc.service.http.metrics import shared_metrics_dir
 from posenc.service.http.protocol import DrainState, ServerConfig, TimeoutHttpToolsProtocol, Timeouts
 from posenc.service.http.unix_socket import bind_unix_socket
+from posenc.service.request_kit import work
 from posenc.service.settings import Settings
 
 log = logging.getLogger("posenc.http.server")
@@ -44,19 +54,56 @@ SETTLE_SECONDS = 0.05
 # listener closes: the loop gets up to this long to accept them (a burst on a busy machine) first.
 BACKLOG_SECONDS = 1.0
 # uvicorn's own drain deadline (tasks are cancelled after it) is a backstop behind the protocol's, which
-# aborts the connections first so no cancelled task can write a 500 to a client.
+# aborts the connections first so no cancelled task can write a 500 to a client. The process ends at the latest this
+# long after POSENC_GRACEFUL_SHUTDOWN_TIMEOUT (counted from the start of the drain), whatever still runs.
 BACKSTOP_MARGIN_SECONDS = 2.0
+# After the connections are cut: how long their requests' tasks get to end (work told to stop ends at its next check:
+# a row block, a stage of an audit) before what still runs is named and the process exits.
+WORK_STOP_SECONDS = 0.5
+
+
+class GrpcCuts:
+    """The gRPC calls a drain cut: once the graceful timeout of `drain` has run out, gRPC cancels the calls still
+    running and its clients get UNAVAILABLE; a call recorded from then on is one of them (`recorder`)."""
+
+    def __init__(self) -> None:
+        self.deadline: float | None = None  # time.monotonic() when the calls still running are cancelled
+        self.grace = 0.0
+        self.cut: list[str] = []
+
+    def draining(self, grace: float) -> None:
+        self.deadline, self.grace = time.monotonic() + grace, grace
+
+    def recorder(self, record: Callable[[str, str, float, int, str], None]
+                 ) -> Callable[[str, str, float, int, str], None]:
+        """`record` (the access log and metrics of every gRPC call) that also notes, logs and counts the calls a drain
+        cut; what they are recorded with is what their clients got, UNAVAILABLE."""
+
+        def recorded(method: str, code: str, seconds: float, nbytes: int, peer: str) -> None:
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.cut.append(f"gRPC {method} from {peer}")
+                log.warning("graceful shutdown timeout (%g s, POSENC_GRACEFUL_SHUTDOWN_TIMEOUT): gRPC %s from %s cut "
+                            "after %.1f s", self.grace, method, peer or "a client", seconds)
+                code = "UNAVAILABLE"
+            record(method, code, seconds, nbytes, peer)
+
+        return recorded
+
+
+GRPC_CUTS = GrpcCuts()  # this process's (`posenc.service.serving.process` records the gRPC calls through it)
 
 
 class Server(uvicorn.Server):
     """One server process whose exit status says whether the drain after a signal was clean."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, *, exit_when_stuck: bool = False) -> None:
         super().__init__(config)
         self.timeouts = config.timeouts
         self.server_state: DrainState = DrainState()
         self.cancelled_tasks = 0
         self.listeners: list[Listener] = []
+        # `posenc serve`'s own process: work still running after the drain ends the process (`os._exit`)
+        self.exit_when_stuck = exit_when_stuck
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -97,7 +144,9 @@ class Server(uvicorn.Server):
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's shutdown, reordered: settle (accepting what waits in the backlog), stop listening, drain
-        within the deadline, then cut."""
+        within the deadline, then cut; work still running then ends the process (`exit_when_stuck`)."""
+        if self.exit_when_stuck:
+            _exit_deadline(self.timeouts.graceful_shutdown + BACKSTOP_MARGIN_SECONDS)
         await asyncio.sleep(SETTLE_SECONDS)
         if await self._accept_backlog():
             await asyncio.sleep(SETTLE_SECONDS)  # read the requests of the connections just accepted
@@ -107,21 +156,30 @@ class Server(uvicorn.Server):
             listener.close()
         for sock in sockets or []:
             sock.close()
-        from posenc.service.grpc.server import drain
-
-        drain(self.timeouts.graceful_shutdown)  # gRPC's calls drain beside HTTP's
         for connection in list(self.server_state.connections):
             connection.shutdown()  # ours arm their cut timer
+        # gRPC's calls drain beside HTTP's. Its module is loaded when a gRPC server runs; importing it here for
+        # nothing took seconds of the drain on a busy machine (the event loop's GIL shared with working threads).
+        grpc_server = sys.modules.get("posenc.service.grpc.server")
+        if grpc_server is not None:
+            GRPC_CUTS.draining(self.timeouts.graceful_shutdown)
+            grpc_server.drain(self.timeouts.graceful_shutdown)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (self.config.timeout_graceful_shutdown or 0)
+        # the protocol cuts at the graceful timeout; the requests' tasks then get WORK_STOP_SECONDS to end
+        deadline = loop.time() + min(self.config.timeout_graceful_shutdown or 0,
+                                     self.timeouts.graceful_shutdown + WORK_STOP_SECONDS)
         state = self.server_state
-        while (state.connections or state.tasks) and not self.force_exit and loop.time() < deadline:
+        while (state.connections or state.tasks or work.IN_THREADS) and not self.force_exit and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        # Past uvicorn's deadline (a task stuck after its connection was cut), or a forced exit (second
+        # Past the deadline (a task stuck after its connection was cut), or a forced exit (second
         # Ctrl+C): abort what is left first, so that no cancelled task can still write a 500 to a client.
         for connection in list(state.connections):
             if isinstance(connection, TimeoutHttpToolsProtocol) and connection.cut_timer is not None:
                 connection.cut()
+        if work.IN_THREADS and self.exit_when_stuck:
+            # no cancellation reaches a thread: closing the app under it, then asyncio's and the interpreter's waits
+            # for it, would hold the process until it ends
+            _exit_now(f"{len(work.IN_THREADS)} call(s) still running in threads after the graceful shutdown timeout")
         if state.tasks:
             self.cancelled_tasks = len(state.tasks)
             log.error("cancelling %d request task(s) still running after the graceful shutdown", len(state.tasks))
@@ -147,7 +205,30 @@ class Server(uvicorn.Server):
     def exit_status(self) -> int:
         if not self.started:
             return EXIT_STARTUP_FAILURE
-        return EXIT_REQUESTS_CUT if self.server_state.cut_connections or self.cancelled_tasks else EXIT_OK
+        cut = self.server_state.cut_connections or self.cancelled_tasks or GRPC_CUTS.cut
+        return EXIT_REQUESTS_CUT if cut else EXIT_OK
+
+
+def _exit_now(why: str) -> None:
+    """End the process with EXIT_REQUESTS_CUT now, after a WARNING naming the requests still running."""
+    running = work.running()
+    log.warning("exiting with status %d: %s%s", EXIT_REQUESTS_CUT, why,
+                f" ({'; '.join(running)})" if running else "")
+    for handler in logging.getLogger().handlers + logging.getLogger("posenc").handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(EXIT_REQUESTS_CUT)
+
+
+def _exit_deadline(seconds: float) -> None:
+    """End the process `seconds` from now if it is still there (a daemon thread: it never delays an exit)."""
+
+    def wait() -> None:
+        time.sleep(seconds)
+        _exit_now(f"the process had not ended {seconds:g} s after its drain began (POSENC_GRACEFUL_SHUTDOWN_TIMEOUT + "
+                  f"{BACKSTOP_MARGIN_SECONDS:g} s)")
+
+    threading.Thread(target=wait, name="posenc-exit-deadline", daemon=True).start()
 
 
 def build_config(settings: Settings) -> ServerConfig:
@@ -191,7 +272,7 @@ def serve(settings: Settings) -> int:
             supervisor.run()
         failed = any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes)
         return EXIT_STARTUP_FAILURE if failed else EXIT_OK
-    server = Server(config)
+    server = Server(config, exit_when_stuck=True)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C before the signal handlers are installed
         server.run(sockets=sockets)
     return server.exit_status

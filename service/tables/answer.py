@@ -33,6 +33,7 @@ from posenc.service.codec.encode import (
     raw_headers,
 )
 from posenc.service.errors import BadRequest, InvalidParameter, PayloadTooLarge, PreconditionFailed, format_bytes
+from posenc.service.request_kit import work
 from posenc.service.settings import Settings
 from posenc.service.tables.cache import ByteLRUCache, CachedBody
 from posenc.service.tables.png import render
@@ -181,8 +182,10 @@ class TableRequest:
     def complete(self, pending: Pending) -> Answer:
         """Compute, encode and cache a table `prepare` found missing (blocking: call from a worker thread)."""
         query = pending.query
+        work.check()  # (a request whose client left stops before each step)
         bundle = query.compute() if self.blocks is None else self.blocks.compute(query, pending.specs)
         _check_bundle(bundle, pending.specs)
+        work.check()
         metadata = {"posenc_version": __version__, "endpoint": query.endpoint, **pending.canonical, **bundle.metadata}
         selected = {n: bundle.tensors[n] for n in pending.selected}
         if self.format == "png":

@@ -7,6 +7,9 @@ GIL), each block written into its rows of the preallocated output. The blocks ar
 (`posenc.models.row_blocks`). Smaller blocks also keep a block's float64 temporaries in the CPU's cache,
 so the split pays even on one core.
 
+A request whose client left stops at its next block (`posenc.service.request_kit.work`): the blocks not started are
+dropped, those running finish.
+
 Memory: the output tensors, their encoded body and the send buffer as for any table, plus, per block in
 flight (at most one per thread), that block's own estimate (`TableQuery.working_bytes` of a table of
 its rows: its tensors and float64 temporaries) instead of the whole table's temporaries.
@@ -22,6 +25,7 @@ import numpy as np
 
 from posenc.models.row_blocks import row_blocks
 from posenc.service.codec.encode import Bundle
+from posenc.service.request_kit import work
 from posenc.service.settings import usable_cores
 from posenc.service.tables.registry import TableQuery, TensorSpec
 
@@ -70,8 +74,11 @@ class RowBlocks:
         if blocks is None:
             return query.compute()
         out = {name: np.empty(specs[name].shape, specs[name].dtype) for name in query.row_tensors}
+        request = work.current()  # the pool's threads do not run in the request's context: handed on here
 
         def block(rows: slice) -> Bundle:
+            if request is not None:
+                request.check()
             part = query.compute_rows(rows)
             for name, array in out.items():
                 array[rows] = part.tensors[name]

@@ -16,8 +16,9 @@ from starlette.concurrency import run_in_threadpool
 from posenc.service.budget import RELEASE_AFTER_BYTES, BodiesInFlight, MemoryBudget, release_free_memory
 from posenc.service.codec.encode import FORMATS, negotiate_format
 from posenc.service.request_kit.bodies import declared_length, read_body
-from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, SettingsDep
+from posenc.service.request_kit.deps import BodiesInFlightDep, MemoryBudgetDep, SettingsDep, ThreadKindsDep
 from posenc.service.request_kit.sending import HeldResponse
+from posenc.service.request_kit.threads import TABLE_WORK, ThreadKinds
 from posenc.service.tables import TABLES
 from posenc.service.tables.answer import Answer, Pending, TableRequest
 from posenc.service.tables.deps import RowBlocksDep, TableCacheDep
@@ -81,7 +82,7 @@ def _decode_and_prepare(table: TableRequest, query: TableQuery, decode: Callable
 
 
 async def _complete(request: Request, table: TableRequest, budget: MemoryBudget, bodies: BodiesInFlight,
-                    prepared: Answer | Pending) -> Response:
+                    kinds: ThreadKinds, prepared: Answer | Pending) -> Response:
     """A 304 or cache hit as it is; a miss computed in a worker thread within the memory budget. Either
     way the body stays counted in the budget until it is sent (`BodiesInFlight`): a miss keeps the body's
     share of its reservation, a hit shares (or reserves) its cached body's."""
@@ -90,7 +91,7 @@ async def _complete(request: Request, table: TableRequest, budget: MemoryBudget,
         return _response(request, prepared, await bodies.share(prepared.body, what))
     reservation = await budget.acquire(prepared.working_bytes, what)
     try:
-        answer = await run_in_threadpool(table.complete, prepared)
+        answer = await kinds.run(TABLE_WORK, table.complete, prepared)  # tables' own threads (waiting for the blocks)
     except BaseException:
         reservation.release()
         raise
@@ -106,15 +107,18 @@ def _endpoint(route: TableRoute) -> Any:
 
     if query_model.body is None:
         async def get_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                            table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
-            return await _complete(request, table, budget, bodies, await run_in_threadpool(table.prepare, query))
+                            table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep,
+                            kinds: ThreadKindsDep) -> Response:
+            return await _complete(request, table, budget, bodies, kinds,
+                                   await run_in_threadpool(table.prepare, query))
 
         return get_table
 
     body_limit, decode = query_model.body.limit, query_model.body.decode
 
     async def post_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                         table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep) -> Response:
+                         table: TableDep, budget: MemoryBudgetDep, bodies: BodiesInFlightDep,
+                         kinds: ThreadKindsDep) -> Response:
         parameters: TableQuery = query
         parameters.check()  # before the body: nothing is read for a request that cannot be served
         limit = min(body_limit or table.settings.max_request_bytes, table.settings.max_request_bytes)
@@ -124,7 +128,7 @@ def _endpoint(route: TableRoute) -> Any:
             prepared = await run_in_threadpool(_decode_and_prepare, table, parameters, decode, body,
                                                request.headers.get("content-type"))
             del body
-        return await _complete(request, table, budget, bodies, prepared)
+        return await _complete(request, table, budget, bodies, kinds, prepared)
 
     return post_table
 

@@ -1,9 +1,13 @@
-"""Vision-encoder 2-D RoPE, `GET /v1/rope/vision`: Pixtral and Llama 4 vision (docs/ENCODINGS.md §13)."""
+"""Vision-encoder 2-D RoPE, `GET /v1/rope/vision`: Pixtral and Llama 4 vision (docs/ENCODINGS.md §13); and the
+per-tower tables `POST /v1/rope/from-config?tower=vision&grid_thw=t,h,w` answers for every vision tower
+(`VisionTowerQuery`, docs/ENCODINGS.md §13.1)."""
 
+import threading
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from pydantic import Field
+import numpy as np
+from pydantic import Field, PrivateAttr
 
 from posenc.models.bounds import MAX_DIM, MAX_GRID, MAX_THETA
 from posenc.models.dtypes import np_dtype
@@ -17,6 +21,15 @@ from posenc.models.vision_rope import (
     vision_cos_sin,
     vision_layout,
     vision_rows,
+)
+from posenc.models.vision_towers import (
+    VisionTower,
+    check_grid,
+    describe,
+    tower_cos_sin,
+    tower_positions,
+    tower_rows,
+    tower_width,
 )
 from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
@@ -117,3 +130,85 @@ class VisionRopeQuery(TableQuery):
 register_table("/v1/rope/vision", VisionRopeQuery, summary="2-D RoPE of vision encoders (Pixtral, Llama 4 vision)",
                response_description="Tensors `cos`, `sin` [patches (+1 CLS for llama4), head_dim] (form=half: "
                                     "head_dim/2) and `inv_freq` [head_dim/2] float32 in column order.")
+
+
+class VisionTowerQuery(TableQuery):
+    """A vision tower's per-patch table for one image or video grid, as the tower passes it to its rotary
+    application (`posenc.models.vision_towers`). Not a route of its own: `POST /v1/rope/from-config?tower=vision`
+    builds it from the config (docs/ENCODINGS.md §13.1).
+    """
+
+    endpoint = "rope/from-config"
+    tensors = ("cos", "sin", "inv_freq")
+    row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
+
+    vision_tower: str
+    head_dim: int
+    rope_theta: float
+    merge_size: int
+    window: int
+    grid_thw: tuple[int, int, int]
+    config_section: str
+    form: VisionForm = "full"
+    dtype: FloatDTypeField = "float32"
+
+    _tower: Any = PrivateAttr(default=None)
+    _positions: Any = PrivateAttr(default=None)  # the whole table's positions, shared by its row blocks
+    _lock: Any = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def resolved(self) -> VisionTower:
+        """The tower with this query's values (the config was read once, by `from_config`)."""
+        return self._tower
+
+    def positions(self) -> np.ndarray:
+        """`tower_positions` of the whole table, computed once for all its row blocks."""
+        with self._lock:
+            if self._positions is None:
+                self._positions = tower_positions(self.resolved, self.grid_thw, self.merge_size)
+            return self._positions
+
+    @classmethod
+    def of(cls, tower: VisionTower, grid_thw: tuple[int, int, int], merge_size: int | None, form: VisionForm,
+           dtype: str) -> "VisionTowerQuery":
+        scheme = tower.scheme
+        if merge_size is not None and scheme.merge != "input":
+            raise ParameterError("merge_size", f"{scheme.title}'s spatial merge comes from its config; leave out "
+                                               "merge_size (VideoLLaMA3 only)")
+        merge = tower.merge if merge_size is None else merge_size
+        query = cls(vision_tower=scheme.name, head_dim=tower.head_dim, rope_theta=tower.rope_theta, merge_size=merge,
+                    window=tower.window, grid_thw=grid_thw, config_section=tower.section or "top-level", form=form,
+                    dtype=dtype)
+        query._tower = tower
+        return query
+
+    def check(self) -> None:
+        check_grid(self.resolved, self.grid_thw, self.merge_size)
+
+    def params(self) -> dict[str, Any]:
+        return {**self.model_dump(), "tower": "vision", "grid_thw": ",".join(map(str, self.grid_thw))}
+
+    def specs(self) -> dict[str, TensorSpec]:
+        tower = self.resolved
+        rows = tower_rows(tower, self.grid_thw, self.merge_size)
+        out = np_dtype(self.dtype)
+        width = tower_width(tower, self.form)
+        n = tower_width(tower, "half")
+        return {"cos": TensorSpec((rows, width), out), "sin": TensorSpec((rows, width), out),
+                "inv_freq": TensorSpec((n,), np_dtype("float32"))}
+
+    def working_bytes(self, specs: Mapping[str, TensorSpec]) -> int:
+        # positions [rows, 3] and angles, cos, sin in float64 over [rows, n]
+        rows, n = specs["cos"].shape[0], specs["inv_freq"].shape[0]
+        return super().working_bytes(specs) + FLOAT64_TEMPORARY * rows * (3 + 4 * n)
+
+    def compute_rows(self, rows: slice | None) -> Bundle:
+        tower = self.resolved
+        cos, sin, freqs = tower_cos_sin(tower, self.grid_thw, self.merge_size, self.form, np_dtype(self.dtype), rows,
+                                        self.positions())
+        info = describe(tower, self.merge_size)
+        if self.form == "half":
+            info["layout"] = "per-angle"
+        if tower.scheme.note:
+            info["note"] = tower.scheme.note
+        return Bundle({"cos": cos, "sin": sin, "inv_freq": freqs}, info)

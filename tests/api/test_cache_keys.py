@@ -89,6 +89,7 @@ BASE: dict[str, dict[str, Any]] = {
     "/v1/deberta/buckets": {"query_length": 4, "key_length": 40},
     "/v1/relative/clipped": {"query_length": 4, "key_length": 6, "max_relative_position": 2},
     "/v1/rope/vision": {"head_dim": 16, "image_size": 64, "patch_size": 16},
+    "/v1/rope/vision/tower": {"vision_tower": "qwen2_5_vl", "head_dim": 16, "grid_thw": "1,8,8"},
     "/v1/relative/sinusoidal": {"qlen": 3, "klen": 4, "d_model": 8},
     "/v1/properties/rope": {"max_position": 6, "head_dim": 16},
     "/v1/properties/sinusoidal": {"max_position": 6, "dim": 8},
@@ -124,6 +125,10 @@ ROUTE_ALTERNATIVES: dict[tuple[str, str], Any] = {
     ("/v1/rope/vision", "patch_size"): 32,
     ("/v1/rope/vision", "height"): 2,
     ("/v1/rope/vision", "width"): 3,
+    ("/v1/rope/vision/tower", "vision_tower"): "kimi_k25",
+    ("/v1/rope/vision/tower", "spatial_merge_size"): 4,
+    ("/v1/rope/vision/tower", "window"): 2,  # the default 4 spans the 4 × 4 merged grid: one window
+    ("/v1/rope/vision/tower", "grid_thw"): "2,8,8",
     ("/v1/relative/sinusoidal", "qlen"): 5,
     ("/v1/relative/sinusoidal", "klen"): 6,
     ("/v1/relative/sinusoidal", "d_model"): 12,

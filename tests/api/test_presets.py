@@ -41,7 +41,8 @@ def test_every_preset_validates_with_the_route_models(name: str) -> None:
     preset = catalogue()[name]
     for route in table_routes().values():
         if route.query.preset_table in preset.tables:
-            values = {"query_length": 8, "key_length": 8, "qlen": 4, "klen": 4, "max_position": 64}
+            values = {"query_length": 8, "key_length": 8, "qlen": 4, "klen": 4, "max_position": 64,
+                      "grid_thw": "1,4,4"}
             query = route.query.model_validate({**values, "preset": name})
             if route.query.body is None:
                 query.check()
@@ -162,3 +163,48 @@ def test_cli_check_takes_a_preset(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert "offset_+1" in capsys.readouterr().out
     np.save(path, sinusoidal_table(1500, 384, "tensor2tensor").astype(np.float32))
     assert posenc_main(["check", "/v1/sinusoidal", "preset=openai/whisper-tiny", "--file", str(path)]) == 0
+
+
+VISION_TOWER_PRESETS = [name for name in PRESETS if "vision_tower" in catalogue()[name].tables]
+
+
+def test_the_vision_language_models_have_tower_presets() -> None:
+    towers = {name: preset_values(catalogue()[name], "vision_tower")["vision_tower"] for name in VISION_TOWER_PRESETS}
+    assert towers == {"qwen2.5-vl-7b-instruct": "qwen2_5_vl", "qwen3-vl-8b-instruct": "qwen3_vl",
+                      "glm-4.1v-9b-thinking": "glm4v", "paddleocr-vl": "paddleocr_vl"}
+    assert preset_values(find_preset("Qwen/Qwen2.5-VL-7B-Instruct"), "vision_tower") == {
+        "vision_tower": "qwen2_5_vl", "head_dim": 80, "rope_theta": 10000.0, "spatial_merge_size": 2, "window": 4}
+
+
+@pytest.mark.parametrize("name", VISION_TOWER_PRESETS)
+@pytest.mark.parametrize("grid", ["1,16,16", "2,10,18"])
+def test_vision_tower_preset_is_from_config_of_its_config(client: TestClient, name: str, grid: str) -> None:
+    import numpy as np
+    from safetensors.numpy import load
+
+    preset = catalogue()[name]
+    answer = client.get(f"/v1/rope/vision/tower?preset={preset.model_id}&grid_thw={grid}")
+    assert answer.status_code == 200, answer.text
+    upload = client.post(f"/v1/rope/from-config?tower=vision&grid_thw={grid}", json=dict(preset.config))
+    assert upload.status_code == 200, upload.text
+    ours, theirs = load(answer.content), load(upload.content)
+    assert ours.keys() == theirs.keys() and ours["cos"].shape[0] == np.prod([int(v) for v in grid.split(",")])
+    for tensor in ours:
+        assert ours[tensor].tobytes() == theirs[tensor].tobytes(), tensor
+    spelled = "&".join(f"{k}={v}" for k, v in preset_values(preset, "vision_tower").items())
+    assert client.get(f"/v1/rope/vision/tower?{spelled}&grid_thw={grid}").headers["etag"] == answer.headers["etag"]
+
+
+@pytest.mark.parametrize(("url", "field"), [
+    ("/v1/rope/vision/tower?preset=qwen2.5-vl-7b-instruct", "grid_thw"),  # no grid
+    ("/v1/rope/vision/tower?preset=qwen2.5-vl-7b-instruct&grid_thw=1,3,4", "grid_thw"),  # not a multiple of the merge
+    ("/v1/rope/vision/tower?preset=paddleocr-vl&grid_thw=1,4,4&window=2", "window"),  # no window attention
+    ("/v1/rope/vision/tower?vision_tower=pixtral&head_dim=64&grid_thw=1,4,4", "vision_tower"),  # GET /v1/rope/vision
+    ("/v1/rope/vision/tower?vision_tower=paddleocr_vl&head_dim=64&spatial_merge_size=2&grid_thw=1,4,4",
+     "spatial_merge_size"),
+    ("/v1/rope/vision?preset=glm-4.1v-9b-thinking", "vision_tower"),  # the tower's table is another route's
+])
+def test_vision_tower_bad_input(client: TestClient, url: str, field: str) -> None:
+    response = client.get(url)
+    assert response.status_code == 422, response.text
+    assert field in response.json()["error"]

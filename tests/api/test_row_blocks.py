@@ -40,6 +40,7 @@ REQUESTS: list[tuple[str, str, dict[str, Any] | None]] = [
     ("/v1/rope/from-config", "tower=vision&form=half", PIXTRAL_CONFIG),
     ("/v1/rope/vision", "model=llama4&head_dim=16&image_size=176&patch_size=16&dtype=bfloat16", None),
     ("/v1/rope/vision", "head_dim=24&image_size=160&patch_size=16&height=7&dtype=float64", None),
+    ("/v1/rope/vision/tower", "vision_tower=qwen2_5_vl&head_dim=24&window=2&grid_thw=2,10,18&dtype=bfloat16", None),
     ("/v1/rope/mrope", "model=qwen3_vl&head_dim=24&mrope_section=4,4,4&dtype=bfloat16", SEQUENCE),
     ("/v1/sinusoidal", "max_position=299&dim=22&variant=fairseq&padding_idx=150&dtype=bfloat16", None),
     ("/v1/sinusoidal", "max_position=299&dim=13&offset=5", None),

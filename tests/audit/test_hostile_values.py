@@ -180,12 +180,14 @@ def test_a_4000_digit_number_in_an_uploaded_config(client: TestClient, field: st
 
 @pytest.mark.parametrize("field", ["rope_theta", "partial_rotary_factor"])
 def test_a_4000_digit_number_in_the_config_query(client: TestClient, field: str) -> None:
-    """?config= whose RoPE does not build: the reference names the problem (as for any invalid value)."""
+    """?config= whose RoPE does not build: a 422 that says the reference cannot be applied and names the problem (as
+    for any invalid value), never an audit of internal consistency behind it."""
     body = gguf(LLAMA)
     response = client.post("/v1/audit", params={"config": config(**{field: HUGE})}, content=body)
-    assert response.status_code == 200, response.text[:300]
-    problem = response.json()["reference"]["problem"]
-    assert problem.startswith(f"{field}: must be <=") and len(problem) < 200, problem
+    assert response.status_code == 422, response.text[:300]
+    error = response.json()["error"]
+    assert error.startswith(f"config: the given config.json cannot be the audit's reference: {field}: must be <=") \
+        and len(error) < 300, error
 
 
 @pytest.mark.parametrize("field", ["rope_theta", "partial_rotary_factor"])

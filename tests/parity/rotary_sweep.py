@@ -155,7 +155,9 @@ def default_still_unfit(client: Any, rotary: Rotary) -> bool:
 def is_vision(rotary: Rotary) -> bool:
     annotation = inspect.signature(rotary.cls.__init__).parameters.get("config")
     config_name = getattr(getattr(annotation, "annotation", None), "__name__", "")
-    return "Vision" in rotary.name or ("Vision" in config_name and "Text" not in rotary.name)
+    # Granite4VisionTextRotaryEmbedding is the language model's (a text config's): "Text" in a name wins
+    names = (rotary.name, config_name)
+    return not any("Text" in name for name in names) and any("Vision" in name for name in names)
 
 
 def config_class(rotary: Rotary) -> type:
@@ -463,7 +465,8 @@ def sweep(client: Any) -> list[Row]:
             out.append(Row(rotary.folder, rotary.name, "excluded", status="listed", note=EXCLUDED[rotary.name]))
         elif is_vision(rotary):
             out.append(Row(rotary.folder, rotary.name, "vision", status="listed",
-                           note="vision tower: its per-patch table (GET /v1/rope/vision where served)"))
+                           note="vision tower: its per-patch table (POST /v1/rope/from-config?tower=vision"
+                                "&grid_thw=t,h,w; Vision coverage)"))
         else:
             try:
                 rows = text_rows(client, rotary)

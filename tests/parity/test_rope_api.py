@@ -199,8 +199,9 @@ BASE = "/v1/rope?max_position=4&head_dim=64"
         (BASE + "&rope_type=yarn", "factor, original_max_position_embeddings"),
         (BASE + "&rope_type=llama3&factor=8&original_max_position_embeddings=8192",
          "low_freq_factor, high_freq_factor"),
-        (BASE + "&rope_type=llama3&factor=8&original_max_position_embeddings=8192&low_freq_factor=2"
-                "&high_freq_factor=2", "high_freq_factor"),
+        # low = high: a wavelength exactly at original / low is 0 / 0 in transformers (NaN): refused
+        ("/v1/rope?max_position=4&head_dim=2&rope_type=llama3&factor=8&original_max_position_embeddings=1"
+         "&low_freq_factor=0.15915494309189535&high_freq_factor=0.15915494309189535", "high_freq_factor"),
         (BASE + "&rope_type=longrope&original_max_position_embeddings=4096&factor=2", "short_factor, long_factor"),
         ("/v1/rope?max_position=4&head_dim=8&rope_type=longrope&original_max_position_embeddings=10&factor=2"
          "&short_factor=1,1,1&long_factor=1,2,3,4", "short_factor"),

@@ -295,8 +295,9 @@ def test_top_level_original_overrides_the_dict_only_for_flat_configs() -> None:
         ({"head_dim": 64, "rope_type": "yarn"}, "factor, original_max_position_embeddings"),
         ({"head_dim": 64, "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192},
          "low_freq_factor, high_freq_factor"),
-        ({"head_dim": 64, "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
-          "low_freq_factor": 2.0, "high_freq_factor": 2.0}, "high_freq_factor"),
+        # low = high puts a wavelength of exactly original / low in the (empty) band: 0 / 0, transformers' NaN
+        ({"head_dim": 2, "rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 1,
+          "low_freq_factor": 1 / (2 * math.pi), "high_freq_factor": 1 / (2 * math.pi)}, "high_freq_factor"),
         ({"head_dim": 8, "rope_type": "longrope", "short_factor": [1, 1], "long_factor": [1, 1, 1, 1],
           "original_max_position_embeddings": 10, "factor": 2.0}, "short_factor"),
         ({"head_dim": 8, "rope_type": "longrope", "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1],
@@ -352,6 +353,8 @@ def test_table_arguments_are_checked() -> None:
           "short_factor": [1.0] * 32, "long_factor": [4.0] * 32}, 64, 131072),
         ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
           "original_max_position_embeddings": 8192}, 128, 131072),  # reversed factors: no medium band
+        ({"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
+          "original_max_position_embeddings": 8192}, 128, 262144),  # Llama 4: equal factors, no medium band
         ({"rope_type": "proportional", "partial_rotary_factor": 1.0, "factor": 4.0}, 128, 8192),
         ({"rope_type": "linear", "partial_rotary_factor": 0.5, "factor": 2.0}, 64, 8192),
         ({"rope_type": "dynamic", "factor": 1.7, "partial_rotary_factor": 0.75}, 80, 3000),

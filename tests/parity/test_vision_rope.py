@@ -1,6 +1,8 @@
 """Vision RoPE parity: Pixtral (`PixtralVisionRotaryEmbedding` on `PixtralVisionModel`'s positions) and Llama 4
 (`Llama4VisionRotaryEmbedding.freqs_ci`, applied by `vision_apply_rotary_emb`) within the precision contract,
-for grids up to the models' maxima; GET /v1/rope/vision and from-config on vision configs.
+for grids up to the models' maxima; GET /v1/rope/vision and from-config on vision configs; the vision towers'
+route (`?tower=vision&grid_thw=`): its rules, forms, dtypes and row blocks (every tower against transformers:
+tests/parity/test_vision_sweep.py).
 """
 
 import json
@@ -17,7 +19,11 @@ from transformers.models.pixtral.configuration_pixtral import PixtralVisionConfi
 from transformers.models.pixtral.modeling_pixtral import PixtralVisionRotaryEmbedding
 
 from posenc.models.errors import ParameterError
+from posenc.models.presets import catalogue
+from posenc.models.presets.tables import preset_values
 from posenc.models.vision_rope import vision_cos_sin, vision_positions
+from posenc.models.vision_towers import TOWERS_BY_NAME, tower_cos_sin, tower_from_config, window_order
+from tests.parity import vision_sweep
 from tests.rope_reference import cos_sin_tolerance
 
 
@@ -147,3 +153,130 @@ def test_from_config_pixtral(client: Any) -> None:
     assert text.status_code == 200 and load_safetensors(text.content)["cos"].shape == (8, 128)
     assert post(client, "/v1/rope/from-config?max_position=8", PIXTRAL).status_code == 422
     assert post(client, "/v1/rope/from-config?tower=vision", wrapper["text_config"]).status_code == 422
+
+
+# --- vision towers: POST /v1/rope/from-config?tower=vision&grid_thw=t,h,w (the sweep compares every tower with
+# transformers: tests/parity/test_vision_sweep.py; here the route's rules and the table's own invariants) -----------
+
+QWEN25_VL = {"model_type": "qwen2_5_vl", "vision_config": {"model_type": "qwen2_5_vl_vision", "hidden_size": 1280,
+                                                           "num_heads": 16, "window_size": 112, "patch_size": 14,
+                                                           "spatial_merge_size": 2}}
+LLAVA_OV = {"model_type": "llava_onevision1_5_vision", "hidden_size": 1024, "num_heads": 16}
+INKLING2 = {"model_type": "inkling2_vision", "hidden_size": 1024, "num_attention_heads": 16}
+MINIMAX = {"model_type": "minimax_m3_vl_vision", "hidden_size": 1280, "num_attention_heads": 16}
+GEMMA4 = {"model_type": "gemma4_vision", "head_dim": 64, "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0}}
+
+
+def test_tower_answer(client: Any) -> None:
+    r = post(client, "/v1/rope/from-config?tower=vision&grid_thw=2,10,18", QWEN25_VL)
+    assert r.status_code == 200, r.text
+    tensors, info = load_safetensors(r.content), metadata(r.content)
+    assert tensors["cos"].shape == (360, 80) and tensors["inv_freq"].shape == (40,)
+    assert info["vision_tower"] == "qwen2_5_vl" and info["layout"] == "half" and info["window"] == "4"
+    assert info["config_section"] == "vision_config" and info["grid_thw"] == "2,10,18"
+    bare = post(client, "/v1/rope/from-config?grid_thw=2,10,18", QWEN25_VL["vision_config"])  # tower implied
+    assert bare.status_code == 200 and load_safetensors(bare.content)["cos"].tobytes() == tensors["cos"].tobytes()
+    # MiniMax-M3-VL: t, h, w bands of 13 frequencies each, 78 of 80 channels rotated
+    minimax = post(client, "/v1/rope/from-config?grid_thw=2,2,2", MINIMAX)
+    assert load_safetensors(minimax.content)["cos"].shape == (8, 78)
+
+
+@pytest.mark.parametrize(("body", "query", "field"), [
+    (QWEN25_VL, "tower=vision&grid_thw=1,3,4", "grid_thw"),  # not a multiple of the merge
+    (QWEN25_VL, "tower=vision", "grid_thw"),  # no grid
+    (QWEN25_VL, "tower=vision&grid_thw=1,4,4&merge_size=2", "merge_size"),  # merge is the config's
+    (QWEN25_VL, "tower=vision&grid_thw=1,4,4&max_position=8", "max_position"),
+    (QWEN25_VL, "tower=vision&grid_thw=1,4,4&layout=interleaved", "layout"),
+    (QWEN25_VL, "tower=text&grid_thw=1,4,4", "grid_thw"),
+    (QWEN25_VL, "tower=vision&grid_thw=1,4", "grid_thw"),
+    (GEMMA4, "grid_thw=2,4,4", "grid_thw"),  # images only
+    ({**PIXTRAL}, "grid_thw=1,65,2", "grid_thw"),  # beyond image_size // patch_size
+    ({"model_type": "llama4_vision_model"}, "grid_thw=1,31,32", "grid_thw"),  # a fixed grid
+    ({**QWEN25_VL["vision_config"], "rope_parameters": {"rope_type": "default"}}, "grid_thw=1,4,4", "rope_type"),
+    ({**QWEN25_VL["vision_config"], "num_heads": 1000}, "grid_thw=1,4,4", "head_dim"),
+    ({"model_type": "qwen2_vl", "text_config": {}}, "tower=vision&grid_thw=1,4,4", "tower"),
+])
+def test_tower_bad_input(client: Any, body: dict[str, Any], query: str, field: str) -> None:
+    r = post(client, f"/v1/rope/from-config?{query}", body)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["error"]
+
+
+def test_tower_cls_rows(client: Any) -> None:
+    # inkling2: one zero-angle CLS row first per image (frames included); LLaVA-OneVision-1.5: learned, left out
+    inkling = load_safetensors(post(client, "/v1/rope/from-config?grid_thw=3,4,4", INKLING2).content)
+    assert inkling["cos"].shape[0] == 49 and not inkling["sin"][0].any() and inkling["sin"][1:].all(axis=1).any()
+    r = post(client, "/v1/rope/from-config?grid_thw=3,4,4", LLAVA_OV)
+    assert load_safetensors(r.content)["cos"].shape[0] == 48 and "learned" in metadata(r.content)["cls_rows"]
+    llama = load_safetensors(post(client, "/v1/rope/from-config?grid_thw=1,32,32",
+                                  {"model_type": "llama4_vision_model"}).content)
+    assert llama["cos"].shape == (1025, 48) and not llama["sin"][-1].any()
+
+
+def test_tower_layouts_forms_and_dtypes(client: Any) -> None:
+    """form=half is one column per angle; form=full its pair layout; float64 rounds once to the float32 answer."""
+    for body, spread in ((QWEN25_VL, lambda a: np.concatenate([a, a], axis=1)),
+                         (INKLING2, lambda a: np.repeat(a, 2, axis=1)),
+                         (GEMMA4, lambda a: np.concatenate([a[:, :16], a[:, :16], a[:, 16:], a[:, 16:]], axis=1))):
+        grid = "1,4,6"
+        full = load_safetensors(post(client, f"/v1/rope/from-config?tower=vision&grid_thw={grid}", body).content)
+        half = load_safetensors(post(client, f"/v1/rope/from-config?tower=vision&grid_thw={grid}&form=half",
+                                     body).content)
+        np.testing.assert_array_equal(spread(half["cos"]), full["cos"])
+        wide = load_safetensors(post(client, f"/v1/rope/from-config?tower=vision&grid_thw={grid}&dtype=float64",
+                                     body).content)
+        assert wide["cos"].dtype == np.float64
+        np.testing.assert_array_equal(wide["cos"].astype(np.float32), full["cos"])
+
+
+@pytest.mark.parametrize(("body", "grid"), [(QWEN25_VL, (2, 10, 18)), (LLAVA_OV, (3, 4, 6)), (INKLING2, (2, 4, 4)),
+                                            (MINIMAX, (3, 4, 4)), (GEMMA4, (1, 5, 7))])
+def test_tower_row_blocks(body: dict[str, Any], grid: tuple[int, int, int]) -> None:
+    """Any row range of a tower table is those rows of the whole table, bit for bit."""
+    tower = tower_from_config(body, True)
+    assert tower is not None
+    cos, sin, _ = tower_cos_sin(tower, grid)
+    for start, stop in ((0, 1), (3, 17), (cos.shape[0] - 5, cos.shape[0])):
+        part_cos, part_sin, _ = tower_cos_sin(tower, grid, rows=slice(start, stop))
+        np.testing.assert_array_equal(part_cos, cos[start:stop])
+        np.testing.assert_array_equal(part_sin, sin[start:stop])
+
+
+def test_window_order_is_the_references() -> None:
+    """The window reordering, on a grid whose windows are partly filled, against transformers' own index."""
+    from transformers.vision_utils import get_vision_window_index
+
+    for t, h, w in ((1, 10, 18), (2, 8, 8), (1, 2, 34)):
+        ours = window_order(t, h, w, 2, 4)
+        theirs, _ = get_vision_window_index(torch.tensor([[t, h, w]]), 2, 112, 14)
+        np.testing.assert_array_equal(ours, theirs.numpy())
+
+
+# --- the catalogue's vision-language presets: GET /v1/rope/vision/tower?preset= against the tower module built from
+# the preset's vision config (one layer) and against from-config of the preset's config ------------------------------
+
+TOWER_PRESETS = [name for name, preset in catalogue().items() if "vision_tower" in preset.tables]
+
+
+@pytest.mark.parametrize("name", TOWER_PRESETS)
+def test_vision_tower_presets_equal_the_tower_module(client: Any, name: str) -> None:
+    preset = catalogue()[name]
+    values = preset_values(preset, "vision_tower")
+    scheme = TOWERS_BY_NAME[values["vision_tower"]]
+    rotary = next(r for r in vision_sweep.vision_classes() if r.name == scheme.module)
+    config = vision_sweep.vision_config(rotary)  # the config class's defaults, one layer
+    for key, value in preset.config["vision_config"].items():
+        setattr(config, key, value)
+    owner = vision_sweep.owner_class(rotary)(config).eval()
+    merge = values["spatial_merge_size"]
+    window = values["window"] * merge  # patches per window side
+    grid = (1, window + merge, 2 * window + merge) if window else (1, 4 * merge, 6 * merge)  # crossing windows
+    cos, sin = vision_sweep.tower_table(rotary, owner, config, scheme, grid, merge)
+    r = client.get(f"/v1/rope/vision/tower?preset={name}&grid_thw={','.join(map(str, grid))}")
+    assert r.status_code == 200, r.text
+    tensors = load_safetensors(r.content)
+    assert tensors["cos"].shape == cos.shape and tensors["cos"].shape[1] == values["head_dim"]
+    tol = vision_sweep.rounding_bound(scheme, grid, tensors["inv_freq"], metadata(r.content)["layout"])
+    assert np.all(np.abs(tensors["cos"] - cos) <= tol) and np.all(np.abs(tensors["sin"] - sin) <= tol)
+    upload = post(client, f"/v1/rope/from-config?tower=vision&grid_thw={','.join(map(str, grid))}", dict(preset.config))
+    assert upload.status_code == 200 and load_safetensors(upload.content)["cos"].tobytes() == tensors["cos"].tobytes()
