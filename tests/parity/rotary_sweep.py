@@ -259,7 +259,7 @@ def ask_posenc(client: Any, upload: tuple[dict[str, Any], str], layer_type: str 
                            headers={"content-type": "application/json"})
     if response.status_code != 200:
         return response.status_code, response.json().get("error", response.text)
-    return 200, (load_safetensors(response.content), json.loads(response.headers.get("x-posenc-metadata", "{}")))
+    return 200, (load_safetensors(response.content), _metadata(response.content))
 
 
 def _ulps(ours: np.ndarray, theirs: np.ndarray) -> int:
