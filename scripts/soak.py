@@ -5,7 +5,8 @@
 Starts `python -m posenc.service.cli serve` on a free loopback port (short header/body/graceful timeouts, so the
 fault clients meet them within the run), drives it with `--concurrency` keep-alive clients (cached and
 uncached tables of several families and formats, JSON and binary KServe v2 infer on `rope_attention`,
-.npy uploads to /v1/t5/bias) plus fault clients (disconnect mid-body, trickle a body, send half a head then
+.npy uploads to /v1/t5/bias, config.json audits with a RoPE per layer type: 16, audited, and 1,000, refused at once)
+plus fault clients (disconnect mid-body, trickle a body, send half a head then
 idle, stall a body), and sends SIGTERM while the load runs. Fails (exit 1) on: any 5xx, except 503 with
 Retry-After (overload: allowed, counted apart); any other non-2xx answer to the load; a request fully
 sent before the SIGTERM that got no complete answer (a lost response); a fault client the server did not
@@ -23,6 +24,10 @@ Slow readers ask for distinct uncached 16 MiB tables, four at a time, and read n
 in the memory budget (192 MiB for the run, so that the RSS bound covers it full) until POSENC_SEND_TIMEOUT
 (--send-timeout) cuts them, which must happen (or a 503 when the table waited too long for memory). A
 client posts 32 MiB JSON infer bodies of "0.5,..." (400 naming the element count, or 503 with Retry-After).
+
+gRPC clients run beside the HTTP load (scripts/soak_grpc.py): unary and streamed inferences, abandoned and idle
+streams, and ModelInfer calls that send their headers and never a message (two at a time, each given up after 15 s:
+the memory held for their messages must go to the requests that wait, so the load beside them does not starve).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's service and test kit, whatever the environment has installed
 
+from posenc.service.audit_limits import MAX_LAYER_TYPES  # noqa: E402
 from posenc.service.settings import Settings  # noqa: E402
 from posenc.service.testing import (  # noqa: E402
     SHARED_MEMORY_HEADERS,
@@ -86,7 +92,12 @@ CACHED = [  # the same URLs again and again: answered from the LRU cache after t
 ]
 DESCRIPTOR_LIMIT = 1024  # the server's RLIMIT_NOFILE during the soak (systemd's default soft limit)
 REGISTER_FLOOD = 1100  # regions one client tries to register: more than the descriptors allow
-MIX = {"table-cached": 35, "table-uncached": 25, "infer-json": 15, "infer-binary": 15, "t5-upload": 10}
+MIX = {"table-cached": 35, "table-uncached": 25, "infer-json": 15, "infer-binary": 15, "t5-upload": 10,
+       "config-layers": 4}
+# config.json uploads to POST /v1/audit with a RoPE per layer type (transformers 5): MAX_LAYER_TYPES of them, audited
+# (200), and 1,000 (65 KB), which cost 21 s of CPU each once: refused at once (400) naming the bound
+LAYERED = {"config-layers": MAX_LAYER_TYPES, "config-layers-over": 1000}
+REFUSED = {"config-layers-over": 400}  # the answer these kinds must get
 
 
 def uncached_url(rng: random.Random) -> str:
@@ -121,7 +132,19 @@ def payloads(seed: int) -> dict[str, list[HttpRequest]]:
         np.save(buffer, rng.standard_normal((32, 8)).astype(np.float32))
         out["t5-upload"].append(HttpRequest("POST", f"/v1/t5/bias?query_length={16 * seq}&key_length=64",
                                             buffer.getvalue(), {"Content-Type": "application/x-npy"}, "t5-upload"))
+    for label, types in LAYERED.items():
+        out["config-layers"].append(HttpRequest("POST", "/v1/audit", json.dumps(layered_config(types)).encode(),
+                                                {"Content-Type": "application/json"}, label))
     return out
+
+
+def layered_config(types: int) -> dict[str, object]:
+    """A Gemma-3-style config.json whose `types` layer types each have a RoPE of their own."""
+    names = [f"type_{index:05d}" for index in range(types)]
+    return {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
+            "max_position_embeddings": 4096, "layer_types": names,
+            "rope_parameters": {name: {"rope_type": "default", "rope_theta": 10000.0 + index}
+                                for index, name in enumerate(names)}}
 
 
 @dataclass
@@ -173,6 +196,10 @@ class Soak:
             self.record(kind, error, done.started, done.sent_at, failed)
             return True
         status, violation = done.status, None
+        if kind in REFUSED:
+            violation = None if status in (REFUSED[kind], 503) else f"got {status}, expected {REFUSED[kind]}"
+            self.record(kind, str(status), done.started, done.sent_at, violation)
+            return True
         if status >= 500 and not (status == 503 and "retry-after" in done.headers):
             violation = f"{status} answer"
         elif status >= 300 and status != 503:
@@ -482,6 +509,9 @@ def report(soak: Soak, status: int | None, exit_after: float, max_rss: int, log:
     for kind in [*MIX, "shm-truncated", "shm-register-flood", "spelling-flood", *GRPC_KINDS]:
         if not any(r.outcome == "200" for r in by_kind[kind]):
             violations.append(f"{kind}: no successful request at all")
+    for kind, refused in REFUSED.items():
+        if not any(r.outcome == str(refused) for r in by_kind[kind]):
+            violations.append(f"{kind}: never answered {refused}")
     print(f"\nrequests: {len(soak.results)}; 503 with Retry-After (allowed): {overload}; "
           f"sent after SIGTERM, not required to succeed: {after}; lost: {len(lost)}")
     print(f"server: exit status {status}, {exit_after:.2f} s after SIGTERM; peak RSS (VmHWM) "

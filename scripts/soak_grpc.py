@@ -6,10 +6,17 @@
   every response read;
 * grpc-abandoned: streams cancelled after their first response, or never read at all, then cancelled;
 * grpc-idle-stream: a stream that sends nothing: it must end DEADLINE_EXCEEDED once POSENC_GRPC_STREAM_IDLE_SECONDS
-  (`IDLE_SECONDS` in the soak) have passed, and not much later.
+  (`IDLE_SECONDS` in the soak) have passed, and not much later; or, once half of POSENC_MEMORY_WAIT_SECONDS has
+  passed while other requests wait for memory, RESOURCE_EXHAUSTED naming that (the memory held for its next request
+  goes to them);
+* grpc-silent: ModelInfer calls that send their headers and never a message (issue 62), `SILENT_CALLS` at once, each
+  given up by its client after `SILENT_SECONDS`: each must end RESOURCE_EXHAUSTED with a retry hint (the memory
+  held for its message went to a request that waited, or none came free for it in time) or at its deadline; the
+  HTTP and gRPC load beside them must not starve (the soak's other checks).
 
-A violation: INTERNAL or UNKNOWN on any call, an unexpected status or response. After the SIGTERM, UNAVAILABLE
-(new calls refused) or CANCELLED (a call gRPC core had received but not yet handed to a handler when the
+A violation: INTERNAL or UNKNOWN on any call, an unexpected status or response. RESOURCE_EXHAUSTED with a retry hint
+(`retry-after`) is the overload HTTP answers 503 with Retry-After: allowed, counted apart. After the SIGTERM,
+UNAVAILABLE (new calls refused) or CANCELLED (a call gRPC core had received but not yet handed to a handler when the
 graceful stop began: grpc/grpc#41785) ends a client; calls in a handler finish within the graceful timeout.
 """
 
@@ -22,14 +29,21 @@ from typing import Any
 
 import numpy as np
 
+from posenc.service.grpc.servicer import RECLAIM_SECONDS, STREAM_RECLAIM_SHARE
+from posenc.service.settings import Settings
 from posenc.service.testing import attention_inputs
 
 SERVICE = "/inference.GRPCInferenceService/"
-KINDS = ("grpc-infer", "grpc-stream", "grpc-abandoned", "grpc-idle-stream")
+KINDS = ("grpc-infer", "grpc-stream", "grpc-abandoned", "grpc-idle-stream", "grpc-silent")
 EXPECTED = {"short": "INVALID_ARGUMENT", "unknown": "NOT_FOUND", "valid": "OK"}
 CLIENTS = 4
 IDLE_SECONDS = 10.0  # the soak server's POSENC_GRPC_STREAM_IDLE_SECONDS: above a busy client's pause between requests
 IDLE_MARGIN_SECONDS = 15.0  # how much later than IDLE_SECONDS an idle stream may end (a loaded 2-core machine)
+# how soon an idle stream may lose the memory held for its next request (the soak keeps POSENC_MEMORY_WAIT_SECONDS)
+STREAM_RECLAIM_SECONDS = STREAM_RECLAIM_SHARE * (Settings().memory_wait_seconds or 0)
+RECLAIMED = "while other requests waited for memory"  # in the status of a call that lost it
+SILENT_CALLS = 2  # silent ModelInfer calls at once
+SILENT_SECONDS = 15.0  # the deadline each is given: above RECLAIM_SECONDS and POSENC_MEMORY_WAIT_SECONDS
 # the outcome recorded for a code: the soak counts an outcome without a status number as a lost response
 HTTP_LIKE = {"OK": "200", "INVALID_ARGUMENT": "400 INVALID_ARGUMENT", "NOT_FOUND": "404 NOT_FOUND"}
 
@@ -60,15 +74,30 @@ async def grpc_load(soak: Any) -> None:
         stream = channel.stream_stream(SERVICE + "ModelStreamInfer")
         await asyncio.gather(*(_unary(soak, infer, i, bodies) for i in range(CLIENTS)),
                              _streams(soak, stream, stream_requests), _abandoned(soak, stream, bodies["valid"]),
-                             _idle(soak))
+                             _idle(soak), *(_silent(soak, i) for i in range(SILENT_CALLS)))
 
 
 def _running(soak: Any) -> bool:
     return soak.server.poll() is None
 
 
+def _code(exc: Any) -> str:
+    """The status code's name of a failed call; RESOURCE_EXHAUSTED with a retry hint (the overload HTTP answers 503
+    with Retry-After) as OVERLOADED."""
+    code = exc.code().name
+    if code == "RESOURCE_EXHAUSTED" and any(key == "retry-after" for key, _ in exc.trailing_metadata() or ()):
+        return OVERLOADED
+    return str(code)
+
+
+OVERLOADED = "RESOURCE_EXHAUSTED+retry-after"
+
+
 def _outcome(soak: Any, kind: str, code: str, expected: str, start: float, sent: float) -> bool:
     """Record a call; False once the server refuses calls after the SIGTERM (the client stops)."""
+    if code == OVERLOADED:  # allowed, counted apart as over HTTP
+        soak.record(kind, "503+Retry-After", start, sent)
+        return True
     if code in ("UNAVAILABLE", "CANCELLED") and soak.sigterm_at is not None:
         # refused at shutdown: UNAVAILABLE for a new call; CANCELLED for one the server had received but not yet
         # handed to a handler when its graceful stop began (gRPC core cancels those: grpc/grpc#41785). Calls
@@ -92,7 +121,7 @@ async def _unary(soak: Any, infer: Any, index: int, bodies: dict[str, list[bytes
             await infer(data, timeout=60)
             code = "OK"
         except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
+            code = _code(exc)
         if not _outcome(soak, "grpc-infer", code, EXPECTED[case], start, sent):
             return
 
@@ -108,7 +137,7 @@ async def _streams(soak: Any, stream: Any, requests: list[bytes]) -> None:
             errors = [bool(a.error_message) for a in answers]
             code = "OK" if errors == [i == 3 for i in range(8)] else f"{len(answers)} answers, errors at {errors}"
         except grpc.aio.AioRpcError as exc:
-            code = exc.code().name
+            code = _code(exc)
         if not _outcome(soak, "grpc-stream", code, "OK", start, sent):
             return
 
@@ -159,22 +188,54 @@ async def _idle_once(soak: Any, stream: Any) -> bool:
 
     start = time.monotonic()
     call = stream(_nothing(), timeout=60)
+    reclaimed = False
     try:
         async for _ in call:
             pass
         code = "OK"
     except grpc.aio.AioRpcError as exc:
         code = exc.code().name
+        reclaimed = code == "RESOURCE_EXHAUSTED" and RECLAIMED in (exc.details() or "")
     took = time.monotonic() - start
     if soak.sigterm_at is not None:  # refused or cut at shutdown: `_outcome` knows which codes may end it
-        if code == "DEADLINE_EXCEEDED":
+        if code == "DEADLINE_EXCEEDED" or reclaimed:
             soak.record("grpc-idle-stream", "200", start, None)
         else:
             _outcome(soak, "grpc-idle-stream", code, "DEADLINE_EXCEEDED", start, start)
         return False
-    if code != "DEADLINE_EXCEEDED" or not IDLE_SECONDS <= took <= IDLE_SECONDS + IDLE_MARGIN_SECONDS:
-        expected = f"DEADLINE_EXCEEDED after {IDLE_SECONDS:g}-{IDLE_SECONDS + IDLE_MARGIN_SECONDS:g} s"
+    # ended as idle, or earlier for memory that others waited for (not before its time)
+    earliest = STREAM_RECLAIM_SECONDS if reclaimed else IDLE_SECONDS
+    if code not in ("DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED") or (code == "RESOURCE_EXHAUSTED") != reclaimed or \
+            not earliest <= took <= IDLE_SECONDS + IDLE_MARGIN_SECONDS:
+        expected = (f"DEADLINE_EXCEEDED after {IDLE_SECONDS:g}-{IDLE_SECONDS + IDLE_MARGIN_SECONDS:g} s, or "
+                    f"RESOURCE_EXHAUSTED ({RECLAIMED}) after {STREAM_RECLAIM_SECONDS:g} s at least")
         _outcome(soak, "grpc-idle-stream", f"{code} after {took:.1f} s", expected, start, start)
         return True
     soak.record("grpc-idle-stream", "200", start, None)
     return True
+
+
+async def _silent(soak: Any, index: int) -> None:
+    """ModelInfer calls that send their headers and no message, one after the other on a connection of their own,
+    each given up after SILENT_SECONDS, until the SIGTERM: each must end RESOURCE_EXHAUSTED with a retry hint (its
+    memory taken back for a waiting request after RECLAIM_SECONDS at least, or none free in time), or at its
+    deadline; never OK, never INTERNAL."""
+    import grpc
+
+    options = [("posenc.soak.silent", index)]  # a connection of its own
+    async with grpc.aio.insecure_channel(soak.server.grpc_address, options=options) as channel:
+        infer = channel.stream_unary(SERVICE + "ModelInfer")
+        while _running(soak) and soak.sigterm_at is None:
+            start = time.monotonic()
+            try:
+                await infer(timeout=SILENT_SECONDS)  # no request iterator: the call writes nothing, ever
+                code = "OK"
+            except grpc.aio.AioRpcError as exc:
+                code = _code(exc)
+                if code == OVERLOADED and RECLAIMED in (exc.details() or "") and \
+                        time.monotonic() - start < RECLAIM_SECONDS:
+                    code = f"memory taken back after {time.monotonic() - start:.1f} s"
+            if code in (OVERLOADED, "DEADLINE_EXCEEDED"):
+                soak.record("grpc-silent", "200", start, None)
+            elif not _outcome(soak, "grpc-silent", code, f"{OVERLOADED} or DEADLINE_EXCEEDED", start, start):
+                return  # refused at shutdown

@@ -6,6 +6,10 @@ them back when its answer is built. Requests that do not fit wait in a bounded l
 a wait longer than the limit, is a 503 with Retry-After. So N concurrent large requests hold at most
 the budget, not N times their size. A single request larger than the whole budget runs alone.
 
+A reservation can be lent (`Reservation.lend`): what a gRPC message may bring in while it has not arrived yet, held
+in case it comes but given to whoever waits for memory once the holder has had its time (`MemoryBudget._reclaim`): a
+call that sends nothing holds nothing another request needs.
+
 `release_free_memory`: glibc keeps freed memory of large short-lived arrays in its heaps (and one
 heap per thread, up to 8 per core); after large requests the service hands it back to the system
 with `malloc_trim`, and `configure_malloc` caps the heaps at start-up, so the resident size
@@ -21,6 +25,7 @@ import asyncio
 import ctypes
 import ctypes.util
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -40,6 +45,9 @@ BASE_BYTES = 256 * 1024 * 1024
 # After a request that held this much (a table's working set, a gRPC message received), freed heap memory is handed
 # back (`release_free_memory`): below it, what glibc keeps is reused by the next request of its kind.
 RELEASE_AFTER_BYTES = 16 << 20
+# 1/UNLENT_SHARE of a budget is never lent (`Reservation.lend`), unless a lent reservation is alone: a request that
+# holds its memory finds that much free at once however many lent reservations wait for what may never come.
+UNLENT_SHARE = 8
 
 
 def memory_bound(settings: Settings) -> int:
@@ -66,6 +74,11 @@ class MemoryBudget:
         # the waiters in the line that hold part of their memory already (growing), by arrival: bytes held
         self._growing: dict[int, int] = {}
         self._arrivals = 0
+        self._lent: dict[Reservation, None] = {}  # reservations a waiter may take back (`Reservation.lend`)
+        self.lent_bytes = 0  # what they hold
+        # waiters for a reservation that will not be lent, by arrival: they take lent bytes back before the waiters
+        # for one to be lent that came after them
+        self._keeping: set[int] = set()
 
     @asynccontextmanager
     async def reserve(self, nbytes: int, what: str) -> AsyncIterator[None]:
@@ -76,13 +89,17 @@ class MemoryBudget:
         finally:
             reservation.release()
 
-    async def acquire(self, nbytes: int, what: str, *, line: bool = True, holding: int = 0) -> Reservation:
+    async def acquire(self, nbytes: int, what: str, *, line: bool = True, holding: int = 0,
+                      lent: bool = False) -> Reservation:
         """Hold `nbytes` (at most the whole budget) until the reservation is released; 503 when they do not
         come free in time. `line=False`: the wait is not counted in `max_waiters` (the caller's own limit bounds
-        how many wait: gRPC's calls in progress). `holding`: what the caller holds already (`Reservation.grow`)."""
+        how many wait: gRPC's calls in progress). `holding`: what the caller holds already (`Reservation.grow`).
+        `lent`: the reservation will be lent (`Reservation.lend`); while a request for memory of its own waits,
+        this one does not take lent bytes back: they go to that request first, so lent memory does not pass from
+        one holder that may never use it to the next."""
         amount = self._amount(nbytes)
-        if self.reserved + amount > self.capacity:
-            await self._wait(amount, what, line, holding)
+        if not self._fits(amount, lent):
+            await self._wait(amount, what, line, holding, lent)
         self.reserved += amount
         return Reservation(self, amount)
 
@@ -112,6 +129,41 @@ class MemoryBudget:
     def _amount(self, nbytes: int) -> int:
         return max(0, min(nbytes, self.capacity))
 
+    def _fits(self, amount: int, lent: bool = False) -> bool:
+        """Whether `amount` fits now (`lent`: within the share that may be lent too, `UNLENT_SHARE`)."""
+        return self._room(self.reserved, self.lent_bytes, amount, lent)
+
+    def _room(self, reserved: int, lent_bytes: int, amount: int, lent: bool) -> bool:
+        if reserved + amount > self.capacity:
+            return False
+        return not lent or not lent_bytes or lent_bytes + amount <= self.capacity - self.capacity // UNLENT_SHARE
+
+    def _reclaim(self, amount: int, now: float, lent: bool, arrival: int | None = None) -> bool:
+        """Take back lent reservations whose time has come, those lent the longest first, when that makes `amount`
+        fit: each holder is told (its `reclaim` ends what could fill them) and its bytes are counted as free at
+        once, for the waiter that asked (`lent`: one whose reservation will be lent too, which leaves them to the
+        others that came before it, `arrival`: its place; None: it comes last). Whether `amount` fits now."""
+        if lent and self._keeping and (arrival is None or min(self._keeping) < arrival):
+            return False
+        due = sorted((r for r in self._lent if r.lent_from is not None and r.lent_from <= now),
+                     key=lambda r: r.lent_from or 0.0)
+        reserved, lent_bytes, taken = self.reserved, self.lent_bytes, 0
+        while not self._room(reserved, lent_bytes, amount, lent):
+            if taken == len(due):
+                return False
+            reserved -= due[taken].amount
+            lent_bytes -= due[taken].amount
+            taken += 1
+        for reservation in due[:taken]:
+            reservation.take_back()
+        if self.capacity - self.reserved > amount:
+            self._wake()  # what is left over may fit another waiter
+        return True
+
+    def _next_due(self, now: float) -> float | None:
+        """When the next lent reservation not yet due may be taken back (None: none)."""
+        return min((r.lent_from for r in self._lent if r.lent_from is not None and r.lent_from > now), default=None)
+
     def _stuck(self, arrival: int) -> bool:
         """Whether the waiter that arrived `arrival`-th must give up now: every byte reserved is held by waiters that
         want more (no request will give any back), and it is the latest of those to arrive."""
@@ -129,19 +181,25 @@ class MemoryBudget:
             if not wakeup.done():
                 wakeup.set_result(None)
 
-    async def _wait(self, amount: int, what: str, line: bool = True, holding: int = 0) -> None:
+    async def _wait(self, amount: int, what: str, line: bool = True, holding: int = 0, lent: bool = False) -> None:
+        if self._reclaim(amount, time.monotonic(), lent):
+            return
         if line and self.waiting >= self.max_waiters:
             raise Unavailable(f"busy: {self.waiting} requests already wait for memory to compute {what} "
                               f"({self.reserved} of {self.capacity} bytes in use, {self.setting}); "
                               "retry later", retry_after=RETRY_AFTER_SECONDS, overloaded=True)
         self.waiting += line
         arrival = self._arrivals = self._arrivals + 1
+        if not lent:
+            self._keeping.add(arrival)
         if line and holding:
             self._growing[arrival] = holding
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.wait_seconds):
-                while self.reserved + amount > self.capacity:
+                while not self._fits(amount, lent):
+                    if self._reclaim(amount, time.monotonic(), lent, arrival):
+                        break
                     if self._stuck(arrival):
                         raise Unavailable(f"busy: {what} needs {amount} bytes more while every request that holds "
                                           f"memory waits for more ({self.reserved} of {self.capacity} bytes, "
@@ -149,23 +207,68 @@ class MemoryBudget:
                                           overloaded=True)
                     wakeup = loop.create_future()
                     self._wakeups.append(wakeup)
-                    await wakeup
+                    now = time.monotonic()
+                    due = self._next_due(now)  # a lent reservation that comes due wakes the waiter too
+                    timer = None if due is None else loop.call_at(loop.time() + due - now, _resolve, wakeup)
+                    try:
+                        await wakeup
+                    finally:
+                        if timer is not None:
+                            timer.cancel()
         except TimeoutError:
             raise Unavailable(f"busy: {what} needs {amount} bytes and {self.reserved} of {self.capacity} stayed in "
                               f"use for {self.wait_seconds:g} s ({self.setting}); retry later",
                               retry_after=RETRY_AFTER_SECONDS, overloaded=True) from None
         finally:
             self.waiting -= line
+            self._keeping.discard(arrival)
+            if not lent:
+                self._wake()  # the waiters for a reservation to be lent that came after it may take lent bytes
             if self._growing.pop(arrival, None) is not None:
                 self._wake()  # the next to grow checks whether it is stuck now
 
 
 class Reservation:
-    """Bytes held in a `MemoryBudget` until `release()` (idempotent); `shrink` gives back what is not needed."""
+    """Bytes held in a `MemoryBudget` until `release()` (idempotent); `shrink` gives back what is not needed; `lend`
+    lets waiters take them back."""
 
     def __init__(self, budget: MemoryBudget, amount: int) -> None:
         self.budget = budget
         self.amount = amount
+        self.reclaim: Callable[[], None] | None = None  # set while lent: tells the holder its bytes were taken
+        self.lent_from: float | None = None  # time.monotonic() from which a waiter may take them (None: not yet)
+
+    def lend(self, reclaim: Callable[[], None], after: float | None) -> None:
+        """Lend the reservation: from `after` seconds on (None: not until `lend` is called again with a time), a
+        request that waits for memory may take it back. Then `reclaim()` is called, synchronously, once: the holder
+        must stop whatever could fill these bytes, which are no longer its own. For memory held in case something
+        arrives (a gRPC message asked for), given back by whoever has waited for it long enough to show it is not
+        coming."""
+        self.reclaim = reclaim
+        self.lent_from = None if after is None else time.monotonic() + after
+        budget = self.budget
+        if self not in budget._lent:
+            budget._lent[self] = None
+            budget.lent_bytes += self.amount
+        budget._wake()  # waiters set their timers to the new time
+
+    def keep(self) -> None:
+        """Lend no more: what was held in case it came has come (or will not be asked for)."""
+        budget = self.budget
+        if self in budget._lent:
+            del budget._lent[self]
+            budget.lent_bytes -= self.amount
+            budget._wake()  # the share that may be lent has room again
+        self.reclaim = self.lent_from = None
+
+    def take_back(self) -> None:
+        """The budget takes the lent bytes back: counted as free, the holder told."""
+        reclaim = self.reclaim
+        self.keep()
+        self.budget.reserved -= self.amount
+        self.amount = 0
+        if reclaim is not None:
+            reclaim()
 
     def shrink(self, nbytes: int) -> None:
         """Keep at most `nbytes` of the reservation; give back the rest."""
@@ -175,6 +278,7 @@ class Reservation:
             self.amount = keep
 
     def release(self) -> None:
+        self.keep()
         self.shrink(0)
 
     async def grow(self, nbytes: int, what: str) -> None:
@@ -278,6 +382,11 @@ class _HeldBody:
 
 def _nothing() -> None:
     """The release of a body that holds nothing in the budget."""
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _libc() -> ctypes.CDLL | None:

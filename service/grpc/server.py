@@ -29,8 +29,9 @@ from grpc_reflection.v1alpha import reflection
 from tritonclient.grpc import service_pb2 as pb
 
 from posenc.service.grpc.servicer import READ_UNDER_BUDGET, SERVICE, Recorder, Servicer
-from posenc.service.inference.dataplane import DataPlane
 from posenc.service.inference.runtime.repository import RepositoryEntry
+from posenc.service.metrics import Metrics, access_logging, log_access
+from posenc.service.process import ServiceProcess
 
 log = logging.getLogger("posenc.grpc")
 
@@ -38,6 +39,7 @@ log = logging.getLogger("posenc.grpc")
 _SERVING: dict[grpc.aio.Server, health.aio.HealthServicer] = {}
 _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
+GRPC_ACCESS_MESSAGE = "%s %s %s %.1fms %dB"  # GRPC, method path, code, duration, response bytes (a stream: responses)
 HEALTH_SERVICE = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 # What gRPC core may hold that posenc has not read. Without BDP probing, a stream's flow-control window stays at
 # HTTP/2's initial 64 KiB until its message is read (with it, every stream's window grows to megabytes whether its
@@ -82,8 +84,9 @@ def inference_handler(servicer: Servicer) -> grpc.GenericRpcHandler:
             handlers[method.name] = grpc.stream_stream_rpc_method_handler(servicer.stream(method.name))
         elif hasattr(servicer, method.name):
             handle = servicer.unary(method.name, getattr(pb, method.input_type.name), getattr(servicer, method.name))
-            # a method that reads its message itself takes it as a request iterator (the wire is the same): gRPC
-            # core then receives it only when the handler asks, under the memory budget (`Servicer.receive`)
+            # a method that reads its message itself is registered as client-streaming (the wire is the same): gRPC
+            # core then receives the message only when the handler asks, once the data plane admits it
+            # (`Servicer.receive`)
             register = (grpc.stream_unary_rpc_method_handler if method.name in READ_UNDER_BUDGET
                         else grpc.unary_unary_rpc_method_handler)
             handlers[method.name] = register(handle)
@@ -103,10 +106,29 @@ def listen_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def start_grpc_server(plane: DataPlane, record: Recorder, *, workers: int) -> grpc.aio.Server:
-    """Build, bind and start the server on `plane` (`record`: every call's method, code, time, size and peer);
-    RuntimeError naming the address when the port cannot be bound. Its health follows the plane's readiness."""
-    settings = plane.settings
+def grpc_recorder(metrics: Metrics, access_log_enabled: bool) -> Recorder:
+    """What is recorded of every gRPC call (a stream: when it ends; `nbytes`: the responses it wrote): its metrics
+    by method and code, and, if enabled, one access-log record
+    `GRPC /inference.GRPCInferenceService/<method> <code> <ms> <bytes>`."""
+
+    def record(method: str, code: str, seconds: float, nbytes: int, peer: str) -> None:
+        metrics.observe_grpc(method, code, seconds)
+        if not access_logging(access_log_enabled):
+            return
+        path = f"/{SERVICE}/{method}"
+        duration_ms = round(seconds * 1000.0, 3)
+        fields = {"method": "GRPC", "path": path, "route": path, "grpc_code": code, "duration_ms": duration_ms,
+                  "bytes": nbytes, "client": peer}
+        log_access(GRPC_ACCESS_MESSAGE, ("GRPC", path, code, duration_ms, nbytes), fields, "record_grpc")
+
+    return record
+
+
+async def start_grpc_server(process: ServiceProcess, record: Recorder, *, workers: int) -> grpc.aio.Server:
+    """Build, bind and start the server on the (started) `process` (`record`: every call's method, code, time, size
+    and peer); RuntimeError naming the address when the port cannot be bound. Its health follows the plane's
+    readiness."""
+    settings = process.settings
     # The call limit is the servicer's own: grpc.aio's `maximum_concurrent_rpcs` can undercount, and a stream
     # refused while its client is still writing ends as INTERNAL on the client (grpc/grpc#36066).
     server = grpc.aio.server(
@@ -114,6 +136,9 @@ async def start_grpc_server(plane: DataPlane, record: Recorder, *, workers: int)
                  ("grpc.max_receive_message_length", settings.max_request_bytes),
                  ("grpc.max_send_message_length", -1),
                  ("grpc.so_reuseport", 1 if workers > 1 else 0)])
+    plane = process.dataplane
+    if plane is None:
+        raise RuntimeError("gRPC needs a started process: its data plane is made by ServiceProcess.start")
     servicer = Servicer(plane, record)
     server.add_generic_rpc_handlers((inference_handler(servicer),))
     checker = RestrictedHealth(servicer)

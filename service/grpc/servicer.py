@@ -12,6 +12,14 @@ Limits (`admit`, `admit_stream`): POSENC_GRPC_MAX_CONCURRENT_RPCS calls at once,
 most `stream_cap` (three quarters), so streams cannot take the places of unary calls; health and metadata calls
 (`UNLIMITED_GROUPS`) are never counted nor refused. A stream that sends nothing for POSENC_GRPC_STREAM_IDLE_SECONDS
 while none of its requests is in progress ends DEADLINE_EXCEEDED, giving its place back.
+
+Messages (`receive`, a stream's reader): an inference message is asked of gRPC core only once the data plane's
+admission step (`DataPlane.admitted`, the one HTTP takes before reading a body) has passed: some model ready and
+taking requests, and the memory the message may bring in (`RECEIVE_COPIES` x POSENC_MAX_REQUEST_BYTES: gRPC core
+tells nothing of a message before it is whole, and once asked it takes the whole message) reserved in the budget.
+That reservation is lent (`Reservation.lend`): a call whose message has not come `RECLAIM_SECONDS` after it was asked
+(a stream: `STREAM_RECLAIM_SHARE` of POSENC_MEMORY_WAIT_SECONDS after its last answer was written) gives it to whoever
+waits for memory, and ends RESOURCE_EXHAUSTED. So a call that sends nothing holds nothing that others need.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from posenc.service.errors import (
     RequestTimeout,
     ServiceError,
     Unavailable,
+    echo,
     grpc_code_name,
     grpc_details,
 )
@@ -56,7 +65,7 @@ from posenc.service.inference.codecs.protobuf import (
     statistics_message,
     stream_response,
 )
-from posenc.service.inference.dataplane import Buffer, DataPlane, offload, work
+from posenc.service.inference.dataplane import Admitted, Buffer, DataPlane, offload, work
 from posenc.service.inference.runtime.repository import VERSION
 from posenc.service.inference.shared_memory.registry import RegionsFor
 from posenc.service.request_kit import phases
@@ -75,9 +84,22 @@ SERVICE = "inference.GRPCInferenceService"
 RETRY_AFTER_KEY = "retry-after"  # trailing metadata: seconds, as HTTP's Retry-After
 STREAM_WINDOW = 8  # requests of one stream in progress at once; more wait unread (back-pressure)
 PARSE_COPIES = 3  # a message being parsed: its bytes and their copies (`GrpcInferCall.reserve_bytes`), as over HTTP
-# A unary message being received: gRPC core's buffer and the bytes it hands over, both whole at that moment. Its size
-# is unknown until it has arrived, so its read holds this many times POSENC_MAX_REQUEST_BYTES.
+WRITE_COPIES = 2  # a stream's answer being written: its bytes and gRPC's copy of them, held until written
+# A message being received: gRPC core's buffer and the bytes it hands over, both whole at that moment. Its size is
+# unknown until it has arrived, so its read holds this many times POSENC_MAX_REQUEST_BYTES (lent: `RECLAIM_SECONDS`).
 RECEIVE_COPIES = 2
+# A unary call's message is handed to the client's gRPC core with the call (its first 64 KiB are in the server's before
+# posenc asks for it), so once asked it arrives at the speed of its link. One not in this long after it was asked,
+# while others wait for memory, loses the memory held for it; at most half of POSENC_MEMORY_WAIT_SECONDS, so that those
+# waiting get it before their own wait ends.
+RECLAIM_SECONDS = 1.0
+# A stream's next request comes when its client's program writes it: a stream whose answers are all written loses
+# that memory after this share of POSENC_MEMORY_WAIT_SECONDS (ended while its client still writes, a stream ends
+# INTERNAL on the client, grpc/grpc#36066: a slow client is given the time)
+STREAM_RECLAIM_SHARE = 0.5
+# The leading fields of a ModelInferRequest read before it is parsed (`leading_names`): model_name, model_version, id
+LEADING_FIELDS = (1, 2, 3)
+NAME_LIMIT = 1024  # bytes of a leading field read on the event loop; a longer one waits for the parse
 # A message being received must arrive within POSENC_BODY_TIMEOUT plus a second per MiB of POSENC_MAX_REQUEST_BYTES
 # (its size is unknown until then): a slow sender holds the read's reservation that long at most, while a server
 # slowed by its own load (reads wait on its threads too) does not cut its clients.
@@ -133,12 +155,50 @@ def decode(message: type[M], data: bytes) -> M:
 
 
 InferMessage = tuple[pb.ModelInferRequest, RawInputs]  # the message without its raw inputs, and those
+Names = tuple[str, str, str]  # a ModelInferRequest's model_name, model_version and id
 
 
 def decode_infer(data: bytes) -> InferMessage:
     """A `ModelInferRequest` from its bytes, its `raw_input_contents` as views of them (`split_infer_request`);
     400 (INVALID_ARGUMENT) when they are not one, as `decode`."""
     return _parsed(pb.ModelInferRequest, data, split_infer_request)
+
+
+def _varint(data: bytes, position: int) -> tuple[int, int]:
+    """The varint at `position` (at most 10 bytes) and the position after it; ValueError past the end."""
+    value = 0
+    for shift in range(0, 70, 7):
+        byte = data[position]  # IndexError past the end
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+    raise ValueError("varint longer than 10 bytes")
+
+
+def leading_names(data: bytes) -> Names | None:
+    """The model's name and version and the request's id of a ModelInferRequest when they lead its bytes, as
+    protobuf encoders write them (fields in number order): the data plane admits the request to its model before
+    the message is parsed. None when the name does not lead (the message is parsed first), when a leading field is
+    longer than `NAME_LIMIT` or not text. Reads at most the three fields."""
+    found: dict[int, str] = {}
+    position = 0
+    try:
+        while position < len(data) and len(found) < len(LEADING_FIELDS):
+            tag, position = _varint(data, position)
+            field = tag >> 3
+            if field not in LEADING_FIELDS or tag & 7 != 2 or field in found:
+                break
+            length, position = _varint(data, position)
+            if length > NAME_LIMIT or position + length > len(data):
+                return None
+            found[field] = data[position:position + length].decode()
+            position += length
+    except (IndexError, ValueError):  # (UnicodeDecodeError is a ValueError)
+        return None
+    if 1 not in found:
+        return None
+    return found[1], found.get(2, ""), found.get(3, "")
 
 
 class Servicer:
@@ -229,8 +289,8 @@ class Servicer:
               ) -> Callable[..., Awaitable[bytes]]:
         """The handler of a unary method: request bytes in, response bytes out (`handle` gets the request, the
         caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
-        an `InferMessage` (`decode_infer`), every other one the message."""
-        read: Callable[[bytes], Any] = decode_infer if method == "ModelInfer" else partial(decode, request_type)
+        its bytes (the data plane admits it to its model before it is parsed), every other one the message."""
+        read: Callable[[bytes], Any] | None = None if method == "ModelInfer" else partial(decode, request_type)
         timing = method == "ModelInfer" and self.plane.settings.server_timing
         limited = METHOD_GROUPS.get(method) not in UNLIMITED_GROUPS
 
@@ -247,12 +307,14 @@ class Servicer:
                 timed = phases.started(timing)
                 if isinstance(message, bytes):
                     data = message
-                elif message is not None:  # READ_UNDER_BUDGET: read now, once the budget holds room for it
-                    data, held = await self.receive(message)
+                elif message is not None:  # READ_UNDER_BUDGET: read now, once the data plane admits it
+                    data, held = await self.receive(message, context)
                     phases.lap("read")
                 assert data is not None
-                request = await offload(work(len(data)), None, read, data)  # (a large message: a worker thread)
-                phases.lap("parse")
+                request = data
+                if read is not None:
+                    request = await offload(work(len(data)), None, read, data)  # (a large message: a worker thread)
+                    phases.lap("parse")
                 # a message read here comes with the reservation that holds it (ModelInfer grows it to its run)
                 response = await handle(request, caller, len(data), *(() if held is None else (held,)))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
@@ -282,47 +344,75 @@ class Servicer:
 
         return handler
 
-    async def receive(self, messages: AsyncIterator[bytes]) -> tuple[bytes, Reservation]:
-        """A unary call's one message, read under the memory budget, and the reservation that holds its bytes.
+    @property
+    def reclaim_seconds(self) -> float:
+        """How long a unary call's message asked for may hold the memory lent to it while others wait."""
+        wait = self.plane.settings.memory_wait_seconds
+        return RECLAIM_SECONDS if wait is None else min(RECLAIM_SECONDS, wait / 2)
+
+    @property
+    def stream_reclaim_seconds(self) -> float:
+        """How long a stream with every answer written may hold the memory lent to its next request while others
+        wait (`STREAM_RECLAIM_SHARE`)."""
+        wait = self.plane.settings.memory_wait_seconds
+        return max(self.reclaim_seconds, STREAM_RECLAIM_SHARE * (wait or 10 * RECLAIM_SECONDS))
+
+    def admit_message(self, what: str) -> AbstractAsyncContextManager[Admitted]:
+        """The data plane's admission step for a message not yet read (its model unknown until then): some model
+        ready and taking requests, and the memory the message may bring in (`RECEIVE_COPIES` x
+        POSENC_MAX_REQUEST_BYTES), waited for outside POSENC_MEMORY_WAITERS (the call limit bounds the waiters)."""
+        return self.plane.admitted(None, None, RECEIVE_COPIES * self.plane.settings.max_request_bytes, what,
+                                   line=False, lent=True)
+
+    async def receive(self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                      ) -> tuple[bytes, Reservation]:
+        """A unary call's one message, read once the data plane admits it (`admit_message`: refused before a byte
+        is read while no model is ready or every queue is full), and the reservation that holds its bytes.
 
         gRPC core holds at most a stream's flow-control window (64 KiB: BDP probing is off) of a message nobody
-        reads; once read, the message is whole in its buffer and then in the bytes handed over, and its size is
-        unknown until then. So the read waits until `RECEIVE_COPIES` × POSENC_MAX_REQUEST_BYTES fit in the budget
-        (RESOURCE_EXHAUSTED when they do not come free in time; the wait is bounded by the calls in progress, not
-        by POSENC_MEMORY_WAITERS), then keeps at most `PARSE_COPIES` × its size, what an HTTP body of that size
-        holds before it is read (the data plane grows it to that and on to the run). A message that has not
-        arrived in time (`RECEIVE_BYTES_PER_SECOND`) is DEADLINE_EXCEEDED."""
+        reads; once asked, it takes the whole message, unseen until whole (then twice: its buffer and the bytes
+        handed over). So the message is asked for once `RECEIVE_COPIES` x POSENC_MAX_REQUEST_BYTES are reserved,
+        lent: if it has not come `reclaim_seconds` later, a request waiting for memory takes them and the call ends
+        RESOURCE_EXHAUSTED (a call that sends nothing keeps no memory from others). Once in, the reservation keeps
+        `PARSE_COPIES` x its size, what an HTTP body of that size holds (the data plane grows it on to the run). A
+        message that has not arrived in time (`RECEIVE_BYTES_PER_SECOND`) is DEADLINE_EXCEEDED."""
         settings = self.plane.settings
         seconds = settings.body_timeout + settings.max_request_bytes / RECEIVE_BYTES_PER_SECOND
-        held = await self.plane.budget.acquire(RECEIVE_COPIES * settings.max_request_bytes,
-                                               "a gRPC message being received", line=False)
-        try:
-            receiver = aiter(messages)
+        async with self.admit_message("a gRPC message being received") as admitted:
+            held = admitted.reservation
+            phases.lap("admit")
+            reclaimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            held.lend(partial(_settle, reclaimed), self.reclaim_seconds)
+            reading = asyncio.ensure_future(_message_reader(messages, context)())
             try:
                 async with asyncio.timeout(seconds):
-                    data = await anext(receiver, None)
+                    await asyncio.wait((reading, reclaimed), return_when=asyncio.FIRST_COMPLETED)
+                if reclaimed.done():  # (even if the message came at that moment: its memory is no longer held)
+                    raise Unavailable(self.reclaimed_message(
+                        f"the request message had not arrived {self.reclaim_seconds:g} s after the server asked for it"
+                    ), retry_after=1, overloaded=True)
+                data = reading.result()
+            except TimeoutError:
+                raise RequestTimeout(f"the request message did not arrive within {seconds:g} s of its read "
+                                     "(POSENC_BODY_TIMEOUT plus a second per MiB of POSENC_MAX_REQUEST_BYTES)"
+                                     ) from None
             finally:
-                # gRPC's receiver (an async generator) holds the message it yielded until it is closed, in a
-                # reference cycle with the call's state that only a full garbage collection frees: 60 MiB kept per
-                # large call until then
-                close = getattr(receiver, "aclose", None)
-                if close is not None:
-                    await close()
+                held.keep()
+                await _stop(reading)
             if data is None:
                 raise BadRequest("the call carried no request message")
             if len(data) >= RELEASE_AFTER_BYTES:
                 # gRPC core's buffer, freed into the heap in pieces, would stay resident beside the bytes (heap
                 # memory the next large message does not reuse): handed back before the reservation shrinks
                 await asyncio.to_thread(release_free_memory)
-        except TimeoutError:
-            held.release()
-            raise RequestTimeout(f"the request message did not arrive within {seconds:g} s of its read "
-                                 "(POSENC_BODY_TIMEOUT plus a second per MiB of POSENC_MAX_REQUEST_BYTES)") from None
-        except BaseException:
-            held.release()
-            raise
-        held.shrink(PARSE_COPIES * len(data))  # what its parse holds, as an HTTP body's reservation
+            held.shrink(PARSE_COPIES * len(data))  # what its parse holds, as an HTTP body's reservation
         return data, held
+
+    def reclaimed_message(self, what: str) -> str:
+        """Why a call whose lent memory was taken back ended (`what`: what it did not send, and how long)."""
+        held = RECEIVE_COPIES * self.plane.settings.max_request_bytes
+        return (f"{what}, while other requests waited for memory: the {held} bytes held for it ({RECEIVE_COPIES} x "
+                "POSENC_MAX_REQUEST_BYTES) went to them; retry later")
 
     @staticmethod
     async def _end(context: grpc.aio.ServicerContext, failure: tuple[grpc.StatusCode, str, Any]) -> NoReturn:
@@ -361,71 +451,148 @@ class Servicer:
         `ModelInferRequest` too) and the stream goes on. At most `STREAM_WINDOW` requests of a stream are in
         progress: later ones stay unread until a response is written, so a client that stops reading its
         responses stops the server reading its requests. With every request answered, a stream that sends no
-        request for POSENC_GRPC_STREAM_IDLE_SECONDS ends DEADLINE_EXCEEDED (an idle stream holds a place)."""
+        request for POSENC_GRPC_STREAM_IDLE_SECONDS ends DEADLINE_EXCEEDED (an idle stream holds a place); only the
+        time the server waits for its client counts.
+
+        Each request is asked of gRPC core once the data plane admits it (`admit_message`; a full queue or memory
+        not free in time: the stream waits, unread; no model ready: the stream ends UNAVAILABLE after answering what
+        it read), its memory reserved and lent as a unary call's
+        (`receive`): once every answer is written, a request that has not come `stream_reclaim_seconds` later gives
+        that memory to whoever waits for it, and the stream ends RESOURCE_EXHAUSTED. Each answer stays counted
+        until it is written."""
         idle = self.plane.settings.grpc_stream_idle_seconds
 
         async def handler(request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
             start, code, count, admitted = time.perf_counter(), "OK", 0, False
             window = asyncio.Semaphore(STREAM_WINDOW)  # requests read and not yet answered
-            pending: asyncio.Queue[asyncio.Future[bytes] | None] = asyncio.Queue()  # in request order; None: end
+            # answers in request order, each with the reservation that holds it until written; None: the end
+            pending: asyncio.Queue[asyncio.Future[tuple[bytes, Reservation]] | None] = asyncio.Queue()
             reader: asyncio.Future[None] | None = None
-            task: asyncio.Future[bytes] | None = None
+            task: asyncio.Future[tuple[bytes, Reservation]] | None = None
+            stream = asyncio.current_task()
+            in_progress = 0  # requests read whose answer is not yet written
+            asked: Reservation | None = None  # the lent reservation of the request asked for, until it comes
+            asked_at = 0.0  # when it was asked for: the stream is idle only while the server waits for its client
+            answered_at = 0.0  # when the last answer was written
+            reclaimed = False
+
+            def on_reclaim() -> None:
+                # the budget took the memory of the request asked for: the stream ends now. Only while it is idle
+                # (every answer written: nothing is cut half-sent, the status reaches the client)
+                nonlocal reclaimed
+                reclaimed = True
+                if stream is not None:
+                    stream.cancel()
+
             try:
                 caller = self.caller(method, self.metadata(context))
                 await self.admit_stream()
                 admitted = True
 
                 async def read() -> None:
+                    nonlocal asked, asked_at, in_progress
+                    next_message = _message_reader(request_iterator, context)
                     try:
-                        async for data in request_iterator:
+                        while True:
                             await window.acquire()
-                            # the message counted in the budget before the next one is read: a stream holds at
-                            # most one message outside it
-                            held: Reservation | ServiceError
+                            held = await self._admit_stream_request()
+                            held.lend(on_reclaim, None if in_progress else self.stream_reclaim_seconds)
+                            asked, asked_at = held, time.monotonic()
                             try:
-                                held = await self.plane.budget.acquire(len(data), "a gRPC stream's request")
-                            except ServiceError as exc:  # answered in its turn; the stream goes on
-                                held = exc
-                            pending.put_nowait(asyncio.ensure_future(self._stream_one(data, caller, held)))
+                                data = await next_message()
+                            except BaseException:
+                                held.release()  # (the stream ended under the read: idle, cancelled, reclaimed)
+                                raise
+                            finally:
+                                asked = None
+                                held.keep()
+                            if reclaimed:  # the stream ends (`on_reclaim`), this request with it
+                                return
+                            if data is None:
+                                held.release()
+                                break
+                            held.shrink(PARSE_COPIES * len(data))
+                            in_progress += 1
+                            one = asyncio.ensure_future(self._stream_one(data, caller, held))
+                            pending.put_nowait(one)
+                            # the request is its task's: this frame waits for the next one without it (kept here, it
+                            # outlived its reservation as long as the stream waited)
+                            del data, held, one
                     finally:
                         pending.put_nowait(None)  # the end, or a failed read (raised by `await reader`)
 
                 reader = asyncio.ensure_future(read())
                 while True:
-                    try:  # nothing in progress while the queue is empty: every request read is answered
-                        task = pending.get_nowait() if pending.qsize() else await asyncio.wait_for(pending.get(), idle)
-                    except TimeoutError:
-                        await self._end_idle(context, idle)  # raises AbortError, unless the call had ended
-                        code = "CANCELLED"
-                        return
+                    # nothing in progress while the queue is empty: every request read is answered. Idle: its client
+                    # sends nothing it was asked for since its last answer (time spent waiting for the stream's
+                    # admission does not count)
+                    got = bool(pending.qsize())
+                    if got:
+                        task = pending.get_nowait()
+                    while not got:
+                        waited = 0.0 if asked is None else time.monotonic() - max(asked_at, answered_at)
+                        if waited >= idle:
+                            await self._end_idle(context, idle)  # raises AbortError, unless the call had ended
+                            code = "CANCELLED"
+                            return
+                        with contextlib.suppress(TimeoutError):
+                            task = await asyncio.wait_for(pending.get(), idle - waited)
+                            got = True
                     if task is None:
                         break
-                    written = await task
+                    written, holding = await task
                     try:
                         await context.write(written)
                     except Exception:  # the call ended under the write (cancelled, or the server stopping)
                         code = "CANCELLED"
                         return
+                    finally:
+                        holding.release()
                     window.release()
                     count += len(written)
+                    in_progress -= 1
+                    answered_at = time.monotonic()
+                    if not in_progress and asked is not None:  # idle from now: its time starts
+                        asked.lend(on_reclaim, self.stream_reclaim_seconds)
                 await reader
             except BaseException as exc:
+                if reclaimed and isinstance(exc, asyncio.CancelledError) and stream is not None:
+                    stream.uncancel()  # its own doing: the stream ends with why
+                    exc = Unavailable(self.reclaimed_message(
+                        f"the stream sent no request for {self.stream_reclaim_seconds:g} s with none in progress"),
+                        retry_after=1, overloaded=True)
                 code, answer = self.status_of(method, context, exc)
                 if answer is not None:
                     await self._end(context, answer)
                 raise
             finally:
-                left = [reader, task, *(pending.get_nowait() for _ in range(pending.qsize()))]
-                for future in left:
+                answers = [task, *(pending.get_nowait() for _ in range(pending.qsize()))]
+                for future in [reader, *answers]:
                     if future is not None and not future.done():
                         future.cancel()
                     elif future is not None and not future.cancelled():
                         future.exception()  # retrieved: a read the call's end (an abort, a cancel) broke is no error
+                for unwritten in answers:  # answered, never written: their memory back
+                    if unwritten is not None and unwritten.done() and not unwritten.cancelled() \
+                            and unwritten.exception() is None:
+                        unwritten.result()[1].release()
                 if admitted:
                     self.leave_stream()
                 self.record(method, code, time.perf_counter() - start, count, context.peer() or "")
 
         return handler
+
+    async def _admit_stream_request(self) -> Reservation:
+        """The admission of a stream's next request (`admit_message`): while the queues are full or the memory
+        does not come free in time, the stream waits, its request unread; a server with no model ready ends it."""
+        while True:
+            try:
+                async with self.admit_message("a gRPC stream's next request") as admitted:
+                    return admitted.reservation
+            except Unavailable as exc:
+                if not exc.overloaded:
+                    raise
+                await asyncio.sleep(float(exc.headers.get("Retry-After", 1)))
 
     @staticmethod
     async def _end_idle(context: grpc.aio.ServicerContext, idle: float) -> None:
@@ -441,25 +608,32 @@ class Servicer:
         except Exception:  # the status could not be sent: the call is over
             return
 
-    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller, held: Reservation | ServiceError) -> bytes:
-        """One request of a stream (`held`: the reservation of its bytes, released here; or why the budget had no
-        room for it), answered as a `ModelStreamInferResponse`."""
-        request = pb.ModelInferRequest()
+    async def _stream_one(self, data: bytes, caller: SharedMemoryCaller,
+                          held: Reservation) -> tuple[bytes, Reservation]:
+        """One request of a stream (`held`: the reservation of its bytes, grown to its run), answered as a
+        `ModelStreamInferResponse`, with `held` holding the answer until it is written (`WRITE_COPIES`: the caller
+        releases it then); an answer nobody wrote held memory outside the budget while it waited for its client."""
+        names: Names = ("", "", "")
         try:
-            if isinstance(held, ServiceError):
-                raise held
-            request, raw = await offload(work(len(data)), None, decode_infer, data)
-            return stream_response(await self.infer(request, raw, caller, len(data), held))
+            call = await self.infer_call(data, caller, held)
+            del data
+            names = call.names
+            answered = await self.plane.infer(call)  # (its reservation is `held`, grown in place)
+            framed = stream_response(answered.value)
+            del answered
+            held.shrink(WRITE_COPIES * len(framed))
+            return framed, held
         except ServiceError as exc:
             message = grpc_details(exc.message)  # as a unary call's status message
         except Exception as exc:  # this request's own failure; the stream goes on
             log.error("unhandled error in a gRPC stream request", exc_info=exc)
             message = INTERNAL_MESSAGE
-        finally:
-            if isinstance(held, Reservation):
-                held.release()
+        except BaseException:
+            held.release()
+            raise
+        held.release()
         return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
-            model_name=request.model_name, model_version=request.model_version, id=request.id)).SerializeToString()
+            model_name=names[0], model_version=names[1], id=names[2])).SerializeToString(), held
 
     # -- health and metadata: the data plane's answers as messages
 
@@ -509,34 +683,107 @@ class Servicer:
 
     # -- inference
 
-    async def ModelInfer(self, request: InferMessage, caller: SharedMemoryCaller, size: int,
+    async def ModelInfer(self, data: bytes, caller: SharedMemoryCaller, size: int,
                          held: Reservation | None = None) -> bytes:
-        return await self.infer(*request, caller, size, held)
+        return await self.run(await self.infer_call(data, caller, held))
 
     async def infer(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
                     size: int, held: Reservation | None = None) -> bytes:
-        """One infer request of `size` bytes (`raw_inputs`: its `raw_input_contents`; `held`: the reservation that
-        holds it since it arrived, grown by the plane), run by the data plane: the serialized response."""
-        answered = await self.plane.infer(GrpcInferCall(request, raw_inputs, caller, size, held))
-        answered.release()  # the response's bytes are gRPC's from here
+        """One infer request of `size` bytes, already split (`raw_inputs`: its `raw_input_contents`; `held`: the
+        reservation that holds it since it arrived, grown by the plane), run by the data plane: the serialized
+        response."""
+        return await self.run(GrpcInferCall(caller, size, held, split=(request, raw_inputs)))
+
+    @staticmethod
+    async def infer_call(data: bytes, caller: SharedMemoryCaller, held: Reservation | None) -> GrpcInferCall:
+        """The data plane's call for a message: when its model's name leads it (`leading_names`), the plane admits it
+        to that model before it is parsed; otherwise it is parsed first (in a worker thread when large)."""
+        names = leading_names(data)
+        if names is not None:
+            return GrpcInferCall(caller, len(data), held, data=data, names=names)
+        split = await offload(work(len(data)), None, decode_infer, data)
+        phases.lap("parse")
+        return GrpcInferCall(caller, len(data), held, split=split)
+
+    async def run(self, call: GrpcInferCall) -> bytes:
+        """`call` run by the data plane: the serialized response (its bytes are gRPC's from here)."""
+        answered = await self.plane.infer(call)
+        answered.release()
         return answered.value
 
 
-class GrpcInferCall:
-    """A `ModelInferRequest` as the data plane runs it: already in memory (gRPC read it, within its size limit),
-    decoded from its fields and `raw_input_contents`, answered as a serialized `ModelInferResponse`."""
+def _message_reader(messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+                    ) -> Callable[[], Awaitable[bytes | None]]:
+    """How a handler reads its next message (None: the client sent no more): `context.read()`, which keeps nothing
+    once it has returned; gRPC's request iterator is a generator whose frame holds the message it yielded until
+    the next one comes (a stream waiting for its next request kept its last one, outside the budget). The iterator
+    where the context has no `read` (a stand-in context)."""
+    read = getattr(context, "read", None)
+    if read is None:
+        return partial(anext, aiter(messages), None)
 
-    def __init__(self, request: pb.ModelInferRequest, raw_inputs: RawInputs, caller: SharedMemoryCaller,
-                 size: int, held: Reservation | None = None) -> None:
-        self.request, self.raw_inputs, self.caller, self.size = request, raw_inputs, caller, size
-        self.model_name, self.model_version = request.model_name, request.model_version or None
-        # the message's copies, and its typed contents decoded (counted by the walk, not yet built): the
-        # reservation that holds the message since it arrived (`Servicer.receive`, a stream's reader) grown to it
-        self.reserve_bytes = PARSE_COPIES * size + decoded_bytes(raw_inputs)
-        self.held = held
+    async def next_message() -> bytes | None:
+        message = await read()
+        return None if message is grpc.aio.EOF else message
+
+    return next_message
+
+
+async def _stop(reading: asyncio.Future[Any]) -> None:
+    """Cancel a read that has not finished and wait for it to end; its failure, if any, retrieved (the call's end
+    broke it)."""
+    if not reading.done():
+        reading.cancel()
+        await asyncio.wait((reading,))
+    if not reading.cancelled():
+        reading.exception()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class GrpcInferCall:
+    """A `ModelInferRequest` as the data plane runs it: already in memory (gRPC read it, within its size limit), split
+    into its fields and `raw_input_contents` when the plane reads it, once it is admitted to the model its leading
+    fields name (`data`, `names`), or before (`split`); answered as a serialized `ModelInferResponse`."""
+
+    def __init__(self, caller: SharedMemoryCaller, size: int, held: Reservation | None = None, *,
+                 data: bytes | None = None, names: Names | None = None, split: InferMessage | None = None) -> None:
+        self.caller, self.size, self.held = caller, size, held
+        self.data, self.split = data, split
+        if split is not None:
+            names = (split[0].model_name, split[0].model_version, split[0].id)
+        assert names is not None, "a call needs its message split or its leading names"
+        self.names = names
+        self.model_name, self.model_version = names[0], names[1] or None
+        # the message's copies, and its typed contents decoded (counted by the split, not yet built; for a message
+        # split only when read, grown to then): the reservation that holds the message since it arrived grown to it
+        self.reserve_bytes = PARSE_COPIES * size + (0 if split is None else decoded_bytes(split[1]))
+        self.raw_inputs: RawInputs | list[memoryview] = [] if split is None else split[1]
 
     async def read(self) -> pb.ModelInferRequest:
-        return self.request
+        if self.split is None:
+            data, self.data = self.data, None
+            assert data is not None
+            self.split = await offload(work(self.size), None, decode_infer, data)
+            del data
+            request = self.split[0]
+            named = (request.model_name, request.model_version)
+            if named != self.names[:2]:
+                # admitted to the model its leading fields name: a later copy of a field (protobuf keeps the last)
+                # names another
+                raise BadRequest(f"the ModelInferRequest names its model twice ({echo(self.names[0])} version "
+                                 f"{echo(self.names[1])}, then {echo(named[0])} version {echo(named[1])}): name it "
+                                 "once")
+            self.names = (*named, request.id)
+            phases.lap("parse")
+            decoded = decoded_bytes(self.split[1])
+            if decoded and self.held is not None:
+                await self.held.grow(self.reserve_bytes + decoded, f"an inference on '{self.model_name}'")
+        request, self.raw_inputs = self.split
+        return request
 
     def parse_work(self, request: pb.ModelInferRequest) -> int:
         raw = sum(len(chunk) for chunk in self.raw_inputs)

@@ -1,7 +1,7 @@
-"""Application factory: `create_app(settings)`; nothing here reads the environment at import."""
+"""The HTTP transport's factory: `create_app(settings)` or `create_app(process=...)`; nothing here reads the environment
+at import."""
 
 import functools
-import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,7 +11,6 @@ from starlette.types import Receive, Scope, Send
 
 from posenc.service import __version__
 from posenc.service.audit.routes import router as audit_router
-from posenc.service.budget import BodiesInFlight, MemoryBudget, configure_malloc
 from posenc.service.check.routes import check_router
 from posenc.service.http import docs, explorer, health
 from posenc.service.http.errors import install_error_handlers
@@ -19,23 +18,14 @@ from posenc.service.http.fastpath import FastPath
 from posenc.service.http.metrics import install_metrics
 from posenc.service.http.openapi import install_openapi
 from posenc.service.inference import routes as inference_routes
-from posenc.service.inference.dataplane import DataPlane
-from posenc.service.inference.runtime.devices import HostPinning
-from posenc.service.inference.runtime.engine import Engine
-from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
 from posenc.service.presets import routes as presets
+from posenc.service.process import ServiceProcess
 from posenc.service.properties.routes import properties_router
 from posenc.service.request_kit.phases import HEAD_AT
 from posenc.service.request_kit.restricted import RestrictedApi
-from posenc.service.request_kit.threads import thread_kinds
 from posenc.service.request_kit.work import WORK_SCOPE, serving
 from posenc.service.settings import Settings
-from posenc.service.tables.blocks import RowBlocks
-from posenc.service.tables.cache import ByteLRUCache
 from posenc.service.tables.routes import table_router
-
-log = logging.getLogger("posenc.http.app")
-
 
 
 @functools.cache
@@ -46,30 +36,25 @@ def _registry_routers() -> tuple[APIRouter, APIRouter, APIRouter]:
     return table_router(), properties_router(), check_router()
 
 
-def create_app(settings: Settings | None = None, *, load_in_background: bool = False) -> FastAPI:
-    """Build the service with `settings` (default: read from `POSENC_*` now, at call time). Its lifespan makes the
-    data plane (`app.state.dataplane`) and loads the models: before serving, or with `load_in_background` while
-    serving, each model not ready until loaded (what `posenc serve` does, `posenc.service.serving.process`)."""
-    settings = settings if settings is not None else Settings()
+def create_app(settings: Settings | None = None, *, process: ServiceProcess | None = None,
+               load_in_background: bool = False) -> FastAPI:
+    """The HTTP transport on `process` (`app.state.process`; the only state the app keeps besides its request
+    recorder). Without one, the app assembles its own from `settings` (default: read from `POSENC_*` now, at call
+    time) and its lifespan runs it: the models load before serving, or with `load_in_background` while serving, each
+    not ready until loaded. A `process` given is run by whoever gave it (`posenc.service.serving.process`, which puts
+    gRPC on the same one)."""
+    owned = process is None
+    if process is None:
+        process = ServiceProcess(settings if settings is not None else Settings())
+    settings = process.settings
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        plane = DataPlane(Engine(settings, observer=app.state.metrics), settings, app.state.memory_budget,
-                          app.state.shared_memory, problems=app.state.readiness_problems)
-        app.state.dataplane, app.state.engine = plane, plane.engine
-
-        async def on_change() -> None:
-            if plane.engine.loaded:
-                _loaded(app, plane)
-
-        plane.watch(on_change)
-        # In the background, the port opens now: tables, checks and the audit answer at once, each model once loaded.
-        await plane.start(in_background=load_in_background)
-        try:
+        if not owned:
             yield
-        finally:
-            await plane.close()
-            app.state.row_blocks.close()
+            return
+        async with process.running(in_background=load_in_background):
+            yield
 
     app = PosencApp(
         title="posenc",
@@ -80,17 +65,7 @@ def create_app(settings: Settings | None = None, *, load_in_background: bool = F
         docs_url=None,
         redoc_url=None,
     )
-    app.state.settings = settings
-    app.state.table_cache = ByteLRUCache(settings.cache_bytes)
-    app.state.row_blocks = RowBlocks(settings.table_threads, settings.table_block_bytes)
-    app.state.memory_budget = MemoryBudget(settings.memory_budget_bytes, max_waiters=settings.memory_waiters,
-                                           wait_seconds=settings.memory_wait_seconds)
-    app.state.bodies_in_flight = BodiesInFlight(app.state.memory_budget)  # response bodies not yet sent
-    app.state.thread_kinds = thread_kinds(settings)  # audits, checks, tables: threads of their own count each
-    configure_malloc(settings.malloc_arenas, settings.malloc_keep_bytes)
-    app.state.readiness_problems = ["starting"]
-    app.state.shared_memory = SharedMemoryRegistry(settings.shared_memory,
-                                                   max_bytes=settings.shared_memory_max_bytes)
+    app.state.process = process
     install_error_handlers(app)
     install_openapi(app)
     tables, properties, checks = _registry_routers()
@@ -105,22 +80,10 @@ def create_app(settings: Settings | None = None, *, load_in_background: bool = F
     # which the fast path answers ahead of every layer).
     app.add_middleware(RestrictedApi, restrictions=settings.restrictions())
     # Observability: GET /metrics, per-route request metrics, the access log.
-    install_metrics(app, access_log_enabled=settings.access_log)
-    app.fast_path = FastPath(app.full_path, cache=app.state.table_cache, bodies=app.state.bodies_in_flight,
-                             routes=[*health.router.routes, *tables.routes, *properties.routes],
-                             recorder=app.state.request_recorder)
+    recorder = install_metrics(app, process.metrics, access_log_enabled=settings.access_log)
+    app.fast_path = FastPath(app.full_path, cache=process.table_cache, bodies=process.bodies_in_flight,
+                             routes=[*health.router.routes, *tables.routes, *properties.routes], recorder=recorder)
     return app
-
-
-def _loaded(app: FastAPI, plane: DataPlane) -> None:
-    """Every model loaded (or failed): pin shared memory on CUDA, say so in the log."""
-    engine, problems = plane.engine, plane.problems
-    if engine.on_cuda and app.state.settings.cuda_pin_shared_memory and app.state.shared_memory.pinning is None:
-        app.state.shared_memory.pinning = HostPinning.open()
-    if problems:
-        log.warning("posenc %s not ready: %s", __version__, "; ".join(problems))
-    else:
-        log.info("posenc %s ready (%d models)", __version__, len(engine.models))
 
 
 class PosencApp(FastAPI):

@@ -20,7 +20,8 @@ from posenc.service.check.routes import CHECK_FORMATS
 from posenc.service.codec.encode import FORMATS, MEDIA_TYPES
 from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH
 from posenc.service.inference.runtime.repository import VERSION
-from posenc.service.tables.registry import table_routes
+from posenc.service.tables.preset import preset_names
+from posenc.service.tables.registry import TableQuery, table_routes
 
 ERROR_SCHEMA = {
     "type": "object",
@@ -94,6 +95,20 @@ def _errors(statuses: tuple[int, ...]) -> dict[str, Any]:
     return {str(status): {"description": ERROR_MEANING[status], "content": body} for status in statuses}
 
 
+def _presets(operation: dict[str, Any], query: type[TableQuery]) -> None:
+    """`preset` lists the slugs that fill this route's table (another model's slug is a 422 there); a route no preset
+    fills does not declare it (any name is refused)."""
+    names = preset_names(query.preset_table) if query.preset_table is not None else []
+    parameters = operation.get("parameters", [])
+    for parameter in parameters:
+        if parameter["name"] == "preset" and parameter["in"] == "query":
+            schema = parameter["schema"]
+            described = {key: schema[key] for key in ("description", "title") if key in schema}
+            parameter["schema"] = {"type": "string", "enum": names, **described}
+    if not names:
+        operation["parameters"] = [p for p in parameters if not (p["name"] == "preset" and p["in"] == "query")]
+
+
 def _table_operation(operation: dict[str, Any], path: str) -> None:
     route = table_routes()[path]
     operation["responses"] = {
@@ -107,6 +122,7 @@ def _table_operation(operation: dict[str, Any], path: str) -> None:
             parameter["schema"] = {"type": "string", "enum": list(FORMATS)}
         elif parameter["name"] == "tensor":
             parameter["schema"] = {"type": "string", "enum": list(route.query.tensors)}
+    _presets(operation, route.query)
 
 
 def _check_operation(operation: dict[str, Any], path: str) -> None:
@@ -118,6 +134,7 @@ def _check_operation(operation: dict[str, Any], path: str) -> None:
             parameter["schema"] = {"type": "string", "enum": list(CHECK_FORMATS)}
         elif parameter["name"] == "tensor":
             parameter["schema"] = {"type": "string", "enum": list(accepted_tensors(route))}
+    _presets(operation, route.query)
 
 
 def _path_enums(operation: dict[str, Any], models: list[str]) -> None:
@@ -189,7 +206,7 @@ def install_openapi(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
-        engine = getattr(app.state, "engine", None)
+        engine = app.state.process.engine
         models = sorted(engine.models) if engine is not None else []
         spec = _describe(get_openapi(title=app.title, version=app.version, description=app.description,
                                      routes=app.routes), models)

@@ -4,10 +4,15 @@
 their metadata, readiness, statistics, config and repository index, shared-memory status, register and unregister
 (in a worker thread: opening an object can block), and the lifecycle of an inference and of a model check:
 
-    model ready? → the model's queue admits it → its memory reserved → its bytes read → a shared-memory lease →
-    parse → inputs checked, reservation grown to the request's peak → the run (through the model's batcher) →
-    copies into regions → encode → lease released; the reservation released on failure, or handed to the
-    protocol with the answer (`Answered`) to hold until the answer is sent.
+    admission (`admitted`: model ready? → the model's queue admits it → the caller's share of the memory budget) →
+    its bytes read → a shared-memory lease → parse → inputs checked, reservation grown to the request's peak → the
+    run (through the model's batcher) → copies into regions → encode → lease released; the reservation released on
+    failure, or handed to the protocol with the answer (`Answered`) to hold until the answer is sent.
+
+The admission is one step that every protocol takes before it reads a byte of a request: HTTP knows the model from
+the route; a gRPC message names its model inside, so gRPC takes it twice, before the message is read (no model
+named: some model ready, some ready model's queue not full, the memory the message may bring) and once it is in
+(the named model's readiness and queue place, growing the same reservation).
 
 The protocols are adapters: an `InferCall` says how their request's bytes are read, parsed and their answer encoded
 (`posenc.service.inference.routes` for HTTP, `posenc.service.grpc.servicer` for gRPC) and each maps a
@@ -20,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -32,13 +37,18 @@ from posenc.models.dtypes import BY_KSERVE
 from posenc.service import __version__
 from posenc.service.budget import MemoryBudget, Reservation
 from posenc.service.check.attention import EXPECTED, bound_attention_work, check_attention
-from posenc.service.errors import BadRequest
+from posenc.service.errors import BadRequest, Unavailable
 from posenc.service.inference.codecs.kserve_request import InferRequest, InputTensor, RequestedOutput, extensions
 from posenc.service.inference.codecs.kserve_response import requested_outputs
 from posenc.service.inference.model_inputs import check_inputs, check_outputs, model_metadata
 from posenc.service.inference.runtime.calibration_child import CHILD_BYTES
 from posenc.service.inference.runtime.engine import Engine
-from posenc.service.inference.runtime.repository import LoadedModel, RepositoryEntry, ensure_ready
+from posenc.service.inference.runtime.repository import (
+    LOADING_RETRY_SECONDS,
+    LoadedModel,
+    RepositoryEntry,
+    ensure_ready,
+)
 from posenc.service.inference.shared_memory.registry import RegionsFor, SharedMemoryRegistry, parse_register
 from posenc.service.inference.triton_config import repository_index, triton_config
 from posenc.service.request_kit import phases
@@ -92,6 +102,15 @@ class InferCall(Protocol[A_co]):
 
     def watching(self) -> AbstractAsyncContextManager[None]:
         """Held while a step of this request runs in a worker thread (HTTP: stop once the client has left)."""
+
+
+@dataclass
+class Admitted:
+    """What the admission step holds for a request: its model (None: not named yet) and its share of the memory
+    budget (the caller's once the step's block ends without failing)."""
+
+    model: LoadedModel | None
+    reservation: Reservation
 
 
 @dataclass
@@ -290,35 +309,83 @@ class DataPlane:
 
         return await self._serve(call, "a check", step, shared_memory=False)
 
-    async def _serve(self, call: InferCall[Any], kind: str, step: Step[T], *, shared_memory: bool) -> Answered[T]:
-        """The lifecycle around `step`: readiness, the model's queue, the reservation, the read, the lease, the parse;
-        the lease released always, the reservation on failure."""
-        model = ensure_ready(self.model(call.model_name, call.model_version))  # 503 before reading what cannot run
-        engine = self.engine
-        with engine.admission(model):  # a full queue refuses before the request's bytes are read
-            reservation = call.held
-            if reservation is None:
-                reservation = await self.budget.acquire(call.reserve_bytes, f"{kind} on '{model.name}'")
+    @contextlib.asynccontextmanager
+    async def admitted(self, model_name: str | None, version: str | None, reserve_bytes: int, kind: str, *,
+                       held: Reservation | None = None, line: bool = True, lent: bool = False
+                       ) -> AsyncIterator[Admitted]:
+        """The admission step, taken before a byte of the request's body or message is read, so that what cannot
+        run is refused before it costs memory or time: the model's readiness (503 naming why), a place in its queue
+        (503 when full; held while the block runs), then the caller's share of the memory budget: `reserve_bytes`
+        (at most the whole budget: a request larger runs alone; `held`: a reservation the caller holds already,
+        grown in place), waited for as `MemoryBudget.acquire` waits (`line=False`: not in POSENC_MEMORY_WAITERS, the
+        caller's own limit bounds how many wait; `lent`: the caller will lend it, `Reservation.lend`). The share is
+        released if the block fails, else it stays the caller's (handed on with the answer).
+
+        `model_name` None: the model is named inside what is about to be read (a gRPC message). 503 while no model
+        is ready, or while every ready model's queue is full; no place is held (the named model's is taken once
+        the message is in, by this step again)."""
+        model = None
+        if model_name is None:
+            self._some_model_admits()
+            what = kind
+        else:
+            model = ensure_ready(self.model(model_name, version))
+            what = f"{kind} on '{model.name}'"
+        with self.engine.admission(model) if model is not None else contextlib.nullcontext():
+            if held is None:
+                reservation = await self.budget.acquire(reserve_bytes, what, line=line, lent=lent)
             else:  # grown in place: one reservation, at most the whole budget, as a request that runs alone
-                await reservation.grow(call.reserve_bytes, f"{kind} on '{model.name}'")
-            phases.lap("admit")
+                await held.grow(reserve_bytes, what)
+                reservation = held
             try:
-                read = await call.read()
-                phases.lap("read")
-                regions = (self.shared_memory.for_caller(call.caller)
-                           if shared_memory and self.shared_memory.enabled else None)
-                try:
-                    parsed, body = await offload(call.parse_work(read), call, call.parse, read, regions)
-                    del read
-                    phases.lap("parse")
-                    value = await step(model, parsed, body, regions, reservation)
-                finally:
-                    if regions is not None:
-                        regions.release()
-                phases.lap("encode")
+                yield Admitted(model, reservation)
             except BaseException:
                 reservation.release()
                 raise
+
+    def _some_model_admits(self) -> None:
+        """503 when no model could take a request now: none is ready (the readiness problems say why), or every
+        ready model's queue is full (the model's own refusal when there is one model)."""
+        engine = self.engine
+        if engine is None:  # a plane without models: the transports' own tests, which say it is ready
+            return
+        ready = [entry for entry in engine.models.values() if isinstance(entry, LoadedModel)]
+        if not ready:
+            raise Unavailable("not ready: " + ("; ".join(self.problems) or "no model is loaded"),
+                              retry_after=LOADING_RETRY_SECONDS)
+        refused: Unavailable | None = None
+        for model in ready:
+            try:
+                with engine.admission(model):  # a place free now (given back at once: the message names its model)
+                    return
+            except Unavailable as exc:
+                refused = exc
+        if len(ready) == 1 and refused is not None:
+            raise refused
+        raise Unavailable(f"every model's queue is full (POSENC_MAX_QUEUE_SIZE={self.settings.max_queue_size}); "
+                          "retry later", retry_after=1, overloaded=True)
+
+    async def _serve(self, call: InferCall[Any], kind: str, step: Step[T], *, shared_memory: bool) -> Answered[T]:
+        """The lifecycle around `step`: the admission (readiness, the model's queue, the reservation), the read, the
+        lease, the parse; the lease released always, the reservation on failure."""
+        async with self.admitted(call.model_name, call.model_version, call.reserve_bytes, kind,
+                                 held=call.held) as admitted:
+            model, reservation = admitted.model, admitted.reservation
+            assert model is not None
+            phases.lap("admit")
+            read = await call.read()
+            phases.lap("read")
+            regions = (self.shared_memory.for_caller(call.caller)
+                       if shared_memory and self.shared_memory.enabled else None)
+            try:
+                parsed, body = await offload(call.parse_work(read), call, call.parse, read, regions)
+                del read
+                phases.lap("parse")
+                value = await step(model, parsed, body, regions, reservation)
+            finally:
+                if regions is not None:
+                    regions.release()
+            phases.lap("encode")
         return Answered(value, reservation)
 
     async def _run(self, model: LoadedModel, parsed: InferRequest, body: Buffer, regions: RegionsFor | None,

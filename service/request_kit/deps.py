@@ -2,16 +2,17 @@
 
     async def route(settings: SettingsDep, budget: MemoryBudgetDep) -> ...
 
-`create_app` (`posenc.service.http.app`) puts each object on the app's state; these functions are the only
-readers. Every one is `async def`: they do no blocking work, and FastAPI runs a sync dependency in
-the threadpool (one hop per request). These are the objects every room shares; a room's own objects have their
-own dependencies module (`posenc.service.tables.deps`, `posenc.service.inference.deps`), so that nothing here
-names a room above it.
+`create_app` (`posenc.service.http.app`) puts the process (`posenc.service.process.ServiceProcess`) on the app's
+state; these functions are the only readers, each room naming what it reads of it (`SharedParts` here, above it
+`posenc.service.tables.deps.TableParts`, `posenc.service.inference.deps.InferenceParts`), since no room may import
+the process that assembles them. Every one is `async def`: they do no blocking work, and FastAPI runs a sync
+dependency in the threadpool (one hop per request). These are the objects every room shares; a room's own objects
+have their own dependencies module, so that nothing here names a room above it.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -19,32 +20,41 @@ from posenc.service.budget import BodiesInFlight, MemoryBudget
 from posenc.service.request_kit.threads import ThreadKinds
 from posenc.service.settings import Settings
 
-STARTING = ["starting"]  # the readiness problems before start-up has finished
+
+class SharedParts(Protocol):
+    """What every room reads of the process."""
+
+    settings: Settings
+    memory_budget: MemoryBudget
+    bodies_in_flight: BodiesInFlight
+    thread_kinds: ThreadKinds
+    readiness_problems: list[str]
+
+def process_of(request: Request) -> SharedParts:
+    """The process the app serves (every room's objects are its)."""
+    process: SharedParts = request.app.state.process
+    return process
 
 
 async def settings_of(request: Request) -> Settings:
-    settings: Settings = request.app.state.settings
-    return settings
+    return process_of(request).settings
 
 
 async def memory_budget_of(request: Request) -> MemoryBudget:
-    budget: MemoryBudget = request.app.state.memory_budget
-    return budget
+    return process_of(request).memory_budget
 
 
 async def bodies_in_flight_of(request: Request) -> BodiesInFlight:
-    bodies: BodiesInFlight = request.app.state.bodies_in_flight
-    return bodies
+    return process_of(request).bodies_in_flight
 
 
 async def thread_kinds_of(request: Request) -> ThreadKinds:
-    kinds: ThreadKinds = request.app.state.thread_kinds
-    return kinds
+    return process_of(request).thread_kinds
 
 
 async def readiness_problems_of(request: Request) -> list[str]:
     """Why the service is not ready (empty: ready)."""
-    return list(getattr(request.app.state, "readiness_problems", STARTING))
+    return list(process_of(request).readiness_problems)
 
 
 SettingsDep = Annotated[Settings, Depends(settings_of)]

@@ -1,9 +1,10 @@
-"""One serving process: the HTTP app and, beside it on the same data plane and event loop, the gRPC server.
+"""One serving process: the process object (`posenc.service.process.ServiceProcess`), assembled once, and its two
+transports on it — the HTTP app and, beside it on the same data plane and event loop, the gRPC server.
 
 uvicorn builds the app in each worker through `app_from_env` (settings from the worker's environment). The app's
-lifespan makes the data plane and begins loading the models (`posenc.service.http.app.create_app`); this lifespan,
-around it, then starts gRPC on POSENC_GRPC_PORT (0: none) and stops it before the plane closes. The drain after
-SIGTERM begins for both protocols at once (`posenc.service.serving.server.Server.shutdown`).
+lifespan starts the process (the data plane made, the models loading), then gRPC on POSENC_GRPC_PORT (0: none);
+it stops gRPC before the process closes. The drain after SIGTERM begins for both protocols at once
+(`posenc.service.serving.server.Server.shutdown`).
 """
 
 from __future__ import annotations
@@ -14,25 +15,27 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from posenc.service.http.app import create_app
+from posenc.service.process import ServiceProcess
 from posenc.service.settings import Settings
 
 
 def serving_app(settings: Settings) -> FastAPI:
     """The app of `posenc serve`: its models load while it serves, and gRPC runs beside it when configured."""
-    app = create_app(settings, load_in_background=True)
-    if not settings.grpc_port:
-        return app
-    http_lifespan = app.router.lifespan_context
+    process = ServiceProcess(settings)
+    app = create_app(process=process)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        async with http_lifespan(app):
-            from posenc.service.grpc.server import start_grpc_server, stop
+        async with process.running(in_background=True):
+            if not settings.grpc_port:
+                yield
+                return
+            from posenc.service.grpc.server import grpc_recorder, start_grpc_server, stop
             from posenc.service.serving.server import GRPC_CUTS
 
             # the calls a drain cuts are counted in the exit status and logged as their clients saw them
-            record = GRPC_CUTS.recorder(app.state.request_recorder.record_grpc)
-            grpc_server = await start_grpc_server(app.state.dataplane, record, workers=settings.workers)
+            record = GRPC_CUTS.recorder(grpc_recorder(process.metrics, settings.access_log))
+            grpc_server = await start_grpc_server(process, record, workers=settings.workers)
             try:
                 yield
             finally:

@@ -35,9 +35,9 @@ from uvicorn.server import HANDLED_SIGNALS
 
 from posenc.service.http.listener import Listener
 from posenc.service.http.logs import log_config
-from posenc.service.http.metrics import shared_metrics_dir
 from posenc.service.http.protocol import DrainState, ServerConfig, TimeoutHttpToolsProtocol, Timeouts
 from posenc.service.http.unix_socket import bind_unix_socket
+from posenc.service.metrics import shared_metrics_dir
 from posenc.service.request_kit import work
 from posenc.service.settings import Settings
 

@@ -1,9 +1,8 @@
-"""The tables room's typed dependencies: its cache and row blocks, which `create_app` (`posenc.service.http.app`)
-puts on the app's state."""
+"""The tables room's typed dependencies: the process's table cache and row blocks."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -11,14 +10,24 @@ from posenc.service.tables.blocks import RowBlocks
 from posenc.service.tables.cache import ByteLRUCache
 
 
+class TableParts(Protocol):
+    """What the tables room reads of the process."""
+
+    table_cache: ByteLRUCache
+    row_blocks: RowBlocks
+
+
+def _parts(request: Request) -> TableParts:
+    parts: TableParts = request.app.state.process
+    return parts
+
+
 async def table_cache_of(request: Request) -> ByteLRUCache:
-    cache: ByteLRUCache = request.app.state.table_cache
-    return cache
+    return _parts(request).table_cache
 
 
 async def row_blocks_of(request: Request) -> RowBlocks:
-    blocks: RowBlocks = request.app.state.row_blocks
-    return blocks
+    return _parts(request).row_blocks
 
 
 TableCacheDep = Annotated[ByteLRUCache, Depends(table_cache_of)]

@@ -118,7 +118,7 @@ def test_a_held_response_releases_when_sent_or_dropped() -> None:
     with TestClient(app) as client:  # no protocol hook: released once the response was passed on
         response = client.get("/v1/alibi/bias?num_heads=16&query_length=256&key_length=256&format=raw")
         assert response.status_code == 200 and len(response.content) == 4 << 20
-        assert app.state.memory_budget.reserved == 0 and app.state.bodies_in_flight.bytes_held == 0
+        assert app.state.process.memory_budget.reserved == 0 and app.state.process.bodies_in_flight.bytes_held == 0
 
 
 def test_a_send_that_raises_or_is_cancelled_gives_its_bytes_back() -> None:

@@ -51,7 +51,7 @@ def test_a_flood_of_distinct_long_accept_headers_holds_nothing() -> None:
     """The probe: distinct 1 MiB `Accept: x/<junk>, */*` headers, each answered 200, grew RSS by 1.7 GB."""
     with running_client() as client:
         client.get("/v1/alibi/slopes?num_heads=8")
-        cache = client.app.state.table_cache  # type: ignore[attr-defined]
+        cache = client.app.state.process.table_cache  # type: ignore[attr-defined]
         counted, spellings = cache.size_bytes, dict(cache._spellings)
         for index in range(20):
             accept = f"x/{index:08d}{'j' * (1 << 20)}, */*"

@@ -88,7 +88,7 @@ def client() -> Iterator[TestClient]:
 
 def test_the_route_reserves_the_whole_check_before_reading_its_body(client: TestClient,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    budget = client.app.state.memory_budget  # type: ignore[attr-defined]
+    budget = client.app.state.process.memory_budget  # type: ignore[attr-defined]
     routes = posenc.service.check.routes
     seen: dict[str, int] = {}
     read_body, real_run = routes.read_body, routes.run

@@ -77,7 +77,7 @@ def test_conditional_requests_on_the_fast_path(prepared: list[str]) -> None:
 
 def test_equivalent_spellings_share_one_cache_entry() -> None:
     with running_client() as client:
-        cache = client.app.state.table_cache  # type: ignore[attr-defined]
+        cache = client.app.state.process.table_cache  # type: ignore[attr-defined]
         spellings = ["/v1/alibi/slopes?num_heads=12", "/v1/alibi/slopes?num_heads=12&alibi_bias_max=8",
                      "/v1/alibi/slopes?alibi_bias_max=8.0&num_heads=12&dtype=float32",
                      "/v1/alibi/slopes?num_heads=012&alibi_bias_max=0.8e1"]
@@ -167,7 +167,7 @@ def test_cached_hits_send_the_headers_a_response_would(fmt: str) -> None:
     with running_client() as client:
         url = _single(TABLE_REQUESTS[3], fmt)
         client.get(url)
-        cache = client.app.state.table_cache  # type: ignore[attr-defined]
+        cache = client.app.state.process.table_cache  # type: ignore[attr-defined]
         ((key, slot),) = cache._slots.items()  # the one entry
     cached = slot.entry
     response = to_response(Answer(200, answer_headers(key, cached, "hit"), cached.body, cached.media_type))
@@ -210,7 +210,7 @@ def test_hits_are_answered_outside_the_middleware_stack(caplog: pytest.LogCaptur
 def test_the_hit_headers_are_made_once_per_cache_entry() -> None:
     with running_client() as client:
         client.get(TABLE_REQUESTS[3])
-        ((key, slot),) = client.app.state.table_cache._slots.items()  # type: ignore[attr-defined]
+        ((key, slot),) = client.app.state.process.table_cache._slots.items()  # type: ignore[attr-defined]
         fast_path = client.app.fast_path  # type: ignore[attr-defined]
     made = fast_path._hit_headers(key, slot.entry)
     assert fast_path._hit_headers(key, slot.entry) is made

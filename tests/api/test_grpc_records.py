@@ -7,8 +7,9 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from posenc.service.grpc.server import grpc_recorder
 from posenc.service.http.logs import JsonFormatter
-from posenc.service.http.metrics import Metrics, RequestRecorder
+from posenc.service.metrics import Metrics
 
 
 class _Records(logging.Handler):
@@ -37,10 +38,10 @@ def access_records() -> Iterator[list[logging.LogRecord]]:
 
 def test_a_grpc_call_is_logged_and_counted() -> None:
     metrics = Metrics()
-    recorder = RequestRecorder(metrics)
+    record = grpc_recorder(metrics, access_log_enabled=True)
     with access_records() as records:
-        recorder.record_grpc("ModelInfer", "NOT_FOUND", 0.0123, 0, "ipv4:127.0.0.1:5000")
-        recorder.record_grpc("ModelInfer", "OK", 0.002, 65586, "ipv4:127.0.0.1:5000")
+        record("ModelInfer", "NOT_FOUND", 0.0123, 0, "ipv4:127.0.0.1:5000")
+        record("ModelInfer", "OK", 0.002, 65586, "ipv4:127.0.0.1:5000")
     first, second = records
     assert first.getMessage() == "GRPC /inference.GRPCInferenceService/ModelInfer NOT_FOUND 12.3ms 0B"
     document = json.loads(JsonFormatter().format(second))
@@ -55,6 +56,6 @@ def test_a_grpc_call_is_logged_and_counted() -> None:
 def test_the_access_log_setting_turns_grpc_lines_off() -> None:
     metrics = Metrics()
     with access_records() as records:
-        RequestRecorder(metrics, access_log_enabled=False).record_grpc("ServerLive", "OK", 0.001, 2, "")
+        grpc_recorder(metrics, access_log_enabled=False)("ServerLive", "OK", 0.001, 2, "")
     assert not records
     assert 'posenc_grpc_requests_total{code="OK",method="ServerLive"} 1.0' in metrics.exposition().decode()

@@ -188,7 +188,7 @@ def test_a_request_that_fails_inside_its_reservation_does_not_503_the_next(failu
             assert r.status_code == 500 and r.json()["type"] == "internal"
         after = client.get(table)
         assert after.status_code == 200, after.text
-        budget: MemoryBudget = client.app.state.memory_budget  # type: ignore[attr-defined]
+        budget: MemoryBudget = client.app.state.process.memory_budget  # type: ignore[attr-defined]
         assert budget.reserved == 0
 
 

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from posenc.service.http.app import create_app
 from posenc.service.http.logs import JsonFormatter, log_config
-from posenc.service.http.metrics import MULTIPROCESS_ENV, shared_metrics_dir
+from posenc.service.metrics import MULTIPROCESS_ENV, shared_metrics_dir
 from posenc.service.settings import Settings
 from tests.conftest import running_client
 from tests.onnx_models import random_inputs
@@ -74,12 +74,12 @@ def test_table_cache_hits_misses_and_bytes(client: TestClient) -> None:
     got = samples(client)
     assert got[("posenc_table_cache_hits_total", frozenset())] == 1
     assert got[("posenc_table_cache_misses_total", frozenset())] == 1
-    assert got[("posenc_table_cache_bytes", frozenset())] == client.app.state.table_cache.size_bytes > 0
+    assert got[("posenc_table_cache_bytes", frozenset())] == client.app.state.process.table_cache.size_bytes > 0
     assert got[("posenc_table_cache_entries", frozenset())] == 1
 
 
 def test_inference_hooks(client: TestClient) -> None:
-    metrics = client.app.state.metrics
+    metrics = client.app.state.process.metrics
     metrics.observe_batch("m", 3)
     metrics.set_queue_depth("m", 5)
     metrics.observe_run("m", 0.002)

@@ -131,7 +131,7 @@ def test_client_disconnect_is_499_not_500(client: TestClient, path: str, caplog:
 
 def test_full_queue_refuses_before_reading_the_body(client: TestClient) -> None:
     app: FastAPI = client.app  # type: ignore[assignment]
-    engine = app.state.engine
+    engine = app.state.process.engine
     model = engine.models["rope_attention"]
     with engine.admission(model):  # the one place (max_queue_size=1) is taken
         status, received = _call(app, "POST", INFER, [], {"content-length": "1000000"}, disconnect=False)

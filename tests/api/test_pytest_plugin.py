@@ -46,7 +46,7 @@ def test_errors_are_the_services(posenc_table):
 
 
 def test_the_module_marker_reaches_the_app(posenc_app, posenc_settings):
-    assert posenc_app.state.settings is posenc_settings
+    assert posenc_app.state.process.settings is posenc_settings
     assert (posenc_settings.cache_bytes, posenc_settings.max_table_bytes) == (12345, 1 << 20)
 
 
@@ -136,11 +136,11 @@ SEEN = []
 
 
 def test_one_app(posenc_client):
-    SEEN.append(posenc_client.app.state.engine.models["rope_attention"].session)
+    SEEN.append(posenc_client.app.state.process.engine.models["rope_attention"].session)
 
 
 def test_another_app_with_the_same_sessions(posenc_client):
-    assert posenc_client.app.state.engine.models["rope_attention"].session is SEEN[0]
+    assert posenc_client.app.state.process.engine.models["rope_attention"].session is SEEN[0]
 '''
 
 

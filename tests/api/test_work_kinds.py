@@ -62,13 +62,13 @@ def test_a_kind_uses_its_own_threads_and_refuses_past_its_line() -> None:
 def test_every_step_of_an_audit_runs_on_the_audits_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     app = create_app(Settings())
     kinds: list[str] = []
-    run = app.state.thread_kinds.run
+    run = app.state.process.thread_kinds.run
 
     async def spied(name: str, call: Any, *args: Any) -> Any:
         kinds.append(name)
         return await run(name, call, *args)
 
-    monkeypatch.setattr(app.state.thread_kinds, "run", spied)
+    monkeypatch.setattr(app.state.process.thread_kinds, "run", spied)
     config = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "max_position_embeddings": 4096}
     with TestClient(app) as client:
         response = client.post("/v1/audit", params={"config": json.dumps(config)}, content=json.dumps(config))

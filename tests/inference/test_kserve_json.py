@@ -157,7 +157,7 @@ def _traced(work: Callable[[], Any]) -> tuple[Any, int]:
 @pytest.fixture(scope="module")
 def model() -> Iterator[LoadedModel]:
     with running_client(max_queue_delay_us=0) as client:
-        loaded = client.app.state.engine.models["rope_attention"]  # type: ignore[attr-defined]
+        loaded = client.app.state.process.engine.models["rope_attention"]  # type: ignore[attr-defined]
         assert isinstance(loaded, LoadedModel)
         yield loaded
 

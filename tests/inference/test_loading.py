@@ -61,7 +61,7 @@ def test_tables_answer_while_a_model_calibrates_and_the_model_answers_503_until_
         assert ready.status_code == 503 and "rope_attention" in ready.json()["error"]
         assert "loading" in ready.json()["error"]
         # the calibration child's share of the memory budget is held while it runs
-        assert app.state.memory_budget.reserved == CHILD_BYTES
+        assert app.state.process.memory_budget.reserved == CHILD_BYTES
         infer = client.post("/v2/models/rope_attention/infer", content=request.body, headers=request.headers)
         assert infer.status_code == 503 and infer.headers["Retry-After"] == "2"
         assert "is loading" in infer.json()["error"]
@@ -76,7 +76,7 @@ def test_tables_answer_while_a_model_calibrates_and_the_model_answers_503_until_
                 break
             threading.Event().wait(0.05)
         assert client.get("/readyz").status_code == 200
-        assert app.state.memory_budget.reserved == 0
+        assert app.state.process.memory_budget.reserved == 0
         infer = client.post("/v2/models/rope_attention/infer", content=request.body, headers=request.headers)
         assert infer.status_code == 200
     assert held_calibration["calls"] == 1
@@ -91,7 +91,7 @@ def test_an_in_process_app_has_its_models_loaded_when_its_lifespan_has_started(t
 def test_only_the_graphs_the_rule_names_get_a_session(tmp_path: Path) -> None:
     settings = Settings(model_repository=_repository(tmp_path, "rope_attention"), cpu_form_from="64")
     with TestClient(create_app(settings)) as client:
-        model = client.app.state.engine.models["rope_attention"]  # type: ignore[attr-defined]
+        model = client.app.state.process.engine.models["rope_attention"]  # type: ignore[attr-defined]
     assert isinstance(model, LoadedModel) and model.forms is not None
     assert set(model.forms.sessions) == {"model.onnx", "model.cpu.onnx"}  # not the three blocked forms
 
@@ -175,7 +175,7 @@ def test_rules_printed_on_this_machine_are_read_from_the_rules_file(
             if client.get("/readyz").status_code == 200:
                 break
             threading.Event().wait(0.05)
-        model = client.app.state.engine.models["rope_attention"]  # type: ignore[attr-defined]
+        model = client.app.state.process.engine.models["rope_attention"]  # type: ignore[attr-defined]
     assert isinstance(model, LoadedModel) and model.forms is not None
     assert model.forms.how == "calibrated for this machine (POSENC_CALIBRATION_RULES)"
     (key,) = [key for key in entries if key != "another machine | key"]

@@ -36,7 +36,7 @@ def test_a_400_infer_gives_its_reserved_bytes_back(bad: object) -> None:
     # the bad body reserves 3x its length (over 1 MiB): the whole budget, which a leak would leave held
     assert 3 * len(body) >= MiB
     with running_client(memory_budget_bytes=MiB, memory_wait_seconds=0.5, max_queue_delay_us=0) as client:
-        budget: MemoryBudget = client.app.state.memory_budget  # type: ignore[attr-defined]
+        budget: MemoryBudget = client.app.state.process.memory_budget  # type: ignore[attr-defined]
         assert budget.reserved == 0
         r = client.post(f"/v2/models/{MODEL}/infer", content=body, headers=headers)
         assert r.status_code == 400 and message in r.json()["error"], r.text

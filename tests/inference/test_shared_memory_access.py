@@ -292,7 +292,7 @@ def test_an_unsealed_object_is_copied_and_a_shrink_is_a_400(shm_path: Path, monk
     body = kserve_request(shared_memory_inputs(inputs, "r"), outputs=[output]).body
     with shared_memory_client() as client:
         assert _register(client, "r", f"/{shm_path.name}", 16384).status_code == 200
-        assert client.app.state.shared_memory._regions[TRUSTED.owner, "r"].mapping is None
+        assert client.app.state.process.shared_memory._regions[TRUSTED.owner, "r"].mapping is None
         answer = client.post(URL, content=body)
         assert answer.status_code == 200, answer.text
         got = np.frombuffer(shm_path.read_bytes()[8192:8192 + expected.nbytes], np.float32).reshape(expected.shape)

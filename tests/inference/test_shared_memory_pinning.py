@@ -171,7 +171,7 @@ def test_the_server_pins_only_when_a_model_runs_on_cuda_and_the_setting_allows(
     monkeypatch.setattr(HostPinning, "open", classmethod(lambda cls: pinning))
     monkeypatch.setattr(Engine, "on_cuda", property(lambda self: on_cuda))
     with running_client(shared_memory=True, cuda_pin_shared_memory=pin_setting) as client:
-        assert client.app.state.shared_memory.pinning is (pinning if pinned else None)  # type: ignore[attr-defined]
+        assert client.app.state.process.shared_memory.pinning is (pinning if pinned else None)  # type: ignore[attr-defined]
 
 
 def test_a_cuda_run_binds_the_output_arrays_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,7 +206,7 @@ def test_an_http_request_releases_its_regions_whether_it_succeeds_or_fails(memfd
         return kserve_request(inputs, outputs=[output])
 
     with shared_memory_client(peer=peer_sending(fd)) as client:
-        registry: SharedMemoryRegistry = client.app.state.shared_memory  # type: ignore[attr-defined]
+        registry: SharedMemoryRegistry = client.app.state.process.shared_memory  # type: ignore[attr-defined]
         register = {"key": key, "offset": 0, "byte_size": 2 * TENSOR_BYTES}
         assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
         region = registry._regions[SELF_PEER.owner, "r"]

@@ -222,7 +222,7 @@ def test_shared_memory_inputs_reach_the_engine_as_views_of_the_mapping(
         answer = client.post(URL, content=new_head + body[int(length):],
                              headers={"Inference-Header-Content-Length": str(len(new_head))})
         assert answer.status_code == 200, answer.text
-        mapping = client.app.state.shared_memory._regions[SELF_PEER.owner, "q"].mapping  # type: ignore[attr-defined]
+        mapping = client.app.state.process.shared_memory._regions[SELF_PEER.owner, "q"].mapping  # type: ignore[attr-defined]
         assert _root(captured["query"]) is mapping, "the shared-memory input was copied"
         assert not captured["query"].flags.writeable
         np.testing.assert_array_equal(captured["query"], query)
@@ -308,7 +308,7 @@ def test_regions_are_unmapped_at_shutdown(memfd: tuple[str, int]) -> None:
     with shared_memory_client(peer=peer_sending(fd)) as client:
         register = {"key": key, "offset": 0, "byte_size": 8192}
         assert client.post("/v2/systemsharedmemory/region/r/register", content=json.dumps(register)).status_code == 200
-        region = client.app.state.shared_memory._regions[SELF_PEER.owner, "r"]  # type: ignore[attr-defined]
+        region = client.app.state.process.shared_memory._regions[SELF_PEER.owner, "r"]  # type: ignore[attr-defined]
         assert client.get("/v2/systemsharedmemory/region/r/status").json() == [{"name": "r", **register}]
     assert region.closed and region.mapping.closed
 
@@ -373,7 +373,7 @@ def test_shared_memory_outputs_are_written_in_place_unless_they_overlap_an_input
     expected = run(session(REPOSITORY / "rope_attention" / "model.onnx"), inputs)
     with shared_memory_client(peer=peer_sending(fd)) as client:
         answer = _shm_request(client, key, inputs, out_offset)
-        mapping = client.app.state.shared_memory._regions[SELF_PEER.owner, "r"].mapping  # type: ignore[attr-defined]
+        mapping = client.app.state.process.shared_memory._regions[SELF_PEER.owner, "r"].mapping  # type: ignore[attr-defined]
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["parameters"].get("shared_memory_offset", 0) == out_offset
         assert (runs[-1] is not None and _root(runs[-1]["output"]) is mapping) == in_place

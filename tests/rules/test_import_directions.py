@@ -4,7 +4,9 @@ inference; inference never imports tables or properties; the assembly (posenc.se
 nothing below it (only the CLI and the test kit); only the assembly and the request kit's dependencies know the
 app; every feature room declares its routes in one module, `routes.py`; the numeric core (models/ outside
 models/export/) imports no torch and no onnx; the CLI imports no route module and no CLI module imports itself
-back; nothing in service/ imports the test kit posenc.service.testing.
+back; nothing in service/ imports the test kit posenc.service.testing; the two transports (posenc.service.http and
+posenc.service.grpc) import nothing of each other, and the process object they both take (posenc.service.process)
+imports neither.
 
 Each rule is also run on a planted violation, so none of them can pass by finding nothing to look at."""
 
@@ -97,6 +99,20 @@ def nothing_below_the_assembly_imports_it(modules: list[Module]) -> list[str]:
     return list(_forbidden(rooms, ("posenc",), (ASSEMBLY,)))
 
 
+PROCESS = "posenc.service.process"  # the process object both transports take
+TRANSPORTS = {"posenc.service.http": ("posenc.service.grpc", "grpc"), "posenc.service.grpc": ("posenc.service.http",
+                                                                                             "fastapi", "starlette")}
+
+
+def the_transports_know_only_the_process(modules: list[Module]) -> list[str]:
+    """HTTP holds nothing of gRPC and gRPC nothing of HTTP; the process they share imports neither transport."""
+    found = []
+    for transport, banned in TRANSPORTS.items():
+        found += _forbidden(modules, (transport,), banned)
+    found += _forbidden(modules, (PROCESS,), (*TRANSPORTS, "fastapi", "starlette", "grpc"))
+    return found
+
+
 EXPORT_ROOM = "posenc.models.export"
 HEAVY = ("torch", "onnx", "onnxscript", "onnxruntime", "transformers")
 
@@ -187,7 +203,7 @@ def service_never_imports_the_test_kit(modules: list[Module]) -> list[str]:
 RULES = [models_never_import_service, tables_properties_check_never_import_inference, inference_never_imports_tables,
          nothing_below_the_assembly_imports_it, the_numeric_core_imports_no_torch_or_onnx, only_http_knows_the_app,
          each_feature_room_declares_its_routes_in_routes_py, cli_imports_no_route_module, cli_has_no_import_circle,
-         service_never_imports_the_test_kit]
+         service_never_imports_the_test_kit, the_transports_know_only_the_process]
 
 
 @pytest.fixture(scope="module")
@@ -197,7 +213,7 @@ def modules() -> list[Module]:
 
 def test_the_tree_holds_the_rooms_the_rules_name(modules: list[Module]) -> None:
     names = {m.name for m in modules}
-    for room in ("posenc.models", "posenc.service.http", "posenc.service.tables", "posenc.service.properties",
+    for room in ("posenc.models", "posenc.service.http", "posenc.service.grpc", PROCESS, "posenc.service.tables", "posenc.service.properties",
                  "posenc.service.check", "posenc.service.inference", "posenc.service.cli"):
         assert room in names, f"{room} is gone: the import rules below would check nothing there"
     routes = {"posenc.service.tables.routes", "posenc.service.check.routes", "posenc.service.inference.routes"}
@@ -220,13 +236,15 @@ PLANTED = {
                                             "from posenc.service.http.metrics import install_metrics\n"),
     the_numeric_core_imports_no_torch_or_onnx: ("models/diagnosis/planted.py", "def f():\n    import onnx\n"),
     only_http_knows_the_app: ("service/tables/planted.py",
-                              "async def route(request):\n    return request.app.state.settings\n"),
+                              "async def route(request):\n    return request.app.state.process.settings\n"),
     each_feature_room_declares_its_routes_in_routes_py: (
         "service/tables/planted.py", "from fastapi import APIRouter\nrouter = APIRouter()\n"),
     cli_imports_no_route_module: ("service/cli/planted.py",
                                   "def f():\n    from posenc.service.check.routes import CHECK_FORMATS\n"),
     cli_has_no_import_circle: ("service/cli/settings_from_env.py", "from posenc.service.cli import main\n"),
     service_never_imports_the_test_kit: ("service/tables/planted.py", "from posenc.service.testing import kit\n"),
+    the_transports_know_only_the_process: ("service/http/planted.py",
+                                           "def f():\n    from posenc.service.grpc.server import grpc_recorder\n"),
 }
 
 

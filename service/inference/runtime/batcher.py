@@ -71,7 +71,7 @@ T = TypeVar("T")
 
 
 class BatchObserver(Protocol):
-    """Where a batcher reports what it does (`posenc.service.http.metrics.Metrics`); called from worker threads too."""
+    """Where a batcher reports what it does (`posenc.service.metrics.Metrics`); called from worker threads too."""
 
     def observe_batch(self, model: str, size: int) -> None: ...
 

@@ -1,0 +1,168 @@
+"""A gRPC message is admitted before it is read (issue 62), without a server: the data plane's admission step
+refuses a message no model can take before gRPC core is asked for a byte of it, a message asked for holds lent
+memory that a waiter takes back once its time has come (the unary call, or the idle stream, ends
+RESOURCE_EXHAUSTED), and the model a message names is read from its leading fields, before it is parsed."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from tritonclient.grpc import service_pb2 as pb
+
+from posenc.service.budget import MemoryBudget
+from posenc.service.errors import BadRequest
+from posenc.service.grpc.servicer import GrpcInferCall, Servicer, leading_names
+from posenc.service.inference.dataplane import DataPlane
+from posenc.service.inference.runtime.engine import Engine
+from posenc.service.inference.shared_memory.registry import SharedMemoryRegistry
+from posenc.service.request_kit.restricted import SharedMemoryCaller
+from posenc.service.settings import Settings
+from tests.inference.test_grpc_servicer import Context, _engine
+from tests.onnx_models import REPOSITORY, grpc_infer_request, random_inputs
+
+MODEL = "rope_attention"
+NOBODY = SharedMemoryCaller(None, False)
+GiB = 1 << 30
+
+
+def _servicer(settings: Settings, budget: MemoryBudget, engine: Engine | None = None,
+              problems: list[str] | None = None) -> Servicer:
+    plane = DataPlane(engine, settings, budget, SharedMemoryRegistry(False),  # type: ignore[arg-type]
+                      problems=problems if problems is not None else [])
+    return Servicer(plane, lambda *args: None)
+
+
+async def _until(condition: Callable[[], object], what: str) -> None:
+    """Wait for `condition()` to hold (a failure, not a hang, when it never does)."""
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(poll(), 10)
+    except TimeoutError:
+        raise AssertionError(f"never: {what}") from None
+
+
+class Asked:
+    """A request iterator that counts the messages asked of it and sends `messages`, then nothing, ever."""
+
+    def __init__(self, *messages: bytes) -> None:
+        self.messages, self.asked = list(messages), 0
+
+    async def __call__(self) -> AsyncIterator[bytes]:
+        for message in self.messages:
+            self.asked += 1
+            yield message
+        self.asked += 1
+        await asyncio.Event().wait()
+        yield b""
+
+
+def test_the_leading_names_of_a_request() -> None:
+    request = grpc_infer_request(random_inputs(8, 8, 64, 1, 2), MODEL, "seven")
+    request.model_version = "1"
+    assert leading_names(request.SerializeToString()) == (MODEL, "1", "seven")
+    assert leading_names(pb.ModelInferRequest(model_name=MODEL).SerializeToString()) == (MODEL, "", "")
+    inputs_first = pb.ModelInferRequest(inputs=request.inputs).SerializeToString() + b"\x0a\x02ab"
+    assert leading_names(inputs_first) is None  # parsed first, then admitted
+    assert leading_names(b"\x0a" + bytes([0x80, 0x80, 0x01]) + b"x" * (1 << 14)) is None  # a name of 16 KiB
+    assert leading_names(b"\x0a\x02\xff\xfe") is None  # not UTF-8
+    assert leading_names(b"\x0a\x10ab") is None  # cut short
+    assert leading_names(b"") is None
+
+
+def test_a_message_no_model_can_take_is_not_read(tmp_path: Path) -> None:
+    """No model ready: UNAVAILABLE naming why, before gRPC core is asked for the message (a 48 MiB message to a
+    loading model used to be read, and parsed, before it was refused)."""
+    repository = tmp_path / "models"
+    shutil.copytree(REPOSITORY / MODEL, repository / "broken")
+    (repository / "broken" / "config.json").write_text("{not json")
+    engine = Engine(Settings(model_repository=str(repository), intra_op_num_threads=1))
+    problems = engine.load()
+    assert problems
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(engine.settings, budget, engine, problems)
+    message = Asked(grpc_infer_request(random_inputs(8, 8, 64, 1, 2), "broken").SerializeToString())
+
+    async def scenario() -> None:
+        infer = servicer.unary("ModelInfer", pb.ModelInferRequest, servicer.ModelInfer)
+        with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: not ready: .*not valid JSON"):
+            await infer(message(), Context())
+        stream = servicer.stream("ModelStreamInfer")
+        with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: not ready: "):
+            await stream(message(), Context())
+        await engine.close()
+
+    asyncio.run(scenario())
+    assert message.asked == 0 and budget.reserved == 0 and servicer.active == 0
+
+
+def test_a_call_that_sends_nothing_gives_its_memory_to_a_waiter() -> None:
+    settings = Settings(memory_wait_seconds=0.4)  # lent memory goes back after 0.2 s
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(settings, budget)
+    assert servicer.reclaim_seconds == pytest.approx(0.2)
+    silent = Asked()
+
+    async def scenario() -> None:
+        infer = servicer.unary("ModelInfer", pb.ModelInferRequest, servicer.ModelInfer)
+        call = asyncio.ensure_future(infer(silent(), Context()))
+        await _until(lambda: budget.lent_bytes, "the message's memory lent")
+        assert budget.lent_bytes == 2 * settings.max_request_bytes and silent.asked == 1
+        whole = await asyncio.wait_for(budget.acquire(budget.capacity, "the whole budget"), 10)
+        with pytest.raises(grpc.aio.AbortError, match=r"^RESOURCE_EXHAUSTED: the request message had not arrived "
+                                                      r"0\.2 s after the server asked for it, while other requests"):
+            await asyncio.wait_for(call, 10)
+        whole.release()
+
+    asyncio.run(scenario())
+    assert budget.reserved == 0 and budget.lent_bytes == 0 and servicer.active == 0
+
+
+def test_an_idle_stream_gives_its_memory_to_a_waiter_and_ends() -> None:
+    """A stream whose requests are all answered and written, waiting for its next one, holds that one's memory
+    until a waiter needs it; then it ends RESOURCE_EXHAUSTED (its answers already sent)."""
+    settings = Settings(memory_wait_seconds=0.4)  # lent memory goes back after 0.2 s
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(settings, budget)
+    assert servicer.stream_reclaim_seconds == pytest.approx(0.2)
+    requests = Asked(b"\xff\xff")  # malformed: answered with its own error, no model needed
+    context = Context()
+
+    async def scenario() -> None:
+        call = asyncio.ensure_future(servicer.stream("ModelStreamInfer")(requests(), context))
+        await _until(lambda: context.written and budget.lent_bytes, "an answer, and the next request's memory lent")
+        whole = await asyncio.wait_for(budget.acquire(budget.capacity, "the whole budget"), 10)
+        with pytest.raises(grpc.aio.AbortError, match=r"^RESOURCE_EXHAUSTED: the stream sent no request for 0\.2 s "
+                                                      r"with none in progress, while other requests waited"):
+            await asyncio.wait_for(call, 10)
+        whole.release()
+
+    asyncio.run(scenario())
+    assert "malformed" in pb.ModelStreamInferResponse.FromString(context.written[0]).error_message
+    assert budget.reserved == 0 and budget.lent_bytes == 0 and servicer.active == 0
+
+
+def test_a_request_that_names_its_model_twice_is_refused() -> None:
+    """Admitted to the model its leading fields name, a message whose later copy of the field (protobuf keeps the
+    last) names another is refused rather than run on a model that did not admit it."""
+    engine = _engine()
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(engine.settings, budget, engine)
+    data = grpc_infer_request(random_inputs(8, 8, 64, 1, 2), MODEL).SerializeToString() + b"\x0a\x05other"
+
+    async def scenario() -> None:
+        call = await servicer.infer_call(data, NOBODY, None)
+        assert isinstance(call, GrpcInferCall) and call.model_name == MODEL
+        with pytest.raises(BadRequest, match=r"names its model twice \('rope_attention' version '', then 'other'"):
+            await servicer.run(call)
+        await engine.close()
+
+    asyncio.run(scenario())
+    assert budget.reserved == 0
