@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,20 @@ class Metrics:
                                      ["method", "code"], registry=r)
         self.grpc_latency = Histogram("posenc_grpc_request_duration_seconds", "gRPC call duration (a stream: all "
                                       "of it).", ["method"], buckets=LATENCY_BUCKETS, registry=r)
+        # Each inference's server-side time by phase (`posenc.service.request_kit.phases`), as Triton exports its
+        # own (`nv_inference_request_duration_us`, `nv_inference_queue_duration_us`, ...): cumulative microseconds
+        # beside a count, so that a rate of one over the other is the mean, and a histogram per phase
+        self.inferences = Counter("posenc_inference_requests", "Inferences answered, by model and protocol.",
+                                  ["model", "protocol"], registry=r)
+        self.inference_us = Counter("posenc_inference_request_duration_us", "Cumulative server-side time of the "
+                                    "inferences answered, from the request's head to the answer made (us).",
+                                    ["model", "protocol"], registry=r)
+        self.phase_us = Counter("posenc_inference_phase_duration_us", "Cumulative server-side time of the "
+                                "inferences answered, by phase: route, admit, read, parse, queue, run, encode (us).",
+                                ["model", "protocol", "phase"], registry=r)
+        self.phase_seconds = Histogram("posenc_inference_phase_seconds", "Server-side time of one inference's phase.",
+                                       ["protocol", "phase"], buckets=RUN_BUCKETS, registry=r)
+        self._phase_children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         self.send_timeouts = Counter("posenc_send_timeouts", "Connections cut because the client stopped reading "
                                      "its response for POSENC_SEND_TIMEOUT.", registry=r)
         info = Gauge("posenc_build_info", "Service version (value is always 1).", ["version"], registry=r,
@@ -168,6 +182,19 @@ class Metrics:
         response_bytes.inc(nbytes)
         if self.shared_cache is not None:
             self.shared_cache.sync()
+
+    def observe_phases(self, model: str, protocol: str, spans: Mapping[str, float], total: float) -> None:
+        """One inference answered: its phases' seconds (`spans`) and its `total`."""
+        self.inferences.labels(model=model, protocol=protocol).inc()
+        self.inference_us.labels(model=model, protocol=protocol).inc(total * 1e6)
+        for phase, seconds in spans.items():
+            children = self._phase_children.get((model, protocol, phase))
+            if children is None:
+                children = (self.phase_us.labels(model=model, protocol=protocol, phase=phase),
+                            self.phase_seconds.labels(protocol=protocol, phase=phase))
+                self._phase_children[model, protocol, phase] = children
+            children[0].inc(seconds * 1e6)
+            children[1].observe(seconds)
 
     def observe_grpc(self, method: str, code: str, seconds: float) -> None:
         self.grpc_requests.labels(method=method, code=code).inc()

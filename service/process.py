@@ -57,7 +57,7 @@ class ServiceProcess:
         """Make the engine and the data plane and load the models: before this returns, or `in_background` (each
         model ready once loaded, the transports serving meanwhile)."""
         plane = DataPlane(Engine(self.settings, observer=self.metrics), self.settings, self.memory_budget,
-                          self.shared_memory, problems=self.readiness_problems)
+                          self.shared_memory, problems=self.readiness_problems, observer=self.metrics)
         self.dataplane = plane
 
         async def on_change() -> None:

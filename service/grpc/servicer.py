@@ -291,7 +291,7 @@ class Servicer:
         caller and the request's size, and answers a message or its serialized bytes). ModelInfer's request is
         its bytes (the data plane admits it to its model before it is parsed), every other one the message."""
         read: Callable[[bytes], Any] | None = None if method == "ModelInfer" else partial(decode, request_type)
-        timing = method == "ModelInfer" and self.plane.settings.server_timing
+        timing = self.plane.settings.server_timing
         limited = METHOD_GROUPS.get(method) not in UNLIMITED_GROUPS
 
         async def handler(message: bytes | AsyncIterator[bytes] | None, context: grpc.aio.ServicerContext) -> bytes:
@@ -304,7 +304,7 @@ class Servicer:
                     self.admit()
                     admitted = True
                 caller = self.caller(method, self.metadata(context))
-                timed = phases.started(timing)
+                timed = phases.started() if read is None else None  # ModelInfer: an inference
                 if isinstance(message, bytes):
                     data = message
                 elif message is not None:  # READ_UNDER_BUDGET: read now, once the data plane admits it
@@ -319,7 +319,7 @@ class Servicer:
                 response = await handle(request, caller, len(data), *(() if held is None else (held,)))
                 answer = response if isinstance(response, bytes) else response.SerializeToString()
                 size = len(answer)
-                if timed is not None:
+                if timed is not None and timing:
                     context.set_trailing_metadata(((phases.TRAILER, timed.value()),))
                 return answer
             except BaseException as exc:
@@ -723,7 +723,13 @@ def _message_reader(messages: AsyncIterator[bytes], context: grpc.aio.ServicerCo
         return partial(anext, aiter(messages), None)
 
     async def next_message() -> bytes | None:
-        message = await read()
+        try:
+            message = await read()
+        except grpc.aio.AbortError:
+            raise
+        except grpc.aio.BaseError as exc:  # gRPC's own: the server stopped under the read (the drain has ended)
+            raise Unavailable(f"the server stopped while the request message was being received ({exc}); "
+                              "retry later", retry_after=1) from None
         return None if message is grpc.aio.EOF else message
 
     return next_message
@@ -748,6 +754,8 @@ class GrpcInferCall:
     """A `ModelInferRequest` as the data plane runs it: already in memory (gRPC read it, within its size limit), split
     into its fields and `raw_input_contents` when the plane reads it, once it is admitted to the model its leading
     fields name (`data`, `names`), or before (`split`); answered as a serialized `ModelInferResponse`."""
+
+    protocol = "grpc"
 
     def __init__(self, caller: SharedMemoryCaller, size: int, held: Reservation | None = None, *,
                  data: bytes | None = None, names: Names | None = None, split: InferMessage | None = None) -> None:

@@ -78,6 +78,7 @@ def work(parsed: int, copied: int = 0) -> int:
 class InferCall(Protocol[A_co]):
     """One protocol's infer (or check) request, as the plane runs it. `A` is what `encode` answers."""
 
+    protocol: str  # "http" or "grpc": the label of its phases in the metrics
     model_name: str
     model_version: str | None
     caller: SharedMemoryCaller  # whose shared-memory regions the request may name
@@ -102,6 +103,13 @@ class InferCall(Protocol[A_co]):
 
     def watching(self) -> AbstractAsyncContextManager[None]:
         """Held while a step of this request runs in a worker thread (HTTP: stop once the client has left)."""
+
+
+class InferenceObserver(Protocol):
+    """Where the plane reports each inference answered (`posenc.service.metrics.Metrics`)."""
+
+    def observe_phases(self, model: str, protocol: str, spans: Mapping[str, float], total: float) -> None:
+        """`spans`: seconds by phase (`posenc.service.request_kit.phases`), `total`: from the start to the answer."""
 
 
 @dataclass
@@ -195,8 +203,9 @@ class DataPlane:
     ready (empty: ready), kept current as the models load."""
 
     def __init__(self, engine: Engine, settings: Settings, budget: MemoryBudget, shared_memory: SharedMemoryRegistry,
-                 *, problems: list[str] | None = None) -> None:
+                 *, problems: list[str] | None = None, observer: InferenceObserver | None = None) -> None:
         self.engine, self.settings, self.budget, self.shared_memory = engine, settings, budget, shared_memory
+        self.observer = observer
         self.problems: list[str] = problems if problems is not None else [STARTING]  # one list, kept current
         self._watchers: list[Callable[[], Awaitable[None]]] = []
         self._loader: asyncio.Task[None] | None = None
@@ -291,7 +300,11 @@ class DataPlane:
             units = work(0, sum(outputs[out.name].nbytes for out in copies)) + call.encode_work(parsed, outputs)
             return await offload(units, call, self._answer, call, model.name, regions, parsed, outputs, copies, order)
 
-        return await self._serve(call, "an inference", step, shared_memory=True)
+        answered = await self._serve(call, "an inference", step, shared_memory=True)
+        timed = phases.current()
+        if self.observer is not None and timed is not None:
+            self.observer.observe_phases(call.model_name, call.protocol, timed.spans, timed.total())
+        return answered
 
     async def check(self, call: InferCall[Any]) -> Answered[dict[str, Any]]:
         """Run a check request (an infer request whose inputs also hold `EXPECTED`, the user's output for them):

@@ -53,6 +53,8 @@ class HttpInferCall:
     binary tensors start (`Inference-Header-Content-Length`), parsed as KServe JSON plus binary tensors, answered
     as the JSON header plus views of the outputs (`Parts`)."""
 
+    protocol = "http"
+
     def __init__(self, request: Request, name: str, version: str | None, limit: int) -> None:
         self.request, self.model_name, self.model_version, self.limit = request, name, version, limit
         self.caller = shared_memory_caller(request.scope)
@@ -180,13 +182,13 @@ async def model_version_stats(plane: DataPlaneDep, name: NameParam, version: Ver
 
 
 async def _infer(request: Request, plane: DataPlane, name: str, version: str | None) -> Response:
-    timed = phases.started(plane.settings.server_timing, request.scope.get(phases.HEAD_AT))
+    timed = phases.started(request.scope.get(phases.HEAD_AT))
     phases.lap("route")
     answered = await plane.infer(HttpInferCall(request, name, version, plane.settings.max_request_bytes))
     parts, headers = answered.value
     # the answer's bytes stay counted until the kernel has them (posenc.service.request_kit.sending)
     answered.reservation.shrink(sum(len(part) for part in parts))
-    if timed is not None:
+    if plane.settings.server_timing:
         headers[phases.HEADER] = timed.value()
     return PartsResponse(parts, headers, release=answered.release)
 

@@ -1,12 +1,15 @@
-"""Where one inference's time went on the server, phase by phase: the `Server-Timing` header of an HTTP answer
-and the `server-timing` trailing metadata of a gRPC one, when POSENC_SERVER_TIMING is on.
+"""Where one inference's time went on the server, phase by phase: measured for every inference (a few clock reads),
+counted in the process's metrics per model, protocol and phase (`posenc_inference_phase_duration_us`, Triton's
+`nv_inference_*_duration_us` counters' kind), and sent as the `Server-Timing` header of an HTTP answer and the
+`server-timing` trailing metadata of a gRPC one when POSENC_SERVER_TIMING is on.
 
 Phases, in milliseconds of wall-clock time (W3C Server Timing syntax, `name;dur=ms`):
 
     route   HTTP: from the request's head parsed to the handler's start: the event loop's backlog, routing,
             middleware and dependencies (`HEAD_AT`, stamped by posenc's server; under another, the app's first look)
-    admit   HTTP: the model's queue and the memory budget, before the body is read (waiting for memory included)
-    read    HTTP: the body, to its last byte (the client's upload included)
+    admit   the admission step before a byte is read: readiness, the model's queue and the memory budget (waiting
+            for memory included)
+    read    the body (HTTP) or the message (gRPC), to its last byte (the client's upload included)
     parse   the JSON header or the protobuf, into views of the inputs
     queue   from the parsed request to its run and back: the checks against the model, the memory reservation,
             the batcher (a free slot, a batch, the hand-off to a worker thread)
@@ -53,19 +56,27 @@ class Phases:
         self.spans[name] = self.spans.get(name, 0.0) + seconds
         self.inner += seconds
 
+    def total(self) -> float:
+        """Seconds since the start."""
+        return time.perf_counter() - self.started
+
     def value(self) -> str:
         """`route;dur=0.08, admit;dur=0.012, ..., total;dur=0.9`: the phases in the order of ORDER."""
-        total = time.perf_counter() - self.started
+        total = self.total()
         spans = sorted(self.spans.items(), key=lambda span: ORDER.index(span[0]) if span[0] in ORDER else len(ORDER))
         return ", ".join(f"{name};dur={seconds * 1e3:.3f}" for name, seconds in [*spans, ("total", total)])
 
 
-def started(enabled: bool, since: float | None = None) -> Phases | None:
-    """A new `Phases` counting from `since` (a `time.perf_counter()`; default now), current for this task (None,
-    and nothing recorded, when not `enabled`)."""
-    phases = Phases(since) if enabled else None
+def started(since: float | None = None) -> Phases:
+    """A new `Phases` counting from `since` (a `time.perf_counter()`; default now), current for this task."""
+    phases = Phases(since)
     CURRENT.set(phases)
     return phases
+
+
+def current() -> Phases | None:
+    """The current request's phases (None: not an inference)."""
+    return CURRENT.get()
 
 
 def lap(name: str) -> None:

@@ -6,6 +6,7 @@ RESOURCE_EXHAUSTED), and the model a message names is read from its leading fiel
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -166,3 +167,36 @@ def test_a_request_that_names_its_model_twice_is_refused() -> None:
 
     asyncio.run(scenario())
     assert budget.reserved == 0
+
+
+class StoppedContext(Context):
+    """A context whose server stopped under the read (the drain's end): gRPC raises its `_ServerStoppedError`."""
+
+    async def read(self) -> bytes:
+        from grpc._cython import cygrpc
+
+        raise cygrpc._ServerStoppedError("Server already stopped.")
+
+
+def test_a_read_the_shutdown_ends_is_unavailable_not_an_error() -> None:
+    """The soak's SIGTERM found a message being read when the server stopped: an ERROR with a traceback
+    ('unhandled error in gRPC ModelInfer'); now the client's status, UNAVAILABLE, and no error."""
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(Settings(), budget)
+
+    async def scenario() -> None:
+        infer = servicer.unary("ModelInfer", pb.ModelInferRequest, servicer.ModelInfer)
+        with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: the server stopped"):
+            await infer(Asked()(), StoppedContext())
+
+    errors: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = errors.append  # type: ignore[method-assign]
+    logger = logging.getLogger("posenc.grpc")
+    logger.addHandler(handler)
+    try:
+        asyncio.run(scenario())
+    finally:
+        logger.removeHandler(handler)
+    assert not errors, errors
+    assert budget.reserved == 0 and servicer.active == 0
