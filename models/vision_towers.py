@@ -6,13 +6,15 @@ Every tower builds its table the same way, and differs only in the facts `TowerS
 
 1. float32 frequencies: `axial` (`1 / theta^(arange(0, d, 2) / d)`, d = head_dim / 2, shared by every axis),
    `axial3` (d = 2 · ((head_dim // 3) // 2), MiniMax-M3-VL's t, h, w bands: rotary width 3d < head_dim),
-   or `pixtral` (d = head_dim, the row axis taking the even frequencies, the column axis the odd ones);
+   `pixtral` (d = head_dim, the row axis taking the even frequencies, the column axis the odd ones), or
+   `sequence` (d = head_dim, one axis: DeepSeek-OCR-2's 1-D rotary over its feature tokens then learned queries);
 2. positions of every patch: raster per frame, or in spatial-merge blocks (`merge` × `merge` patches
    consecutive, `transformers.vision_utils.get_vision_position_ids`), then, for window attention, the merged
    units reordered window by window (`get_vision_window_index`); `offset` added (1: Muse, inkling2, Llama 4);
    SAM 3's ViT scales them by `window_size / width` in float32;
 3. CLS rows: first or last, per frame or per image, with zero angles or a learned angle vector (a checkpoint
-   weight: left out of the table, the metadata says where it goes);
+   weight no config holds: in the table when the request gives its values, else left out and the metadata
+   says so);
 4. columns: per axis, the axis's frequencies times its position, the axes `blocked` (all of one axis, then the
    next) or `per_frequency` (Kimi-K2.5: the axes alternate within each frequency);
 5. pair layout: `half` (cat(a, a): rotate_half), `interleaved` (each angle twice: pairs (2k, 2k+1)) or
@@ -26,8 +28,8 @@ cast once. Numpy only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -37,189 +39,11 @@ from posenc.models.dtypes import cast
 from posenc.models.errors import ParameterError
 from posenc.models.rope_types import DEFAULT_ROPE_TYPE, default_inv_freq
 from posenc.models.row_blocks import table_rows
-
-Axis = Literal["t", "h", "w"]
-AXIS_INDEX: dict[str, int] = {"t": 0, "h": 1, "w": 2}
-Frequencies = Literal["axial", "axial3", "pixtral"]
-Columns = Literal["blocked", "per_frequency"]
-Pairs = Literal["half", "interleaved", "half_per_axis"]
-Video = Literal["repeat", "temporal", "images"]
-HeadDim = Literal["heads", "embed_dim", "memory_attention"]
-Merge = Literal["config", "one", "input"]
-Window = Literal["", "window_size", "pos_emb_height"]
-Grid = Literal["input", "side", "feat_sizes", "window"]
-TowerForm = Literal["full", "half"]
-
-
-@dataclass(frozen=True)
-class Cls:
-    """A CLS row: `first` or `last`, once per `frame` or per `image` (a grid), angles `zero` or `learned`."""
-
-    where: Literal["first", "last"]
-    per: Literal["frame", "image"]
-    angles: Literal["zero", "learned"]
-
-
-@dataclass(frozen=True)
-class TowerScheme:
-    """What one vision tower does, as data (the module docstring's six facts, and where its config keeps them).
-
-    `model_types`: the vision config's model_type(s); `wrappers`: (model_type of a whole config.json, dotted path
-    of the vision config in it), also used when the vision config has no model_type of its own. `defaults`: the
-    config class's defaults of the keys read (a config.json may leave them out); `aliases`: the config class's
-    attribute_map for them (a config.json may use either name). `learned_cls`: the vision model's weight holding a
-    learned CLS angle vector.
-    """
-
-    name: str
-    title: str
-    module: str  # the rotary module's class in transformers, for the docs and the sweep
-    model_types: tuple[str, ...]
-    wrappers: tuple[tuple[str, str], ...]
-    defaults: Mapping[str, Any]
-    default_theta: float = 10000.0
-    aliases: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    head_dim: HeadDim = "heads"
-    head_dim_key: bool = True  # a `head_dim` in the config wins (getattr(config, "head_dim", None) or ...)
-    rope_types: tuple[str, ...] = ("axial",)
-    frequencies: Frequencies = "axial"
-    axes: tuple[Axis, ...] = ("h", "w")
-    columns: Columns = "blocked"
-    pairs: Pairs = "half"
-    merge: Merge = "config"
-    window: Window = ""
-    offset: int = 0
-    cls: Cls | None = None
-    learned_cls: str = ""
-    video: Video = "repeat"
-    grid: Grid = "input"
-    max_grid: str = ""  # "side": h, w at most image_size // patch_size (Pixtral's precomputed table)
-    position_scale: bool = False  # SAM 3 ViT: positions times window_size / width, in float32
-    note: str = ""
-
-
-_QWEN_HEADS = {"num_heads": ("num_attention_heads",)}
-_Q = {"hidden_size": 1152, "num_heads": 16, "spatial_merge_size": 2}  # Qwen3-VL's vision defaults
-_GLM = {"hidden_size": 1536, "num_heads": 12, "spatial_merge_size": 2}
-_WINDOW = {"hidden_size": 3584, "num_heads": 16, "spatial_merge_size": 2, "window_size": 112, "patch_size": 14}
-_SAM = {"memory_attention_hidden_size": 256, "memory_attention_downsample_rate": 1,
-        "memory_attention_num_attention_heads": 1}
-
-
-def _vc(wrapper: str) -> tuple[tuple[str, str], ...]:
-    """A whole config of model_type `wrapper` with the vision config at `vision_config`."""
-    return ((wrapper, "vision_config"),)
-
-
-def _qwen(name: str, title: str, module: str, vision: str, wrapper: str, path: str = "vision_config",
-          defaults: Mapping[str, Any] = _Q, **facts: Any) -> TowerScheme:
-    """A tower of the Qwen2-VL line: spatial-merge block order, rotate_half, frames repeated."""
-    return TowerScheme(name, title, module, (vision,), ((wrapper, path),), defaults, aliases=_QWEN_HEADS, **facts)
-
-
-TOWERS: tuple[TowerScheme, ...] = (
-    _qwen("qwen2_vl", "Qwen2-VL", "Qwen2VLVisionRotaryEmbedding", "qwen2_vl_vision", "qwen2_vl",
-          defaults={"embed_dim": 1280, "num_heads": 16, "spatial_merge_size": 2}, head_dim="embed_dim"),
-    _qwen("qwen2_5_vl", "Qwen2.5-VL", "Qwen2_5_VLVisionRotaryEmbedding", "qwen2_5_vl_vision", "qwen2_5_vl",
-          defaults=_WINDOW, window="window_size"),
-    TowerScheme("qwen2_5_omni", "Qwen2.5-Omni", "Qwen2_5OmniVisionRotaryEmbedding", ("qwen2_5_omni_vision_encoder",),
-                (("qwen2_5_omni", "thinker_config.vision_config"), ("qwen2_5_omni_thinker", "vision_config")),
-                _WINDOW, aliases=_QWEN_HEADS, window="window_size"),
-    _qwen("qwen3_vl", "Qwen3-VL", "Qwen3VLVisionRotaryEmbedding", "qwen3_vl_vision", "qwen3_vl"),
-    _qwen("qwen3_vl_moe", "Qwen3-VL-MoE", "Qwen3VLMoeVisionRotaryEmbedding", "qwen3_vl_moe_vision", "qwen3_vl_moe"),
-    _qwen("qwen3_5", "Qwen3.5", "Qwen3_5VisionRotaryEmbedding", "qwen3_5_vision", "qwen3_5"),
-    _qwen("qwen3_5_moe", "Qwen3.5-MoE", "Qwen3_5MoeVisionRotaryEmbedding", "qwen3_5_moe_vision", "qwen3_5_moe"),
-    TowerScheme("qwen3_omni_moe", "Qwen3-Omni", "Qwen3OmniMoeVisionRotaryEmbedding",
-                ("qwen3_omni_moe_vision_encoder",),
-                (("qwen3_omni_moe", "thinker_config.vision_config"), ("qwen3_omni_moe_thinker", "vision_config")),
-                _Q, aliases=_QWEN_HEADS),
-    _qwen("qwen4_exp", "Qwen4-Exp", "Qwen4ExpVisionRotaryEmbedding", "qwen4_exp_vision", "qwen4_exp"),
-    _qwen("glm4v", "GLM-4.1V", "Glm4vVisionRotaryEmbedding", "glm4v_vision", "glm4v", defaults=_GLM),
-    _qwen("glm4v_moe", "GLM-4.5V", "Glm4vMoeVisionRotaryEmbedding", "glm4v_moe_vision", "glm4v_moe", defaults=_GLM),
-    _qwen("glm_ocr", "GLM-OCR", "GlmOcrVisionRotaryEmbedding", "glm_ocr_vision", "glm_ocr",
-          defaults={"hidden_size": 1024, "num_heads": 16, "spatial_merge_size": 2}),
-    _qwen("glm5_next", "GLM-5-Next", "Glm5NextVisionRotaryEmbedding", "glm5_next_vision", "glm5_next",
-          defaults={"hidden_size": 1024, "num_heads": 16, "spatial_merge_size": 2}),
-    _qwen("ernie4_5_vl_moe", "ERNIE-4.5-VL", "Ernie4_5_VLMoeVisionRotaryEmbedding", "ernie4_5_vl_moe_vision",
-          "ernie4_5_vl_moe", defaults={"hidden_size": 1280, "num_heads": 16, "spatial_merge_size": 2}),
-    _qwen("cohere_compass", "Cohere Compass", "CohereCompassVisionRotaryEmbedding", "cohere_compass_vision",
-          "cohere_compass"),
-    _qwen("exaone4_5", "EXAONE 4.5", "Exaone4_5_VisionRotaryEmbedding", "exaone4_5_vision", "exaone4_5",
-          defaults=_WINDOW, window="window_size"),
-    TowerScheme("dots3_note", "dots3", "Dots3NoteVisionRotaryEmbedding", ("dots3_note_vision_encoder",),
-                _vc("dots3_note"),
-                {"hidden_size": 1536, "num_attention_heads": 24, "spatial_merge_size": 2}),
-    TowerScheme("ovis2_5", "Ovis2.5", "Ovis2_5VisionRotaryEmbedding", ("ovis2_5_vision",), _vc("ovis2_5"),
-                {"hidden_size": 1152, "num_attention_heads": 16, "spatial_merge_size": 2, "window_size": 112,
-                 "patch_size": 16}, window="window_size"),
-    TowerScheme("llava_onevision1_5", "LLaVA-OneVision-1.5", "LlavaOnevision15VisionRotaryEmbedding",
-                ("llava_onevision1_5_vision",), _vc("llava_onevision1_5"),
-                {"hidden_size": 1024, "num_heads": 16, "spatial_merge_size": 2}, aliases=_QWEN_HEADS,
-                cls=Cls("first", "frame", "learned"), learned_cls="cls_embeddings.class_pos_emb"),
-    TowerScheme("lfm3_vl", "LFM3-VL", "Lfm3VlVisionRotaryEmbedding", ("lfm3_vl_vision",), _vc("lfm3_vl"),
-                {"hidden_size": 1024, "num_attention_heads": 16, "spatial_merge_size": 2}, default_theta=1e6),
-    TowerScheme("minimax_m3_vl", "MiniMax-M3-VL", "MiniMaxM3VLVisionRotaryEmbedding", ("minimax_m3_vl_vision",),
-                _vc("minimax_m3_vl"),
-                {"hidden_size": 1280, "num_attention_heads": 16, "spatial_merge_size": 2},
-                frequencies="axial3", axes=("t", "h", "w"), video="temporal"),
-    TowerScheme("inkling2", "inkling2", "Inkling2VisionRotaryEmbedding", ("inkling2_vision",), _vc("inkling2"),
-                {"hidden_size": 1024, "num_attention_heads": 16, "spatial_merge_size": 2},
-                aliases={"spatial_merge_size": ("adapter_merge_size",)}, axes=("w", "h"), pairs="interleaved",
-                offset=1, cls=Cls("first", "image", "zero")),
-    TowerScheme("kimi_k25", "Kimi-K2.5", "Kimi_K25VisionRotaryEmbedding", ("kimi_k25_vision",), _vc("kimi_k25"),
-                {"hidden_size": 1152, "num_attention_heads": 16}, merge="one", axes=("w", "h"),
-                columns="per_frequency"),
-    TowerScheme("paddleocr_vl", "PaddleOCR-VL", "PaddleOCRVisionRotaryEmbedding", ("paddleocr_vl_vision",),
-                _vc("paddleocr_vl"), {"hidden_size": 1152, "num_attention_heads": 16}, merge="one"),
-    TowerScheme("video_llama_3", "VideoLLaMA3", "VideoLlama3VisionRotaryEmbedding", ("video_llama_3_vision",),
-                _vc("video_llama_3"), {"hidden_size": 768, "num_attention_heads": 12}, merge="input",
-                note="the merge size is the tower's input (image_merge_sizes 1, video_merge_sizes 2 from the "
-                     "processors): `merge_size`, default 1"),
-    TowerScheme("muse_spark", "Muse Spark", "MuseSparkVisionRotaryEmbedding", ("muse_spark_vision",),
-                _vc("muse_spark"), {"hidden_size": 1536, "num_attention_heads": 16, "pos_emb_height": 32},
-                merge="one", window="pos_emb_height", axes=("w", "h"), offset=1),
-    TowerScheme("muse_glimmer", "Muse Glimmer", "MuseGlimmerVisionRotaryEmbedding", ("muse_glimmer_vision",),
-                _vc("muse_glimmer"),
-                {"hidden_size": 1536, "num_attention_heads": 16, "pos_emb_height": 32},
-                merge="one", window="pos_emb_height", axes=("w", "h"), offset=1),
-    TowerScheme("mlcd", "MLCD", "MLCDRotaryEmbedding", ("mlcd_vision_model",), (),
-                {"hidden_size": 1664, "num_attention_heads": 16}, merge="one",
-                cls=Cls("first", "image", "learned"), learned_cls="class_pos_emb", video="images"),
-    TowerScheme("step3p7", "Step3p7", "Step3p7VisionRotaryEmbedding", ("step3p5_vision",), _vc("step3p7"),
-                {"hidden_size": 1536, "num_attention_heads": 16}, merge="one", axes=("w", "h"), video="images"),
-    TowerScheme("gemma4", "Gemma 4", "Gemma4VisionRotaryEmbedding", ("gemma4_vision",), _vc("gemma4"),
-                {"head_dim": 64, "hidden_size": 768, "num_attention_heads": 12}, default_theta=100.0, merge="one",
-                axes=("w", "h"), pairs="half_per_axis", video="images",
-                note="padding patches (position -1, -1) left out"),
-    TowerScheme("pixtral", "Pixtral", "PixtralVisionRotaryEmbedding", ("pixtral",),
-                (("llava", "vision_config"), ("mistral3", "vision_config")),
-                {"hidden_size": 1024, "num_attention_heads": 16, "image_size": 1024, "patch_size": 16},
-                head_dim_key=False, frequencies="pixtral", merge="one", video="images", max_grid="side"),
-    TowerScheme("llama4", "Llama 4", "Llama4VisionRotaryEmbedding", ("llama4_vision_model",), _vc("llama4"),
-                {"hidden_size": 768, "num_attention_heads": 16, "image_size": 448, "patch_size": 14},
-                head_dim_key=False, rope_types=(DEFAULT_ROPE_TYPE, "axial"), merge="one", axes=("w", "h"),
-                pairs="interleaved",
-                offset=1, cls=Cls("last", "image", "zero"), video="images", grid="side"),
-    TowerScheme("sam2_video", "SAM 2 video (memory attention)", "Sam2VideoVisionRotaryEmbedding", ("sam2_video",), (),
-                {**_SAM, "memory_attention_rope_feat_sizes": [64, 64]}, head_dim="memory_attention", merge="one",
-                axes=("w", "h"), pairs="interleaved", video="images", grid="feat_sizes",
-                note="keys: the table repeated per memory frame, object-pointer keys not rotated"),
-    TowerScheme("sam3_tracker_video", "SAM 3 tracker video (memory attention)", "Sam3TrackerVideoVisionRotaryEmbedding",
-                ("sam3_tracker_video",), (), {**_SAM, "memory_attention_rope_feat_sizes": [72, 72]},
-                head_dim="memory_attention", merge="one", axes=("w", "h"), pairs="interleaved", video="images",
-                grid="feat_sizes", note="keys: the table repeated per memory frame, object-pointer keys not rotated"),
-    TowerScheme("edgetam_video", "EdgeTAM video (memory attention)", "EdgeTamVideoVisionRotaryEmbedding",
-                ("edgetam_video",), (), {**_SAM, "memory_attention_rope_feat_sizes": [64, 64]},
-                head_dim="memory_attention", merge="one", axes=("w", "h"), pairs="interleaved", video="images",
-                grid="feat_sizes", note="the keys' table: grid_thw=1,k,k with memory_attention_rope_k_sizes"),
-    TowerScheme("sam3_vit", "SAM 3 ViT", "Sam3ViTRotaryEmbedding", ("sam3_vit_model",),
-                (("sam3", "vision_config.backbone_config"), ("sam3_vision_model", "backbone_config")),
-                {"hidden_size": 1024, "num_attention_heads": 16, "window_size": 24}, merge="one", axes=("w", "h"),
-                pairs="interleaved", video="images", grid="window", position_scale=True,
-                note="the grid's table: window layers window_size², global layers (image_size // patch_size)²"),
-)
-TOWERS_BY_NAME: dict[str, TowerScheme] = {scheme.name: scheme for scheme in TOWERS}
-
+from posenc.models.vision_tower_schemes import AXIS_INDEX, TowerForm
+from posenc.models.vision_tower_schemes import TOWERS as TOWERS  # the table's readers import it from here
+from posenc.models.vision_tower_schemes import TOWERS_BY_NAME as TOWERS_BY_NAME
+from posenc.models.vision_tower_schemes import Cls as Cls
+from posenc.models.vision_tower_schemes import TowerScheme as TowerScheme
 
 # --- configuration ----------------------------------------------------------------------------------
 
@@ -239,6 +63,7 @@ class VisionTower:
     section: str  # where the vision config sits in the upload ("" : the upload itself)
     image_size: int = 0  # Pixtral, Llama 4: the grid side is image_size // patch_size
     patch_size: int = 0
+    cls_angles: tuple[float, ...] | None = None  # a learned CLS angle vector the request gave (`check_cls_angles`)
 
 
 def _value(cfg: Mapping[str, Any], scheme: TowerScheme, key: str) -> Any:
@@ -284,11 +109,14 @@ def tower_head_dim(cfg: Mapping[str, Any], scheme: TowerScheme) -> int:
 
 def tower_theta(cfg: Mapping[str, Any], scheme: TowerScheme) -> float:
     """rope_parameters' (or rope_scaling's) rope_theta, else the config's rope_theta, else the class default;
-    a rope_type the tower's module refuses is refused."""
+    a rope_type the tower's module refuses is refused ("default" reads as the config class's default rope type,
+    e.g. axial, as transformers standardizes it)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if not isinstance(rope, Mapping):
         raise ParameterError("rope_parameters", f"must be an object, got {rope!r}")
     rope_type = rope.get("rope_type", rope.get("type", scheme.rope_types[0]))
+    if rope_type == DEFAULT_ROPE_TYPE:  # as transformers' config: "default" is the class's default_rope_type
+        rope_type = scheme.rope_types[0]
     if rope_type not in scheme.rope_types:
         raise ParameterError("rope_type", f"{scheme.title}'s vision rotary module supports only "
                                           f"{' or '.join(scheme.rope_types)}, got {rope_type!r}")
@@ -309,7 +137,9 @@ def _section(config: Mapping[str, Any], path: str) -> Mapping[str, Any] | None:
 def find_tower(config: Mapping[str, Any], vision: bool) -> tuple[TowerScheme, Mapping[str, Any], str] | None:
     """(scheme, vision config, its dotted path) of a config.json: a bare vision config by its model_type; with
     `vision` (tower=vision), also a whole config by the vision config's model_type, or by the whole config's
-    model_type where the vision config has none. None: no vision tower this module knows."""
+    model_type where the vision config has none or spells the whole config's (hub files: Qwen2.5-VL's, Qwen3-VL's and
+    GLM-4.1V's vision_config say "qwen2_5_vl", "qwen3_vl", "glm4v"; transformers builds the wrapper's vision config
+    class from it all the same). None: no vision tower this module knows."""
     model_type = config.get("model_type")
     for scheme in TOWERS:
         if model_type in scheme.model_types:
@@ -326,7 +156,7 @@ def find_tower(config: Mapping[str, Any], vision: bool) -> tuple[TowerScheme, Ma
     for scheme in TOWERS:
         for wrapper, path in scheme.wrappers:
             section = _section(config, path)
-            if section is not None and section.get("model_type") is None and model_type == wrapper:
+            if section is not None and section.get("model_type") in (None, wrapper) and model_type == wrapper:
                 return scheme, section, path
     return None
 
@@ -373,7 +203,11 @@ def tower_from_config(config: Mapping[str, Any], vision: bool) -> VisionTower | 
 def check_tower_head_dim(scheme: TowerScheme, head_dim: int) -> None:
     """Every axis needs a frequency, and the rotated width must fit the head: two axes of head_dim / 4 frequencies
     each need a multiple of 4 (MiniMax-M3-VL's three bands of (head_dim // 3) // 2 fit any head of at least 6)."""
-    if scheme.frequencies == "axial3":
+    if scheme.frequencies == "sequence":
+        if head_dim < 2 or head_dim % 2:
+            raise ParameterError("head_dim", f"{scheme.title}: the head size must be a positive even number, got "
+                                             f"{head_dim}")
+    elif scheme.frequencies == "axial3":
         if head_dim < 6:
             raise ParameterError("head_dim", f"{scheme.title}: the vision head size must be at least 6, got {head_dim}")
     elif head_dim < 4 or head_dim % 4:
@@ -386,6 +220,8 @@ def tower_frequencies(scheme: TowerScheme, head_dim: int, theta: float) -> tuple
     if scheme.frequencies == "pixtral":
         full = default_inv_freq(theta, head_dim)  # [head_dim/2]: the row axis the even ones, the column the odd
         per_axis = [full[0::2], full[1::2]]
+    elif scheme.frequencies == "sequence":
+        per_axis = [default_inv_freq(theta, head_dim)]
     else:
         spatial = head_dim // 2 if scheme.frequencies == "axial" else 2 * ((head_dim // 3) // 2)
         per_axis = [default_inv_freq(theta, spatial)] * len(scheme.axes)
@@ -430,12 +266,52 @@ def window_order(t: int, h: int, w: int, merge: int, window: int) -> np.ndarray:
     return flat[flat >= 0]
 
 
+def sequence_queries(scheme: TowerScheme, tokens: int) -> int:
+    """The learned queries a `sequence` tower appends to `tokens` feature tokens (0: none)."""
+    if not scheme.queries:
+        return 0
+    return next((q for q in scheme.queries if tokens <= q), scheme.queries[-1])
+
+
+def cls_in_table(tower: VisionTower) -> bool:
+    """Whether the table holds the tower's CLS rows: zero angles, or learned ones the request gave."""
+    cls = tower.scheme.cls
+    return cls is not None and (cls.angles == "zero" or tower.cls_angles is not None)
+
+
 def tower_rows(tower: VisionTower, grid: tuple[int, int, int], merge: int) -> int:
-    """Rows of the table: the patches, plus the CLS rows the table holds (zero-angle ones)."""
+    """Rows of the table: the patches (and a `sequence` tower's queries), plus the CLS rows it holds."""
     t, h, w = grid
     cls = tower.scheme.cls
-    extra = 0 if cls is None or cls.angles == "learned" else (t if cls.per == "frame" else 1)
-    return t * h * w + extra
+    extra = 0 if cls is None or not cls_in_table(tower) else (t if cls.per == "frame" else 1)
+    return t * h * w + extra + sequence_queries(tower.scheme, h * w)
+
+
+def cls_row_index(tower: VisionTower, grid: tuple[int, int, int]) -> np.ndarray:
+    """int64 [CLS rows]: where the CLS rows sit in a table that holds them (`cls_in_table`)."""
+    t, h, w = grid
+    cls = tower.scheme.cls
+    assert cls is not None
+    frames, per = (t, h * w + 1) if cls.per == "frame" else (1, t * h * w + 1)
+    return np.arange(frames) * per + (0 if cls.where == "first" else per - 1)
+
+
+def check_cls_angles(tower: VisionTower, values: Any) -> tuple[float, ...]:
+    """A learned CLS angle vector given with the request, validated: the tower has one, as many finite numbers as
+    the table has angle columns (the weight's shape [1, n] flattened)."""
+    scheme = tower.scheme
+    if scheme.cls is None or scheme.cls.angles != "learned":
+        raise ParameterError("class_pos_emb", f"{scheme.title} has no learned CLS angles; leave out class_pos_emb")
+    n = tower_width(tower, "half")
+    if isinstance(values, list) and len(values) == 1 and isinstance(values[0], list):
+        values = values[0]  # the weight as saved: [1, n]
+    if (not isinstance(values, list) or len(values) != n
+            or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)):
+        raise ParameterError("class_pos_emb", f"must be a list of {n} numbers (the weight {scheme.learned_cls}, "
+                                              f"shape [1, {n}]), got {str(values)[:80]}")
+    if not all(np.isfinite(float(v)) for v in values):
+        raise ParameterError("class_pos_emb", "the angles must be finite numbers")
+    return tuple(float(v) for v in values)
 
 
 def tower_positions(tower: VisionTower, grid: tuple[int, int, int], merge: int) -> np.ndarray:
@@ -443,6 +319,8 @@ def tower_positions(tower: VisionTower, grid: tuple[int, int, int], merge: int) 
     (CLS rows zero; positions offset and scaled as the tower does)."""
     scheme = tower.scheme
     t, h, w = grid
+    if scheme.frequencies == "sequence":  # 1-D: the feature tokens, then the queries, positions 0 .. rows - 1
+        return np.arange(tower_rows(tower, grid, merge))[:, None] * np.array([1.0, 0.0, 0.0])
     rows, cols = _frame_positions(h, w, merge)
     patches = np.stack([np.repeat(np.arange(t), h * w), np.tile(rows, t), np.tile(cols, t)], axis=1)  # [t·h·w, 3]
     if tower.window:
@@ -457,9 +335,9 @@ def tower_positions(tower: VisionTower, grid: tuple[int, int, int], merge: int) 
         scale = np.float32(tower.window_size / w)
         out[:, 1:] = (out[:, 1:].astype(np.float32) * scale).astype(np.float64)
     cls = scheme.cls
-    if cls is None or cls.angles == "learned":
+    if cls is None or not cls_in_table(tower):
         return out
-    zero = np.zeros((1, 3))
+    zero = np.zeros((1, 3))  # learned CLS rows: their angles replace these (`tower_cos_sin`)
     if cls.per == "image":
         return np.concatenate([zero, out] if cls.where == "first" else [out, zero])
     frames = np.split(out, t)
@@ -484,6 +362,10 @@ def tower_cos_sin(tower: VisionTower, grid: tuple[int, int, int], merge: int | N
         positions = tower_positions(tower, grid, merge)
     positions = positions[span.start:span.stop]
     angles = positions[:, axis] * freqs.astype(np.float64)[None, :]  # [rows, n]
+    if tower.cls_angles is not None:  # the learned CLS rows that fall in this block
+        index = cls_row_index(tower, grid)
+        index = index[(index >= span.start) & (index < span.stop)] - span.start
+        angles[index] = np.asarray(tower.cls_angles, dtype=np.float64)
     out = np.dtype(dtype)
     cos, sin = cast(np.cos(angles), out), cast(np.sin(angles), out)
     if form == "full":
@@ -515,12 +397,24 @@ def describe(tower: VisionTower, merge: int) -> dict[str, str]:
     cls = scheme.cls
     cls_text = "none" if cls is None else (
         f"{cls.where} per {cls.per}, " + ("zero angles" if cls.angles == "zero" else
-                                          f"learned angles ({scheme.learned_cls}): not in the table, insert "
-                                          f"cos/sin(cat(a, a)) of that weight {cls.where} per {cls.per}"))
+                                          f"learned angles ({scheme.learned_cls}), " +
+                                          ("given with the request" if tower.cls_angles is not None else
+                                           "not in the table")))
     axes = (", then ".join(f"{a} frequencies" for a in scheme.axes) if scheme.columns == "blocked" else
             "per frequency k: " + ", ".join(f"{a}*f_k" for a in scheme.axes))
+    if scheme.frequencies == "sequence":
+        order = (f"the h·w feature tokens (raster), then {' or '.join(map(str, scheme.queries))} learned queries "
+                 f"(the first at least the tokens, else the last); 1-D positions 0 .. rows - 1")
+        axes = "1-D: position times each frequency"
     video = {"repeat": "each frame's table repeated per frame", "temporal": "temporal axis: t position = frame index",
              "images": "images only (t = 1)"}[scheme.video]
-    return {"rows": order + (f"; positions + {scheme.offset}" if scheme.offset else ""),
-            "cls_rows": cls_text, "columns": axes, "layout": scheme.pairs, "video": video,
-            "head_dim": str(tower.head_dim), "rope_theta": repr(tower.rope_theta)}
+    out = {"rows": order + (f"; positions + {scheme.offset}" if scheme.offset else ""),
+           "cls_rows": cls_text, "columns": axes, "layout": scheme.pairs, "video": video,
+           "head_dim": str(tower.head_dim), "rope_theta": repr(tower.rope_theta)}
+    if cls is not None and cls.angles == "learned" and tower.cls_angles is None:
+        n = tower_width(tower, "half")
+        out["missing_rows"] = (f"the CLS row ({cls.where} per {cls.per}) is left out: its angles are the checkpoint "
+                               f"weight {scheme.learned_cls} [1, {n}], which no config holds. Send its {n} values as "
+                               f"\"class_pos_emb\": [...] at the top level of the request body for the full table "
+                               f"(each CLS row cos/sin(cat(a, a)) of them)")
+    return out

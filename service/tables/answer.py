@@ -239,4 +239,11 @@ def _encode(fmt: Format, tensors: Mapping[str, np.ndarray], metadata: Mapping[st
         if fmt == "raw":
             headers.update(raw_headers(name, array))
     headers["Content-Disposition"] = f'attachment; filename="{stem}{FILE_SUFFIX[fmt]}"'
+    if MISSING_ROWS in metadata:  # said in every format, npy and raw included, which carry no metadata
+        headers[MISSING_ROWS_HEADER] = metadata[MISSING_ROWS].encode("ascii", "replace").decode()
     return CachedBody(body=body, media_type=MEDIA_TYPES[fmt], headers=tuple(headers.items()))
+
+
+# A table served without some of its rows (a vision tower's learned CLS row whose values the request did not give):
+# the metadata entry that says which and how to get them, and the header that says it in every format
+MISSING_ROWS, MISSING_ROWS_HEADER = "missing_rows", "Posenc-Missing-Rows"

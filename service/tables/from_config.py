@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError
 from posenc.models.bounds import MAX_GRID, MAX_MERGE
 from posenc.models.errors import ParameterError
 from posenc.models.vision_rope import VISION_MODEL_TYPES, Tower
-from posenc.models.vision_towers import TOWERS, VisionTower, find_tower, tower_from_config
+from posenc.models.vision_towers import TOWERS, VisionTower, check_cls_angles, find_tower, tower_from_config
 from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
 from posenc.service.tables.registry import TensorSpec, register_table
@@ -27,7 +27,9 @@ KNOWN_VISION = ", ".join(sorted({t for scheme in TOWERS for t in scheme.model_ty
 class FromConfigQuery(RopeFromConfigQuery):
     """The RoPE a config.json describes, resolved exactly as transformers resolves it; the metadata holds every
     resolved value. Vision configs (a bare vision config, or a whole config.json with tower=vision) give the vision
-    tower's per-patch table for the grid `grid_thw` (Pixtral and Llama 4 without it: their full grid).
+    tower's per-patch table for the grid `grid_thw` (Pixtral and Llama 4 without it: their full grid). A tower
+    whose CLS angles are a learned weight (MLCD, LLaVA-OneVision-1.5) answers its patch rows, or the full table when
+    the body's top level holds the weight's values as `class_pos_emb`.
     """
 
     tower: Tower | None = Field(None, description=(
@@ -83,6 +85,9 @@ class FromConfigQuery(RopeFromConfigQuery):
         assert tower is not None  # find_tower found it
         if prefix:
             tower = replace(tower, section=f"{prefix}.{tower.section}".rstrip("."))
+        learned = self.upload.get("class_pos_emb")  # a learned CLS angle vector, beside the config (no config has it)
+        if learned is not None:
+            tower = replace(tower, cls_angles=check_cls_angles(tower, learned))
         if self.layout is not None and self.form == "full" and self.layout != tower.scheme.pairs:
             raise ParameterError("layout", f"{tower.scheme.title}'s pair layout is {tower.scheme.pairs}; leave out "
                                            "layout")

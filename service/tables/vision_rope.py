@@ -149,6 +149,7 @@ class VisionTowerQuery(TableQuery):
     window: int
     grid_thw: tuple[int, int, int]
     config_section: str
+    class_pos_emb: tuple[float, ...] | None = None  # learned CLS angles the request gave
     form: VisionForm = "full"
     dtype: FloatDTypeField = "float32"
 
@@ -177,8 +178,8 @@ class VisionTowerQuery(TableQuery):
                                                "merge_size (VideoLLaMA3 only)")
         merge = tower.merge if merge_size is None else merge_size
         query = cls(vision_tower=scheme.name, head_dim=tower.head_dim, rope_theta=tower.rope_theta, merge_size=merge,
-                    window=tower.window, grid_thw=grid_thw, config_section=tower.section or "top-level", form=form,
-                    dtype=dtype)
+                    window=tower.window, grid_thw=grid_thw, config_section=tower.section or "top-level",
+                    class_pos_emb=tower.cls_angles, form=form, dtype=dtype)
         query._tower = tower
         return query
 

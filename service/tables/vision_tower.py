@@ -1,7 +1,8 @@
 """`GET /v1/rope/vision/tower`: a vision tower's per-patch table by its parameters, without a config upload: what
 `POST /v1/rope/from-config?tower=vision&grid_thw=t,h,w` answers for that tower's config (`VisionTowerQuery`,
 docs/ENCODINGS.md §13.1), and what `?preset=` fills for the vision-language models of the catalogue (Qwen2.5-VL,
-Qwen3-VL, GLM-4.1V, PaddleOCR-VL...).
+Qwen3-VL, GLM-4.1V, PaddleOCR-VL, Gemma 4). Learned CLS rows (MLCD, LLaVA-OneVision-1.5) need the weight: only the
+from-config route takes it (`class_pos_emb`); here, as there without it, the patch rows.
 
 The towers served are those whose table depends on the grid and on head_dim, rope_theta, the spatial merge and
 the window only (`GRID_TOWERS`); Pixtral and Llama 4 have `GET /v1/rope/vision`, the fixed-grid and SAM towers

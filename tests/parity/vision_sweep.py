@@ -11,8 +11,9 @@ one crossing windows where the tower has windows, a video where it takes one), a
 attention layer are recorded: the modeling module's rotary application (`apply_rotary_pos_emb_vision` or its
 equivalent, `APPLY`) is replaced for the forward by one that records its arguments and stops the forward. posenc
 answers `POST /v1/rope/from-config?tower=vision&grid_thw=t,h,w` from the whole default config.json and from the
-vision config alone; both must equal the tower's table: exact (max error <= 1e-6 in float32), or partial where a
-CLS row's angles are a learned weight (the patch rows exact, the CLS rows checked against the weight).
+vision config alone; both must equal the tower's table: exact (max error <= 1e-6 in float32). Where a CLS row's
+angles are a learned weight (`class_pos_emb`, in no config), posenc answers the patch rows alone, and the full table
+when the request gives the module's own weight values; both are checked.
 
 `python -m tests.parity.vision_sweep` prints the rows; `--write` regenerates docs/vision-coverage.md.
 """
@@ -50,16 +51,6 @@ NOT_A_TOWER: dict[str, str] = {
 # Towers posenc does not serve: (the status `POST /v1/rope/from-config?tower=vision` gives, the reason).
 # `gap_holds` checks each still gets that status, so closing a gap forces its removal from this list.
 GAPS: dict[str, tuple[int, str]] = {
-    "DeepseekOcr2VisionRotaryEmbedding": (
-        422, "1-D RoPE over the SAM feature tokens followed by 144 (tokens <= 144) or 256 learned queries: no "
-             "patch grid, a text table; POST /v1/rope/from-config?config_section=vision_config.encoder_config"
-             "&max_position=tokens+queries serves it (checked here on 12 x 12 tokens)"),
-}
-# A gap's text-table workaround, checked on the tower: (the whole config's model_type, from-config parameters, the
-# tower's input tokens).
-GAP_WORKAROUNDS: dict[str, tuple[str, dict[str, str], tuple[int, int, int]]] = {
-    "DeepseekOcr2VisionRotaryEmbedding": ("deepseek_ocr2", {"config_section": "vision_config.encoder_config"},
-                                          (1, 12, 12)),
 }
 
 # The rotary application each modeling module's first attention layer calls, by the name the module looks it up.
@@ -73,7 +64,7 @@ class VisionRow:
     cls: str
     kind: str  # tower, gap, not-a-tower
     tower: str = ""
-    status: str = ""  # exact, partial, wrong, refused, unrun, listed
+    status: str = ""  # exact, wrong, refused, unrun, listed
     grids: list[str] = field(default_factory=list)
     rows: str = ""
     cls_rows: str = ""
@@ -260,8 +251,8 @@ def _inputs(owner: Any, config: Any, scheme: TowerScheme, grid: tuple[int, int, 
         yield lambda: owner(torch.randn(h * w, 1, width), torch.randn(k_rows, 1, memory),
                             torch.randn(h * w, 1, width), torch.randn(k_rows, 1, memory))
         return
-    if "num_patches" in params:  # DeepSeek-OCR-2's encoder: tokens then queries
-        yield lambda: owner(torch.randn(1, n + 144, hidden), num_patches=n)
+    if "num_patches" in params:  # DeepSeek-OCR-2's encoder: tokens then its model's queries (144, or 256 past 144)
+        yield lambda: owner(torch.randn(1, n + (144 if n <= 144 else 256), hidden), num_patches=n)
         return
     images = torch.randn(1, channels, h * patch, w * patch)
     if "image_sizes" in params:
@@ -304,8 +295,11 @@ def grids(scheme: TowerScheme, config: Any, owner: Any) -> list[tuple[int, int, 
         window = owner.window_size // merge // owner.patch_size * merge
     wide = (1, window + merge, 2 * window + merge) if window else (1, 2 * merge, 3 * merge)  # 2 x 3 windows
     out = [(1, merge, merge), wide]
-    if any("grid_thw" in name for name in inspect.signature(owner.forward).parameters):
+    params = inspect.signature(owner.forward).parameters
+    if any("grid_thw" in name for name in params):
         out.append((2, *wide[1:]) if window else (3, 2 * merge, 2 * merge))
+    if "num_patches" in params:  # past the 144 tokens of the smaller query set
+        out.append((1, 13, 13))
     return out
 
 
@@ -319,10 +313,12 @@ def tower_merge(config: Any, owner: Any) -> int:
 
 
 def ask_posenc(client: Any, config: dict[str, Any], grid: tuple[int, int, int], merge: int | None = None,
-               tower: str = "vision") -> tuple[int, Any]:
+               tower: str = "vision", class_pos_emb: list[float] | None = None) -> tuple[int, Any]:
     params: dict[str, Any] = {"tower": tower, "grid_thw": ",".join(map(str, grid)), "dtype": "float32"}
     if merge is not None:
         params["merge_size"] = merge
+    if class_pos_emb is not None:
+        config = {**config, "class_pos_emb": class_pos_emb}
     response = client.post("/v1/rope/from-config", params=params, content=json.dumps(config, default=str),
                            headers={"content-type": "application/json"})
     if response.status_code != 200:
@@ -344,11 +340,16 @@ def _split_cls(scheme: TowerScheme, grid: tuple[int, int, int], cos: np.ndarray)
     return ~is_cls, is_cls
 
 
-def rounding_bound(scheme: TowerScheme, grid: tuple[int, int, int], inv_freq: np.ndarray, layout: str
-                   ) -> np.ndarray:
-    """Per column, what the tower's float32 angles (position · inv_freq rounded to float32, positions up to the
-    grid's largest side) can move cos and sin: 2 ulp of the largest angle, plus the two roundings of the values."""
-    bound = 2 * (max(grid) + scheme.offset) * inv_freq.astype(np.float64) * 2.0**-23 + 2.4e-7
+def largest_position(scheme: TowerScheme, grid: tuple[int, int, int], rows: int) -> int:
+    """The largest position of a table of `rows` rows: the grid's largest extent - 1 (+ offset); 1-D: rows - 1."""
+    return rows - 1 if scheme.frequencies == "sequence" else max(grid) - 1 + scheme.offset
+
+
+def rounding_bound(scheme: TowerScheme, grid: tuple[int, int, int], inv_freq: np.ndarray, layout: str,
+                   rows: int = 0) -> np.ndarray:
+    """Per column, what the tower's float32 angles (position · inv_freq rounded to float32, positions up to
+    `largest_position`) can move cos and sin: 2 ulp of the largest angle, plus the two roundings of the values."""
+    bound = 2 * (largest_position(scheme, grid, rows) + 1) * inv_freq.astype(np.float64) * 2.0**-23 + 2.4e-7
     if layout == "interleaved":
         return np.repeat(bound, 2)
     if layout == "half":
@@ -374,8 +375,9 @@ def tower_row(client: Any, rotary: Rotary, scheme: TowerScheme) -> VisionRow:
     merge = 1 if input_merge else tower_merge(config, owner)  # (the image processor's 1)
     errors: list[float] = []
     notes: list[str] = []
-    beyond: dict[tuple[int, int, int], float] = {}
+    beyond: dict[tuple[int, int, int], tuple[float, int]] = {}
     runs: list[tuple[tuple[int, int, int], int | None]] = [(grid, None) for grid in grids(scheme, config, owner)]
+    learned = scheme.cls is not None and scheme.cls.angles == "learned"
     if input_merge:  # a video as the video processor gives it, merged 2 x 2
         runs.append(((2, 4, 4), 2))
     for grid, merge_size in runs:
@@ -392,43 +394,44 @@ def tower_row(client: Any, rotary: Rotary, scheme: TowerScheme) -> VisionRow:
         except Exception as exc:
             row.status, row.note = "unrun", f"grid {grid}: {exc!r}"[:240]
             return row
-        if scheme.cls is not None and scheme.cls.angles == "learned":
-            patches, cls_rows = _split_cls(scheme, grid, cos)
-            weight = dict(owner.named_parameters())[scheme.learned_cls].detach()
-            angles = torch.cat([weight, weight], dim=-1).reshape(1, -1)
-            if not (np.array_equal(cos[cls_rows], np.broadcast_to(angles.cos().numpy(), cos[cls_rows].shape)) and
-                    np.array_equal(sin[cls_rows], np.broadcast_to(angles.sin().numpy(), sin[cls_rows].shape))):
-                row.status, row.note = "wrong", "the CLS rows are not the learned angles' cos/sin"
-                return row
-            cos, sin = cos[patches], sin[patches]
-        for upload in (whole, config.to_dict()):
-            status, answer = ask_posenc(client, upload, grid, merge_size)
+        asks: list[tuple[dict[str, Any], list[float] | None, np.ndarray]] = []  # (upload, class_pos_emb, rows)
+        every = np.ones(cos.shape[0], dtype=bool)
+        if learned:  # the module's own weight given: the whole table; not given: the patch rows alone
+            weight = dict(owner.named_parameters())[scheme.learned_cls].detach().reshape(-1).tolist()
+            patches, _ = _split_cls(scheme, grid, cos)
+            asks = [(whole, weight, every), (whole, None, patches), (config.to_dict(), weight, every)]
+        else:
+            asks = [(whole, None, every), (config.to_dict(), None, every)]
+        for upload, given, keep in asks:
+            status, answer = ask_posenc(client, upload, grid, merge_size, class_pos_emb=given)
             if status != 200:
                 row.status, row.note = "refused", f"grid {grid}: {status}: {str(answer)[:200]}"
                 return row
             tables, metadata = answer
-            if tables["cos"].shape != cos.shape:
+            if tables["cos"].shape != cos[keep].shape or (learned and given is None) != ("missing_rows" in metadata):
                 row.status, row.note = "wrong", f"grid {grid}: shape {tables['cos'].shape}, the tower's {cos.shape}"
                 return row
-            error = max(float(np.max(np.abs(tables["cos"] - cos))), float(np.max(np.abs(tables["sin"] - sin))))
+            error = max(float(np.max(np.abs(tables["cos"] - cos[keep]))),
+                        float(np.max(np.abs(tables["sin"] - sin[keep]))))
             errors.append(error)
             if error > EXACT:
-                bound = rounding_bound(scheme, grid, tables["inv_freq"], metadata["layout"])
-                if np.any(np.abs(tables["cos"] - cos) > bound) or np.any(np.abs(tables["sin"] - sin) > bound):
+                bound = rounding_bound(scheme, grid, tables["inv_freq"], metadata["layout"], cos.shape[0])
+                if (np.any(np.abs(tables["cos"] - cos[keep]) > bound)
+                        or np.any(np.abs(tables["sin"] - sin[keep]) > bound)):
                     row.status, row.max_error = "wrong", error
                     row.note = f"grid {grid}: beyond the tower's own float32 angle rounding"
                     return row
-                beyond[grid] = error
+                beyond[grid] = (error, largest_position(scheme, grid, cos.shape[0]))
         row.rows, row.cls_rows, row.layout = metadata["rows"], metadata["cls_rows"], metadata["layout"]
         row.columns, row.video = metadata["columns"], metadata["video"]
     row.max_error = max(errors)
-    learned = scheme.cls is not None and scheme.cls.angles == "learned"
-    row.status = "partial" if learned else "exact"
-    for grid, error in beyond.items():
+    row.status = "exact"
+    for grid, (error, largest) in beyond.items():
         notes.append(f"grid {','.join(map(str, grid))}: {error:.1e}, within the tower's float32 angle rounding "
-                     f"(positions up to {max(grid[1:]) - 1 + scheme.offset})")
+                     f"(positions up to {largest})")
     if learned:
-        notes.append(f"CLS angles are the weight {scheme.learned_cls}: patch rows served, CLS rows left out")
+        notes.append(f"CLS angles are the weight {scheme.learned_cls}: the full table with its values as "
+                     "class_pos_emb, the patch rows without")
     if scheme.note:
         notes.append(scheme.note)
     row.note = "; ".join(notes)
@@ -441,22 +444,6 @@ def gap_holds(client: Any, rotary: Rotary) -> bool:
     config = vision_config(rotary)
     answered, _ = ask_posenc(client, config.to_dict(), (1, 4, 4))
     return answered == status
-
-
-def gap_workaround_error(client: Any, rotary: Rotary) -> float:
-    """The max error of a gap's text-table workaround against the tower's table (positions 0 .. rows - 1), checked
-    within the tower's float32 angle rounding (AssertionError beyond it)."""
-    wrapper, params, grid = GAP_WORKAROUNDS[rotary.name]
-    config = vision_config(rotary)
-    cos, sin = tower_table(rotary, owner_class(rotary)(config).eval(), config, None, grid, 1)
-    whole = transformers.CONFIG_MAPPING[wrapper]().to_dict()
-    response = client.post("/v1/rope/from-config", params={**params, "max_position": cos.shape[0]},
-                           content=json.dumps(whole, default=str), headers={"content-type": "application/json"})
-    assert response.status_code == 200, response.text
-    tables = load_safetensors(response.content)
-    bound = np.tile(2 * cos.shape[0] * tables["inv_freq"].astype(np.float64) * 2.0**-23 + 2.4e-7, 2)
-    assert np.all(np.abs(tables["cos"] - cos) <= bound) and np.all(np.abs(tables["sin"] - sin) <= bound)
-    return max(float(np.max(np.abs(tables["cos"] - cos))), float(np.max(np.abs(tables["sin"] - sin))))
 
 
 def not_a_tower_holds(rotary: Rotary) -> bool:
@@ -476,13 +463,7 @@ def sweep(client: Any, only: list[str] | None = None) -> list[VisionRow]:
                                  note=NOT_A_TOWER[rotary.name]))
         elif rotary.name in GAPS:
             status, reason = GAPS[rotary.name]
-            row = VisionRow(rotary.folder, rotary.name, "gap", status="listed", note=f"{status}: {reason}")
-            if rotary.name in GAP_WORKAROUNDS:
-                try:
-                    row.max_error = gap_workaround_error(client, rotary)
-                except Exception as exc:
-                    row.status, row.note = "unrun", f"the workaround: {exc!r}"[:240]
-            out.append(row)
+            out.append(VisionRow(rotary.folder, rotary.name, "gap", status="listed", note=f"{status}: {reason}"))
         elif scheme is None:
             out.append(VisionRow(rotary.folder, rotary.name, "unclassified", status="unrun",
                                  note="a vision rotary class posenc does not know: describe it in "
@@ -508,7 +489,8 @@ def coverage_markdown(rows: list[VisionRow]) -> str:
         "tower built with one layer from its config class's defaults and run on the grids listed, the cos and sin "
         "its first attention layer passes to its rotary application recorded, against `POST /v1/rope/from-config"
         "?tower=vision&grid_thw=t,h,w` of the whole default config.json and of the vision config alone (exact: max "
-        "error <= 1e-6 in float32; partial: the patch rows exact, the CLS rows a learned weight).",
+        "error <= 1e-6 in float32; learned CLS angles: the full table given the module's own class_pos_emb, and the "
+        "patch rows alone without it).",
         "",
         "Totals: " + ", ".join(f"{key} {value}" for key, value in sorted(counts.items())) + ".",
         "",
