@@ -64,6 +64,7 @@ from posenc.service.testing import (  # noqa: E402
     SharedMemory,
     attention_inputs,
     kserve_request,
+    layered_config,
     read_response,
     request_bytes,
     shared_memory_inputs,
@@ -136,15 +137,6 @@ def payloads(seed: int) -> dict[str, list[HttpRequest]]:
         out["config-layers"].append(HttpRequest("POST", "/v1/audit", json.dumps(layered_config(types)).encode(),
                                                 {"Content-Type": "application/json"}, label))
     return out
-
-
-def layered_config(types: int) -> dict[str, object]:
-    """A Gemma-3-style config.json whose `types` layer types each have a RoPE of their own."""
-    names = [f"type_{index:05d}" for index in range(types)]
-    return {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
-            "max_position_embeddings": 4096, "layer_types": names,
-            "rope_parameters": {name: {"rope_type": "default", "rope_theta": 10000.0 + index}
-                                for index, name in enumerate(names)}}
 
 
 @dataclass

@@ -27,7 +27,7 @@ from posenc.service.testing.http import (
     request_head,
     unix_http_request,
 )
-from posenc.service.testing.inputs import attention_inputs
+from posenc.service.testing.inputs import attention_inputs, layered_config
 from posenc.service.testing.kserve import (
     HEADER_LENGTH,
     KServeRequest,
@@ -75,6 +75,7 @@ __all__ = [
     "free_port",
     "http_request",
     "kserve_request",
+    "layered_config",
     "memfd_key",
     "read_response",
     "register_memfd",

@@ -50,6 +50,14 @@ async def _until(condition: Callable[[], object], what: str) -> None:
         raise AssertionError(f"never: {what}") from None
 
 
+async def _taken_back(budget: MemoryBudget, call: asyncio.Future[object], ends: str) -> None:
+    """A waiter for the whole budget takes the call's lent memory back; the call ends with the status `ends`."""
+    whole = await asyncio.wait_for(budget.acquire(budget.capacity, "the whole budget"), 10)
+    with pytest.raises(grpc.aio.AbortError, match=ends):
+        await asyncio.wait_for(call, 10)
+    whole.release()
+
+
 class Asked:
     """A request iterator that counts the messages asked of it and sends `messages`, then nothing, ever."""
 
@@ -116,11 +124,8 @@ def test_a_call_that_sends_nothing_gives_its_memory_to_a_waiter() -> None:
         call = asyncio.ensure_future(infer(silent(), Context()))
         await _until(lambda: budget.lent_bytes, "the message's memory lent")
         assert budget.lent_bytes == 2 * settings.max_request_bytes and silent.asked == 1
-        whole = await asyncio.wait_for(budget.acquire(budget.capacity, "the whole budget"), 10)
-        with pytest.raises(grpc.aio.AbortError, match=r"^RESOURCE_EXHAUSTED: the request message had not arrived "
-                                                      r"0\.2 s after the server asked for it, while other requests"):
-            await asyncio.wait_for(call, 10)
-        whole.release()
+        await _taken_back(budget, call, r"^RESOURCE_EXHAUSTED: the request message had not arrived 0\.2 s after the "
+                                        r"server asked for it, while other requests")
 
     asyncio.run(scenario())
     assert budget.reserved == 0 and budget.lent_bytes == 0 and servicer.active == 0
@@ -139,11 +144,8 @@ def test_an_idle_stream_gives_its_memory_to_a_waiter_and_ends() -> None:
     async def scenario() -> None:
         call = asyncio.ensure_future(servicer.stream("ModelStreamInfer")(requests(), context))
         await _until(lambda: context.written and budget.lent_bytes, "an answer, and the next request's memory lent")
-        whole = await asyncio.wait_for(budget.acquire(budget.capacity, "the whole budget"), 10)
-        with pytest.raises(grpc.aio.AbortError, match=r"^RESOURCE_EXHAUSTED: the stream sent no request for 0\.2 s "
-                                                      r"with none in progress, while other requests waited"):
-            await asyncio.wait_for(call, 10)
-        whole.release()
+        await _taken_back(budget, call, r"^RESOURCE_EXHAUSTED: the stream sent no request for 0\.2 s with none in "
+                                        r"progress, while other requests waited")
 
     asyncio.run(scenario())
     assert "malformed" in pb.ModelStreamInferResponse.FromString(context.written[0]).error_message

@@ -26,18 +26,10 @@ from posenc.service.audit import config_reader
 from posenc.service.audit.run import reference
 from posenc.service.audit_limits import MAX_LAYER_TYPES
 from posenc.service.errors import BadRequest
-from posenc.service.testing import ServerProcess
+from posenc.service.testing import ServerProcess, layered_config
 
 # CPU a refusal may take: a fixed part (a request's or a command's start) and a part per MiB of the file (its parse)
 FIXED_CPU_SECONDS, CPU_SECONDS_PER_MIB = 1.0, 2.0
-
-
-def layered_config(types: int) -> dict[str, Any]:
-    names = [f"type_{index:05d}" for index in range(types)]
-    return {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
-            "max_position_embeddings": 4096, "layer_types": names,
-            "rope_parameters": {name: {"rope_type": "default", "rope_theta": 10000.0 + index}
-                                for index, name in enumerate(names)}}
 
 
 def cpu_bound(size: int) -> float:
