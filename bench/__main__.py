@@ -9,7 +9,8 @@ Sub-benchmarks (each module's docstring says what it measures and against what):
   tables    cached small table, /healthz and the cached 64 MiB table vs a bare FastAPI endpoint (bench/tables.py)
   batching  16 clients of single-row infer, batching on vs off; onnxruntime's cost per row by B (bench/batching.py)
   infer     one binary infer over HTTP vs the transport alone, shared memory, in-process onnxruntime and torch
-            eager, on CPU or CUDA (bench/infer.py)
+            eager, on CPU or CUDA (bench/infer.py); on the CPU, posenc vs KServe, PyTriton and LitServe serving the
+            same graph, at 1 and 8 clients (bench/peer_columns.py)
   servers   the same app on uvicorn (httptools, h11), 2 workers and granian (bench/servers.py)
   forms     (not in `all`) the attention graphs onnxruntime can run against torch eager, each alone (bench/forms.py)
 Every pair is measured in interleaved rounds, so machine noise hits both sides alike; ratios are oriented so
@@ -89,6 +90,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kserve", action=argparse.BooleanOptionalAction, default=None,
                         help="infer: KServe's Python ModelServer as a column (its own virtual environment, made on "
                         "first use; default: on, with --quick only where that environment exists)")
+    for peer, name in (("pytriton", "NVIDIA PyTriton (HTTP and gRPC)"), ("litserve", "LitServe (HTTP)")):
+        parser.add_argument(f"--{peer}", action=argparse.BooleanOptionalAction, default=None,
+                            help=f"infer: {name} as a peer at 1 and 8 clients (bench/peer_columns.py; its own virtual "
+                            "environment, made on first use; default: on, with --quick only where that environment "
+                            "exists)")
     args = parser.parse_args(argv)
     # quick: every sub-benchmark reads these three, so each runs fewer, shorter rounds
     args.seconds = args.seconds if args.seconds is not None else (1 if args.quick else 2)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.clients import TritonClients, datatype
 from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD, GRPC_OPTIONS
 from bench.harness import Row, med, spread
 from posenc.service.testing import ServerProcess, free_port
@@ -56,46 +57,28 @@ def echo_address(server: ServerProcess) -> str:
     return f"{server.host}:{server.argv[server.argv.index('--grpc-echo-port') + 1]}"
 
 
-def datatype(array: np.ndarray) -> str:
-    from posenc.models.dtypes import lookup
-
-    return lookup(array.dtype).kserve
-
-
 class GrpcColumns:
     """One channel and one tritonclient client to the server's gRPC port, for every case."""
 
     def __init__(self, server: ServerProcess, echo_server: ServerProcess) -> None:
         import grpc
-        import tritonclient.grpc as grpcclient
-        import tritonclient.http as httpclient
 
         self.address = server.grpc_address
         self.channel = grpc.insecure_channel(self.address, options=OPTIONS)
         self.infer = self.channel.unary_unary(SERVICE + "ModelInfer")
         self.echo_channel = grpc.insecure_channel(echo_address(echo_server), options=OPTIONS)
         self.echo = self.echo_channel.unary_unary(GRPC_ECHO_METHOD)
-        self.client = grpcclient.InferenceServerClient(self.address)
-        self.http_client = httpclient.InferenceServerClient(server.address, network_timeout=600.0)
+        # tritonclient over both protocols: the same code measures PyTriton (bench/peer_columns.py)
+        self.triton = TritonClients(server.address, self.address)
 
     def calls(self, model: str, arrays: dict[str, np.ndarray]) -> dict[str, Callable[[], Any]]:
         """The columns' calls for one case (each returns the output array)."""
-        import tritonclient.grpc as grpcclient
-        import tritonclient.http as httpclient
         from tritonclient.grpc import service_pb2 as pb
 
         request = pb.ModelInferRequest(model_name=model)
-        tensors, http_tensors = [], []
         for name, array in arrays.items():
             request.inputs.add(name=name, datatype=datatype(array), shape=array.shape)
             request.raw_input_contents.append(array.tobytes())
-            tensor = grpcclient.InferInput(name, list(array.shape), datatype(array))
-            tensor.set_data_from_numpy(array)
-            tensors.append(tensor)
-            http_tensor = httpclient.InferInput(name, list(array.shape), datatype(array))
-            http_tensor.set_data_from_numpy(array, binary_data=True)
-            http_tensors.append(http_tensor)
-        http_outputs = [httpclient.InferRequestedOutput("output", binary_data=True)]
         data = request.SerializeToString()
 
         def raw() -> np.ndarray:
@@ -108,13 +91,9 @@ class GrpcColumns:
         def echo() -> bytes:
             return self.echo(data, metadata=echo_metadata, timeout=600)
 
-        def triton() -> np.ndarray:
-            return self.client.infer(model, tensors, client_timeout=600).as_numpy("output")
-
-        def triton_http() -> np.ndarray:
-            return self.http_client.infer(model, http_tensors, outputs=http_outputs).as_numpy("output")
-
-        return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton, "http tritonclient": triton_http}
+        triton = self.triton.calls(model, arrays)
+        return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton["grpc"],
+                "http tritonclient": triton["http"]}
 
     def cells(self, times: dict[str, list[float]]) -> str:
         """The case's cells of the latency table (after the HTTP columns)."""
@@ -154,7 +133,6 @@ class GrpcColumns:
         return rows
 
     def close(self) -> None:
-        self.client.close()
-        self.http_client.close()
+        self.triton.close()
         self.channel.close()
         self.echo_channel.close()

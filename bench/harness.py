@@ -49,6 +49,7 @@ from posenc.service.testing import (
     kserve_request,
     without_posenc,
 )
+from posenc.service.testing.server import kill_group
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -303,6 +304,8 @@ class Servers:
                 server.terminate()
             for server in self.started:
                 server.stop()
+            for server in self.started:  # what a server left of its process group (LitServe's API server, worker)
+                kill_group(server.pid)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -402,8 +405,11 @@ def _num(x: float) -> str:
 def format_table(rows: list[Row]) -> str:
     """A fixed-width table; a failing row says BELOW (or ERROR when any request failed)."""
     head = ["what", "posenc", "anchor", "ratio", "target", "control", "status", "note"]
-    body = [[r.what, f"{_num(r.value)} {r.unit}", f"{_num(r.anchor)} {r.unit}",
-             f"{r.ratio:.3f}" + ("" if r.error is None else f" ±{r.error:.1%}"),
+    def cell(x: float, unit: str) -> str:
+        return "-" if x != x else f"{_num(x)} {unit}"  # nan: a row of a side that was not measured
+
+    body = [[r.what, cell(r.value, r.unit), cell(r.anchor, r.unit),
+             "-" if r.ratio != r.ratio else f"{r.ratio:.3f}" + ("" if r.error is None else f" ±{r.error:.1%}"),
              "-" if r.target is None else f"{'<=' if r.at_most else '>='} {r.target:.2f}",
              "-" if r.control is None else f"{r.control:.3f}", r.status, r.note]
             for r in rows]

@@ -4,6 +4,7 @@ onnxruntime and torch eager.
     python -m bench infer                          # CPU, 5 cases (about two minutes on 2 cores)
     python -m bench infer --device cuda            # every column on the GPU (fails at once without CUDA)
     python -m bench infer --case rope_attention:8:512 --repeat 20
+    python -m bench infer --quick --pytriton --litserve   # the peers even with --quick (their environments made once)
 
 Latency table: median milliseconds per call for one (B, S) request on the shipped models, every column measured
 side by side in this run (each column once per round, the order reversed every other round), on one device:
@@ -21,6 +22,9 @@ side by side in this run (each column once per round, the order reversed every o
   OrtValues on the device, bound once);
 * torch eager (the module the models were exported from), when torch is installed;
 * gRPC raw and gRPC tritonclient: the same request over the server's gRPC service (bench/grpc_columns.py).
+* KServe's ModelServer, NVIDIA PyTriton (HTTP and gRPC) and LitServe (HTTP), on the CPU: the same graph served by
+  each in its own virtual environment (bench/peers.py), at 1 client (columns measured with the rest) and 8 clients
+  (req/s, rounds of their own); their table and the ratios posenc / peer per protocol: bench/peer_columns.py.
 * onnxruntime as a user runs it in-process: a session with onnxruntime's default options (the server picks its
   own, by measurement: see docs/performance.md), on the graph the server runs for the case (on the CPU, the
   model's CPU form from the sequence length its export measured it faster: bench/inprocess.py `model_file`).
@@ -35,38 +39,30 @@ B·S ≥ 16384 (the server's copies to and from the pinned regions against a run
 
 from __future__ import annotations
 
-import http.client
-import json
-import mmap
-import os
 import sys
 from collections.abc import Callable
-from contextlib import ExitStack
+from contextlib import ExitStack, closing
 from functools import partial
 from typing import Any
 
 import numpy as np
 
 from bench import grpc_columns
+from bench.clients import Raw
 from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
 from bench.harness import Bench, Report, Row, inputs, interleaved, log, med, spread
 from bench.inprocess import require_cuda, torch_version
 from bench.isolation import AnchorProcess, alone, burst_ms
-from bench.peers import kserve_python, start_kserve
+from bench.peer_columns import ROUNDS as PEER_ROUNDS
+from bench.peer_columns import PeerColumns
+from bench.peers import LITSERVE, PYTRITON, kserve_python, start_kserve
 from bench.profile import HEADER, NOTE, SocketEcho, median_phases, profile_row
+from bench.shm_columns import SharedMemoryCase, ZeroCopyCase
 from posenc.service.request_kit import phases
 from posenc.service.testing import (
-    SHARED_MEMORY_HEADERS,
     RequestedOutput,
-    ServerProcess,
-    SharedMemory,
-    UnixHTTPConnection,
     decode_response,
-    http_request,
     kserve_request,
-    register_memfd,
-    sealed_memfd,
-    shared_memory_inputs,
     shared_memory_key_settings,
 )
 
@@ -106,33 +102,6 @@ def parse_case(text: str) -> tuple[str, int, int]:
     return model, int(batch), int(seq)
 
 
-class Raw:
-    """One keep-alive connection posting prepared bodies (the HTTP client tritonclient itself uses)."""
-
-    def __init__(self, server: ServerProcess) -> None:
-        from geventhttpclient import HTTPClient
-
-        self.client = HTTPClient(server.host, server.port, connection_timeout=300, network_timeout=300,
-                                 concurrency=1)
-
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        from geventhttpclient.response import HTTPConnectionClosed
-
-        try:
-            response = self.client.post(path, body=body, headers=headers)
-        except (HTTPConnectionClosed, BrokenPipeError, ConnectionResetError):
-            # the server closed the kept-alive connection while other columns ran (its keep-alive timeout): again,
-            # on a new one
-            response = self.client.post(path, body=body, headers=headers)
-        data = response.read()
-        if response.status_code != 200:
-            raise RuntimeError(f"{path}: HTTP {response.status_code}: {data[:300]!r}")
-        return data, dict(response.items())
-
-    def close(self) -> None:
-        self.client.close()
-
-
 def binary_call(raw: Raw, model: str,
                 arrays: dict[str, np.ndarray]) -> tuple[Callable[[], np.ndarray], int, int, Callable[[], str | None]]:
     """(call, request bytes, response bytes, timing): post the binary request, decode the output; `timing` posts
@@ -146,110 +115,6 @@ def binary_call(raw: Raw, model: str,
     def timing() -> str | None:
         return raw.post(path, request.body, request.headers)[1].get(phases.HEADER.lower())
     return call, len(request.body), len(raw.post(path, request.body, request.headers)[0]), timing
-
-
-class SharedMemoryCase:
-    """Inputs and output of one case in two registered system shared-memory regions."""
-
-    def __init__(self, server: ServerProcess, arrays: dict[str, np.ndarray], tag: str) -> None:
-        import tritonclient.utils.shared_memory as shm
-
-        self.shm, self.server = shm, server
-        self.shape, self.out_size = list(arrays["query"].shape), arrays["query"].nbytes
-        in_size = sum(array.nbytes for array in arrays.values())
-        self.regions = [(f"in_{tag}", f"/posenc_bench_in_{os.getpid()}_{tag}", in_size),
-                        (f"out_{tag}", f"/posenc_bench_out_{os.getpid()}_{tag}", self.out_size)]
-        self.handles = [shm.create_shared_memory_region(name, key, size) for name, key, size in self.regions]
-        shm.set_shared_memory_region(self.handles[0], list(arrays.values()))
-        for name, key, size in self.regions:
-            self._post(f"/v2/systemsharedmemory/region/{name}/register",
-                       json.dumps({"key": key, "offset": 0, "byte_size": size}).encode())
-        output = RequestedOutput("output", shared_memory=SharedMemory(f"out_{tag}", self.out_size))
-        self.request = kserve_request(shared_memory_inputs(arrays, f"in_{tag}"), outputs=[output])
-
-    def _post(self, path: str, body: bytes = b"") -> None:
-        status, _, answer = http_request(self.server.port, path, "POST", body, headers=SHARED_MEMORY_HEADERS)
-        if status != 200:
-            raise RuntimeError(f"{path}: HTTP {status}: {answer[:300]!r}")
-
-    def call(self, raw: Raw, model: str) -> Callable[[], np.ndarray]:
-        path = f"/v2/models/{model}/infer"
-
-        headers = {**self.request.headers, **SHARED_MEMORY_HEADERS}
-
-        def call() -> np.ndarray:
-            raw.post(path, self.request.body, headers)
-            return self.shm.get_contents_as_numpy(self.handles[1], np.float32, self.shape)  # a view, no copy
-        return call
-
-    def close(self) -> None:
-        for name, _, _ in self.regions:
-            self._post(f"/v2/systemsharedmemory/region/{name}/unregister")
-        for handle in self.handles:
-            self.shm.destroy_shared_memory_region(handle)
-
-
-class ZeroCopyCase:
-    """Inputs and output in two sealed memfds, registered over the server's Unix socket as `fd:N` with the
-    descriptors sent along (SCM_RIGHTS): the server
-    maps them (they cannot shrink), so the inputs reach onnxruntime as views and the output is written in
-    place. The request goes over the socket too (one keep-alive connection)."""
-
-    def __init__(self, socket_path: str, arrays: dict[str, np.ndarray], tag: str) -> None:
-        self.shape, out_size = arrays["query"].shape, arrays["query"].nbytes
-        data = b"".join(np.ascontiguousarray(array).tobytes() for array in arrays.values())
-        self.fds = [sealed_memfd(len(data)), sealed_memfd(out_size)]
-        os.pwrite(self.fds[0], data, 0)
-        self.conn = UnixHTTPConnection(socket_path, timeout=300)
-        self.timing: str | None = None  # the last answer's Server-Timing
-        self.names = [f"zin_{tag}", f"zout_{tag}"]
-        for name, fd, size in zip(self.names, self.fds, (len(data), out_size), strict=True):
-            # the descriptor travels with the request (SCM_RIGHTS, a connection of its own)
-            status, _, answer = register_memfd(socket_path, name, fd, size)
-            if status != 200:
-                raise RuntimeError(f"register {name}: HTTP {status}: {answer[:300]!r}")
-        self.output = np.frombuffer(mmap.mmap(self.fds[1], out_size, prot=mmap.PROT_READ), np.float32)
-        output = RequestedOutput("output", shared_memory=SharedMemory(self.names[1], out_size))
-        self.request = kserve_request(shared_memory_inputs(arrays, self.names[0]), outputs=[output])
-
-    def _post(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> bytes:
-        try:
-            self.conn.request("POST", path, body=body, headers=headers or {})
-            response = self.conn.getresponse()
-        except (BrokenPipeError, ConnectionResetError, http.client.RemoteDisconnected):
-            # the server closed the kept-alive connection while other columns ran (its keep-alive timeout): again
-            self.conn.close()
-            self.conn.request("POST", path, body=body, headers=headers or {})
-            response = self.conn.getresponse()
-        answer = response.read()
-        self.timing = response.getheader(phases.HEADER)
-        if response.status != 200:
-            raise RuntimeError(f"{path}: HTTP {response.status}: {answer[:300]!r}")
-        return answer
-
-    def call(self, model: str) -> Callable[[], np.ndarray]:
-        path = f"/v2/models/{model}/infer"
-
-        def call() -> np.ndarray:
-            self._post(path, self.request.body, self.request.headers)
-            return self.output.reshape(self.shape)  # a view of the mapped output, no copy
-        return call
-
-    def timing_call(self, model: str) -> Callable[[], str | None]:
-        """Post the request; its answer's Server-Timing."""
-        call = self.call(model)
-
-        def timing() -> str | None:
-            call()
-            return self.timing
-        return timing
-
-    def close(self) -> None:
-        for name in self.names:
-            self._post(f"/v2/systemsharedmemory/region/{name}/unregister", b"")
-        self.conn.close()
-        for fd in self.fds:
-            os.close(fd)
 
 
 def measured(sides: dict[str, Callable[[int], list[float]]], rounds: int, budget_ms: float,
@@ -354,8 +219,15 @@ def run(bench: Bench) -> Report:
         peer = start_kserve(servers, kserve, sorted({c[0] for c in cases}), threads) if kserve else None
         anchors = {name: stack.enter_context(AnchorProcess(name, cores.serve, threads)) for name in anchor_names}
         servers.ready("/v2/health/ready", timeout=120)
-        raw, echo_raw = Raw(server), Raw(echo_server)
-        peer_raw = Raw(peer) if peer else None
+        # PyTriton and LitServe (bench/peer_columns.py), on the CPU: started once posenc's servers are ready
+        peers = None if device == "cuda" else stack.enter_context(closing(PeerColumns(
+            servers, cores, sorted({c[0] for c in cases}), threads,
+            {PYTRITON: getattr(args, "pytriton", None), LITSERVE: getattr(args, "litserve", None)}, quick)))
+        if peers is not None:
+            notes.append(peers.note())
+            log(peers.note())
+        raw, echo_raw = Raw(server.host, server.port), Raw(echo_server.host, echo_server.port)
+        peer_raw = Raw(peer.host, peer.port) if peer else None
         grpc = grpc_columns.GrpcColumns(server, echo_server)
         try:
             for index, (model, batch, seq) in enumerate(cases):
@@ -391,6 +263,8 @@ def run(bench: Bench) -> Report:
                     calls.update(grpc.calls(model, arrays))
                     for name in ("shm copied", "grpc", "grpc tritonclient", "http tritonclient"):
                         np.testing.assert_allclose(calls[name](), expected, atol=1e-4, rtol=1e-4)
+                    if peers is not None:  # each checked against `expected`; one that fails is left out, with why
+                        calls.update(peers.calls(model, arrays, expected))
                     sides: dict[str, Callable[[int], list[float]]] = {
                         name: partial(burst_ms, call) for name, call in calls.items()}
                     sides.update({name: anchor.burst for name, anchor in anchors.items()})
@@ -419,6 +293,9 @@ def run(bench: Bench) -> Report:
                 report.rows += case_rows(model, batch, seq, times, threads)
                 report.rows += grpc.rows(model, batch, seq, times)
                 case = (model, batch, seq)
+                if peers is not None:  # the 8-client rounds: posenc's and every live peer's request, each alone
+                    report.rows += peers.measure(case, server, times, args.rounds or PEER_ROUNDS, args.seconds,
+                                                 med(times["ort twin"]) / med(times["ort"]))
                 profile.append(profile_row(case, "HTTP binary", ms["binary"], spans["binary"], ms["echo"],
                                            ms["socket echo"]))
                 profile.append(profile_row(case, "HTTP shm zero-copy", ms["shm"], spans["shm"]))
@@ -428,6 +305,9 @@ def run(bench: Bench) -> Report:
                 if client is not None:
                     client.close()
             grpc.close()
+            if peers is not None:
+                report.rows += peers.rows_not_measured()
+                report.tables.append(peers.table(threads))
     report.tables.append("\n".join(table))
     report.tables.append("\n".join([NOTE, HEADER, *profile]))
     return report
