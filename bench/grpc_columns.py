@@ -30,6 +30,7 @@ import numpy as np
 from bench.clients import TritonClients, datatype
 from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD, GRPC_OPTIONS
 from bench.harness import Row, med, spread
+from posenc.service.request_kit import phases
 from posenc.service.testing import ServerProcess, free_port
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -57,6 +58,17 @@ def echo_address(server: ServerProcess) -> str:
     return f"{server.host}:{server.argv[server.argv.index('--grpc-echo-port') + 1]}"
 
 
+def request_bytes(model: str, arrays: dict[str, np.ndarray]) -> bytes:
+    """The serialized `ModelInferRequest` of `arrays`, each input in `raw_input_contents`."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=model)
+    for name, array in arrays.items():
+        request.inputs.add(name=name, datatype=datatype(array), shape=array.shape)
+        request.raw_input_contents.append(array.tobytes())
+    return request.SerializeToString()
+
+
 class GrpcColumns:
     """One channel and one tritonclient client to the server's gRPC port, for every case."""
 
@@ -75,11 +87,7 @@ class GrpcColumns:
         """The columns' calls for one case (each returns the output array)."""
         from tritonclient.grpc import service_pb2 as pb
 
-        request = pb.ModelInferRequest(model_name=model)
-        for name, array in arrays.items():
-            request.inputs.add(name=name, datatype=datatype(array), shape=array.shape)
-            request.raw_input_contents.append(array.tobytes())
-        data = request.SerializeToString()
+        data = request_bytes(model, arrays)
 
         def raw() -> np.ndarray:
             response = pb.ModelInferResponse.FromString(self.infer(data, timeout=600))
@@ -94,6 +102,16 @@ class GrpcColumns:
         triton = self.triton.calls(model, arrays)
         return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton["grpc"],
                 "http tritonclient": triton["http"]}
+
+    def timing_call(self, model: str, arrays: dict[str, np.ndarray]) -> Callable[[], str | None]:
+        """A call of the gRPC raw column that answers its `server-timing` trailing metadata (the server's phases)."""
+        data = request_bytes(model, arrays)
+
+        def timing() -> str | None:
+            _, call = self.infer.with_call(data, timeout=600)
+            return dict(call.trailing_metadata() or ()).get(phases.TRAILER)
+
+        return timing
 
     def cells(self, times: dict[str, list[float]]) -> str:
         """The case's cells of the latency table (after the HTTP columns)."""

@@ -202,7 +202,10 @@ def run(bench: Bench) -> Report:
     settings: dict[str, object] = {
         "intra_op_num_threads": threads, "max_queue_delay_us": 0, "shared_memory": True, "providers": device,
         **shared_memory_key_settings(), "access_log": False, "log_level": "warning",
-        "server_timing": True, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest)}
+        "server_timing": True, "max_request_bytes": largest + MiB, "memory_budget_bytes": max(1024 * MiB, 4 * largest),
+        # a client's kept-alive connection waits while the other sides' rounds run (tritonclient's HTTP client does
+        # not send a request again on a connection the server closed meanwhile)
+        "timeout_keep_alive": 3600}
     command = [sys.executable, "-m", "bench.echo_asgi", "--host", "{host}", "--port", "{port}"]
     socket_path = str(bench.work_dir / "posenc.sock")
     anchor_names = ["ort", "ort twin", *(["torch"] if has_torch else []), *(["binding"] if binding_column else [])]
@@ -270,7 +273,8 @@ def run(bench: Bench) -> Report:
                     sides.update({name: anchor.burst for name, anchor in anchors.items()})
                     times = measured(sides, repeat, QUICK_BURST_MS if quick else BURST_MS, MOST_CALLS)
                     spans = {"binary": median_phases(binary_timing, repeat),
-                             "shm": median_phases(zero_copy.timing_call(model), repeat)}
+                             "shm": median_phases(zero_copy.timing_call(model), repeat),
+                             "grpc": median_phases(grpc.timing_call(model, arrays), repeat)}
                 finally:
                     shared.close()
                     zero_copy.close()
@@ -296,10 +300,15 @@ def run(bench: Bench) -> Report:
                 if peers is not None:  # the 8-client rounds: posenc's and every live peer's request, each alone
                     report.rows += peers.measure(case, server, times, args.rounds or PEER_ROUNDS, args.seconds,
                                                  med(times["ort twin"]) / med(times["ort"]))
-                profile.append(profile_row(case, "HTTP binary", ms["binary"], spans["binary"], ms["echo"],
-                                           ms["socket echo"]))
-                profile.append(profile_row(case, "HTTP shm zero-copy", ms["shm"], spans["shm"]))
-                log(profile[-2])
+                profile += [
+                    profile_row(case, "HTTP binary", ms["binary"], ms["ort"], spans["binary"], ms["socket echo"],
+                                ms["echo"] - ms["socket echo"]),
+                    profile_row(case, "HTTP shm zero-copy", ms["shm"], ms["ort"], spans["shm"]),
+                    profile_row(case, "gRPC raw", ms["grpc"], ms["ort"], spans["grpc"], ms["grpc echo"]),
+                    profile_row(case, "HTTP tritonclient", ms["http tritonclient"], ms["ort"], spans["binary"]),
+                    profile_row(case, "gRPC tritonclient", ms["grpc tritonclient"], ms["ort"], spans["grpc"])]
+                for line in profile[-5:]:
+                    log(line)
         finally:
             for client in (raw, echo_raw, peer_raw):
                 if client is not None:

@@ -1,20 +1,27 @@
-"""Where one inference's time goes, per case of `python -m bench infer`: the server's own phases beside the
-transport and the client.
+"""Where one inference's time goes, per case and protocol of `python -m bench infer`: the server's own phases beside
+the transport, the client and the same request's onnxruntime run alone.
 
-    | model | B | S | path | latency | client library | transport | route | parse | queue | run | encode | other |
+    | model | B | S | path | latency | onnxruntime alone | client library | transport | route | admit | read | parse
+    | queue | run | encode | other |
 
-* latency: the column's median in the latency table (HTTP binary, HTTP shm zero-copy);
-* route, parse, queue, run, encode: the median of each phase over calls of that path, from the answers'
-  `Server-Timing` header (the bench's servers run with POSENC_SERVER_TIMING on; `posenc.service.request_kit.phases`
-  says what each phase holds: route is the request's head parsed to the handler's start, routing, middleware and
-  dependencies; queue is everything between the parsed request and its run, run is onnxruntime's);
-* transport: the echo with a bare socket for a client (`SocketEcho`: the request written with sendall, the
-  answer read with recv_into into one buffer): the kernel's copies and posenc's server reading and writing
-  these bytes, with no HTTP client library;
+* latency: the column's median in the latency table (HTTP binary, HTTP shm zero-copy, gRPC raw, gRPC and HTTP
+  tritonclient);
+* onnxruntime alone: the in-process onnxruntime anchor of the case (the run with nothing around it);
+* route, admit, read, parse, queue, run, encode: the median of each phase over calls of that path, from the answers'
+  `Server-Timing` header or gRPC's `server-timing` trailing metadata (the bench's servers run with
+  POSENC_SERVER_TIMING on; `posenc.service.request_kit.phases` says what each phase holds: route is the request's
+  head parsed to the handler's start (HTTP only); admit the admission step before a byte is read; read the body or
+  message (receive); queue everything between the parsed request and its run (the wait); run is onnxruntime's);
+  the same phases are in `/metrics` (`posenc_inference_phase_duration_us_total`), as Triton exports its own;
+* transport: for HTTP, the echo with a bare socket for a client (`SocketEcho`: the request written with sendall,
+  the answer read with recv_into into one buffer): the kernel's copies and posenc's server reading and writing
+  these bytes, with no HTTP client library; for gRPC, the gRPC echo (grpcio both ends, its client included);
 * client library: the echo with the HTTP binary column's client (geventhttpclient, what tritonclient.http runs)
   less the socket echo: what the client library itself adds (its 4 KiB reads, the request joined to its head);
-* other: latency less all of the above: the response's messages, what the echo does not do on its way in, and,
-  for the zero-copy path, its client and Unix socket (a small request: no echo to compare with).
+* other: latency less the phases (but read, the bytes' arrival, which the echo covers too: shown, not subtracted)
+  and, where measured, transport and client library: the send of the answer, what the echo does not do on its way
+  in, for the zero-copy path its client and Unix socket (a small request: no echo to compare with), for the
+  tritonclient paths the library's own work.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ from bench.echo_asgi import ANSWER_HEADER, ECHO_PATH
 from bench.harness import med
 from posenc.service.request_kit import phases
 
-PHASES = ("route", "parse", "queue", "run", "encode")
-HEADER = ("| model | B | S | path | latency | client library | transport | route | parse | queue | run | encode | "
-          "other |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-NOTE = ("# where the time goes: latency from the table above; route/parse/queue/run/encode: the server's "
-        "Server-Timing (median); transport: the echo over a bare socket; client library: the echo with "
-        "geventhttpclient less that; other: the rest (the response; for zero-copy also its client): bench/profile.py")
+PHASES = ("route", "admit", "read", "parse", "queue", "run", "encode")
+OVERLAPPING = ("read",)  # the bytes' arrival: what the transport's echo times too, so shown and not subtracted
+HEADER = ("| model | B | S | path | latency | onnxruntime alone | client library | transport | "
+          + " | ".join(PHASES) + " | other |\n|" + "---|" * (9 + len(PHASES)))
+NOTE = ("# where the time goes, ms: latency from the table above; onnxruntime alone: the in-process anchor; "
+        "route .. encode: the server's phases (Server-Timing, gRPC's server-timing trailer; median); transport: the "
+        "HTTP echo over a bare socket, or the gRPC echo; client library: the HTTP echo with geventhttpclient less "
+        "the socket's; other: the rest (the answer's send, client work): bench/profile.py")
 
 
 class SocketEcho:
@@ -96,15 +105,13 @@ def median_phases(timing: Callable[[], str | None], calls: int) -> dict[str, flo
     return {name: med(values) for name, values in seen.items()}
 
 
-def profile_row(case: Sequence[object], path: str, latency: float, spans: Mapping[str, float],
-                echo: float | None = None, socket_echo: float | None = None) -> str:
-    """One line of the table (milliseconds); `echo` and `socket_echo` for a path that moves its tensors over
-    HTTP."""
-    server = sum(spans.get(name, 0.0) for name in PHASES)
-    if echo is not None and socket_echo is not None:
-        client, transport, other = f"{echo - socket_echo:.2f}", f"{socket_echo:.2f}", latency - echo - server
-    else:
-        client, transport, other = "-", "-", latency - server
-    cells = [*map(str, case), path, f"{latency:.2f}", client, transport,
+def profile_row(case: Sequence[object], path: str, latency: float, onnxruntime: float, spans: Mapping[str, float],
+                transport: float | None = None, client: float | None = None) -> str:
+    """One line of the table (milliseconds): `transport` (the echo a path's bytes take) and `client` (its client
+    library's own share) where measured."""
+    server = sum(spans.get(name, 0.0) for name in PHASES if name not in OVERLAPPING)
+    other = latency - server - (transport or 0.0) - (client or 0.0)
+    cells = [*map(str, case), path, f"{latency:.2f}", f"{onnxruntime:.2f}",
+             "-" if client is None else f"{client:.2f}", "-" if transport is None else f"{transport:.2f}",
              *(f"{spans.get(name, 0.0):.2f}" for name in PHASES), f"{other:.2f}"]
     return "| " + " | ".join(cells) + " |"

@@ -424,3 +424,33 @@ def release_free_memory() -> None:
     """Give freed heap memory back to the system (glibc `malloc_trim`); a no-op elsewhere."""
     if _LIBC is not None:
         _LIBC.malloc_trim(0)
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                     "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def kept_bound(arenas: int, keep_bytes: int) -> int:
+    """The freed memory glibc's heaps may keep by `configure_malloc`'s settings: `arenas` x `keep_bytes` (0: no
+    bound known, glibc's defaults)."""
+    return arenas * keep_bytes if arenas > 0 and keep_bytes > 0 else 0
+
+
+def heap_free_bytes() -> int | None:
+    """Freed bytes glibc's heaps hold now (`mallinfo2`: its free chunks, every heap), None where unknown."""
+    mallinfo2 = getattr(_LIBC, "mallinfo2", None)
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return int(info.fordblks + info.fsmblks)
+
+
+def holds_more_free_than(bound: int) -> bool:
+    """Whether the heaps hold more freed memory than `bound` (true where that cannot be known, or with no bound):
+    `malloc_trim` walks every heap and the pages it hands back are faulted in again by the next large
+    allocation (a 25 MB gRPC message: 20-30 ms a message, trimmed each time), so it runs only past what the heaps
+    may keep anyway."""
+    free = heap_free_bytes()
+    return bound <= 0 or free is None or free > bound

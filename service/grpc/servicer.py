@@ -39,7 +39,13 @@ import numpy as np
 from google.protobuf.message import DecodeError, Message
 from tritonclient.grpc import service_pb2 as pb
 
-from posenc.service.budget import RELEASE_AFTER_BYTES, Reservation, release_free_memory
+from posenc.service.budget import (
+    RELEASE_AFTER_BYTES,
+    Reservation,
+    holds_more_free_than,
+    kept_bound,
+    release_free_memory,
+)
 from posenc.service.errors import (
     INTERNAL_MESSAGE,
     BadRequest,
@@ -212,6 +218,8 @@ class Servicer:
         self.active = 0  # calls in progress, streams included (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
         self.streams = 0  # streams in progress (`stream_cap` bounds them)
         self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
+        # what glibc's heaps may keep of freed memory by the settings (`receive` trims past it)
+        self.kept_bytes = kept_bound(plane.settings.malloc_arenas, plane.settings.malloc_keep_bytes)
 
     @property
     def stream_cap(self) -> int:
@@ -401,9 +409,10 @@ class Servicer:
                 await _stop(reading)
             if data is None:
                 raise BadRequest("the call carried no request message")
-            if len(data) >= RELEASE_AFTER_BYTES:
-                # gRPC core's buffer, freed into the heap in pieces, would stay resident beside the bytes (heap
-                # memory the next large message does not reuse): handed back before the reservation shrinks
+            if len(data) >= RELEASE_AFTER_BYTES and holds_more_free_than(self.kept_bytes):
+                # gRPC core's buffer, freed into the heap in pieces, stays resident beside the bytes: handed back
+                # before the reservation shrinks once the heaps hold more than they may keep (the next messages'
+                # pieces reuse that much)
                 await asyncio.to_thread(release_free_memory)
             held.shrink(PARSE_COPIES * len(data))  # what its parse holds, as an HTTP body's reservation
         return data, held

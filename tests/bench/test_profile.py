@@ -54,8 +54,9 @@ def test_median_phases_and_a_missing_header() -> None:
 
 def test_a_latency_splits_into_its_parts() -> None:
     spans = {"route": 0.25, "parse": 0.5, "queue": 1.0, "run": 40.0, "encode": 0.5, "read": 9.0, "total": 52.0}
-    row = profile_row(("m", 8, 512), "HTTP binary", 70.0, spans, echo=22.0, socket_echo=12.0)
-    # client library 22 - 12; transport 12; other 70 - 22 - (0.25 + 0.5 + 1 + 40 + 0.5); read overlaps the transport
-    assert row == "| m | 8 | 512 | HTTP binary | 70.00 | 10.00 | 12.00 | 0.25 | 0.50 | 1.00 | 40.00 | 0.50 | 5.75 |"
-    row = profile_row(("m", 1, 128), "HTTP shm zero-copy", 1.5, spans)
-    assert row.endswith("| 1.50 | - | - | 0.25 | 0.50 | 1.00 | 40.00 | 0.50 | -40.75 |")
+    row = profile_row(("m", 8, 512), "HTTP binary", 70.0, 38.0, spans, transport=12.0, client=10.0)
+    # client library 10; transport 12; other 70 - 22 - (0.25 + 0.5 + 1 + 40 + 0.5); read overlaps the transport
+    assert row == ("| m | 8 | 512 | HTTP binary | 70.00 | 38.00 | 10.00 | 12.00 | 0.25 | 0.00 | 9.00 | 0.50 | 1.00 "
+                   "| 40.00 | 0.50 | 5.75 |")
+    row = profile_row(("m", 1, 128), "HTTP shm zero-copy", 1.5, 0.5, spans)
+    assert row.endswith("| 1.50 | 0.50 | - | - | 0.25 | 0.00 | 9.00 | 0.50 | 1.00 | 40.00 | 0.50 | -40.75 |")
