@@ -3,13 +3,13 @@ machine (`posenc.service.inference.runtime.calibration`), or pinned.
 
 A model exported with CPU forms (`posenc.models.export.cpu_forms`) has several graphs of one attention on the CPU:
 model.onnx (the opset-23 Attention node), model.cpu.onnx (GroupQueryAttention) and model.blocked<N>.onnx
-(MatMul/Softmax/MatMul in N query blocks that skip the masked keys). None is fastest everywhere: on a 2-core
-Xeon, one thread, rope_attention ran fastest in 4 blocks at S=128 and in 8 at S=512, llama3_1_attention in 16 at
-S=1024 (1.4-2.5x faster than model.onnx), and GroupQueryAttention won from S=512 on a 2-core AMD EPYC VM
-(docs/performance.md). Start-up times every graph at growing sequence lengths and keeps, per length, the
-fastest; a request runs on the graph of its length. The rule is fixed per model for the life of the process,
-so one request always runs on the same graph and gets the same bits (the graphs agree to about 1e-6, not bit
-for bit).
+(MatMul/Softmax/MatMul in N query blocks that skip the masked keys). None is fastest everywhere: on a 2-core Xeon,
+one thread, rope_attention ran fastest in 4 blocks at S=128 and in 8 at S=512, llama3_1_attention in 16 at S=1024
+(1.4-2.5x faster than model.onnx), and on a 2-core AMD EPYC VM the blocked forms too, with GroupQueryAttention
+second at llama3_1_attention's S=512-1024 (docs/performance.md). Start-up times every graph at growing sequence
+lengths and keeps, per length, the fastest; a request runs on the graph of its length. The rule is fixed per model
+for the life of the process, so one request always runs on the same graph and gets the same bits (the graphs agree
+to about 1e-6, not bit for bit).
 """
 
 from __future__ import annotations
