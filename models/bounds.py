@@ -23,6 +23,8 @@ MAX_CONTEXT = 1 << 40  # context lengths (max_position_embeddings, original_max_
 DEFAULT_ROPE_THETA = 10000.0  # transformers' RotaryEmbeddingConfigMixin.default_theta
 DEFAULT_SINUSOIDAL_BASE = 10000.0  # "Attention Is All You Need" §3.5
 MAX_SINUSOIDAL_BASE = 1e12
+# a subnormal base overflows base^-1 (the highest frequency) to inf in the float64 evaluation: refused instead
+MIN_SINUSOIDAL_BASE = 1e-300
 MAX_ALIBI_BIAS_MAX = 1024.0
 
 # M-RoPE sequence descriptions (the output-size check bounds the rest)

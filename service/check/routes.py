@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from posenc.service.budget import RELEASE_AFTER_BYTES, release_free_memory
 from posenc.service.check.report import CheckReport, error_tensors
-from posenc.service.check.request import CheckRequest, check_path, checkable
+from posenc.service.check.request import CheckRequest, check_path, checkable, json_body
 from posenc.service.check.table_check import run
 from posenc.service.codec.decode import upload_request_body
 from posenc.service.codec.encode import MEDIA_TYPES, encode_safetensors
@@ -53,23 +53,34 @@ class CheckOptions:
     config: str | None
 
 
-async def check_options(
-    format: Annotated[str | None, Query(description="json (default): agreement and diagnosis; safetensors: "
-                                                    "per-row and per-column maximum errors.")] = None,
-    tensor: Annotated[str | None, Query(description="Which tensor a .npy upload is (default: the first "
-                                                    "of the endpoint's tensors).")] = None,
-    config: Annotated[str | None, Query(description="Tables read from a JSON body only: that body, URL-encoded "
-                                                    "(rope/from-config: the config.json).")] = None,
+FormatQuery = Annotated[str | None, Query(description="json (default): agreement and diagnosis; safetensors: "
+                                                      "per-row and per-column maximum errors.")]
+TensorQuery = Annotated[str | None, Query(description="Which tensor a .npy upload is (default: the first of the "
+                                                      "endpoint's tensors).")]
+
+
+async def check_options(format: FormatQuery = None, tensor: TensorQuery = None,
+                        config: Annotated[str | None, Query(include_in_schema=False)] = None) -> CheckOptions:
+    """The check's own query parameters (a dependency: the family's query model holds the rest). `config` is
+    not in this route's document: its table has no JSON body, and a `config` is refused (422)."""
+    return CheckOptions(format or "json", tensor, config)
+
+
+async def check_options_with_config(
+    config: Annotated[str, Query(description="The table's own JSON body, URL-encoded (rope/from-config: the "
+                                             "config.json; rope/mrope: the sequence description).")],
+    format: FormatQuery = None, tensor: TensorQuery = None,
 ) -> CheckOptions:
-    """The check's own query parameters (a dependency: the family's query model holds the rest)."""
+    """`check_options` of a table read from a JSON body only: that body travels as the required `?config=`."""
     return CheckOptions(format or "json", tensor, config)
 
 
 def _endpoint(route: TableRoute) -> Any:
     query_model = route.query
+    options_of = check_options_with_config if json_body(route) else check_options
 
     async def check_table(request: Request, query: Annotated[query_model, Query()],  # type: ignore[valid-type]
-                          options: Annotated[CheckOptions, Depends(check_options)], settings: SettingsDep,
+                          options: Annotated[CheckOptions, Depends(options_of)], settings: SettingsDep,
                           budget: MemoryBudgetDep, kinds: ThreadKindsDep) -> Response:
         if options.format not in CHECK_FORMATS:
             raise NotAcceptable(f"format: {echo(options.format)} is not served by a check; use "

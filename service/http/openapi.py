@@ -20,7 +20,7 @@ from posenc.service.check.routes import CHECK_FORMATS
 from posenc.service.codec.encode import FORMATS, MEDIA_TYPES
 from posenc.service.inference.codecs.kserve_request import HEADER_LENGTH
 from posenc.service.inference.runtime.repository import VERSION
-from posenc.service.tables.preset import preset_names
+from posenc.service.tables.preset import PRESET_FILLS, preset_fills, preset_names
 from posenc.service.tables.registry import TableQuery, table_routes
 
 ERROR_SCHEMA = {
@@ -97,14 +97,22 @@ def _errors(statuses: tuple[int, ...]) -> dict[str, Any]:
 
 def _presets(operation: dict[str, Any], query: type[TableQuery]) -> None:
     """`preset` lists the slugs that fill this route's table (another model's slug is a 422 there); a route no preset
-    fills does not declare it (any name is refused)."""
+    fills does not declare it (any name is refused). A required parameter that every preset of the route fills says
+    that a request with `preset` may leave it out."""
     names = preset_names(query.preset_table) if query.preset_table is not None else []
+    filled = preset_fills(query.preset_table) if query.preset_table is not None else frozenset()
     parameters = operation.get("parameters", [])
     for parameter in parameters:
-        if parameter["name"] == "preset" and parameter["in"] == "query":
+        if parameter["in"] != "query":
+            continue
+        if parameter["name"] == "preset":
             schema = parameter["schema"]
             described = {key: schema[key] for key in ("description", "title") if key in schema}
-            parameter["schema"] = {"type": "string", "enum": names, **described}
+            parameter["schema"] = {"anyOf": [{"type": "string", "enum": names}, {"type": "null"}], **described}
+        elif parameter.get("required") and parameter["name"] in filled:
+            # required, so that a client that sends it is never refused for its absence; with a preset it may be
+            # left out (a rule across parameters that OpenAPI cannot state: the description says it)
+            parameter["description"] = f"{parameter.get('description', '')} {PRESET_FILLS}".lstrip()
     if not names:
         operation["parameters"] = [p for p in parameters if not (p["name"] == "preset" and p["in"] == "query")]
 

@@ -7,6 +7,7 @@ Same conventions as `posenc.service.properties.families`: the table route's para
 property depends on; M-RoPE: the same query string and JSON body), curves as tensors, scalars as metadata.
 """
 
+import math
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
@@ -15,16 +16,31 @@ import numpy as np
 
 from posenc.models.dtypes import np_dtype
 from posenc.models.properties.axes import MROPE_AXES, VISION_AXES, mrope_properties, vision_properties
-from posenc.models.properties.measures import check_rows, check_work
+from posenc.models.properties.measures import MAX_PROPERTY_ELEMENTS, MAX_PROPERTY_ROWS, check_rows, check_work
 from posenc.models.vision_rope import vision_rows
 from posenc.service.codec.encode import Bundle
-from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary, table_fields
+from posenc.service.properties.families import (
+    F64,
+    I64,
+    PROPERTY_WIDTH,
+    Pairs,
+    PropertiesQuery,
+    Seed,
+    summary,
+    table_fields,
+)
+from posenc.service.tables.fields import documented_within
 from posenc.service.tables.mrope import MropeQuery
 from posenc.service.tables.png import Curve, Heatmap, Panel
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
 from posenc.service.tables.vision_rope import VisionRopeQuery
 
 F32, BOOL = np.dtype(np.float32), np.dtype(np.bool_)
+VISION_SIDE = math.isqrt(MAX_PROPERTY_ROWS)  # height × width patches within MAX_PROPERTY_ROWS
+VISION_RULE = (f"Properties: at most {MAX_PROPERTY_ROWS} patches (height × width; llama4: (image_size // patch_size)² "
+               f"+ 1), and patches × head_dim and pairs × head_dim at most {MAX_PROPERTY_ELEMENTS} each; the "
+               "document's maxima keep within them, but for an image_size // patch_size above "
+               f"{VISION_SIDE - 1} with height or width not given.")
 
 
 def axis_specs(freqs: int, pairs: int, axes: tuple[str, ...]) -> dict[str, TensorSpec]:
@@ -57,6 +73,9 @@ class VisionPropertiesQuery(table_fields(VisionRopeQuery, exclude=("form",))):  
     tensors = ("inv_freq", "wavelength", "axis", "completes_turn", "relativity_residual_height",
                "relativity_residual_width", "norm_ratio", "pair_distance")
 
+    head_dim: int = documented_within(VisionRopeQuery, "head_dim", PROPERTY_WIDTH, VISION_RULE)
+    height: int | None = documented_within(VisionRopeQuery, "height", VISION_SIDE, VISION_RULE)
+    width: int | None = documented_within(VisionRopeQuery, "width", VISION_SIDE, VISION_RULE)
     pairs: int = Pairs
     seed: int = Seed
 

@@ -16,7 +16,13 @@ from pydantic import Field, create_model
 
 from posenc.models.dtypes import np_dtype
 from posenc.models.properties.bias import alibi_bias_by_offset, alibi_mode_slopes, t5_bucket_curve
-from posenc.models.properties.measures import MAX_PAIRS, MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.measures import (
+    MAX_PAIRS,
+    MAX_PROPERTY_ELEMENTS,
+    MAX_PROPERTY_ROWS,
+    check_rows,
+    check_work,
+)
 from posenc.models.properties.rope import context_length, rope_properties
 from posenc.models.properties.sinusoidal import sinusoidal_properties
 from posenc.models.relative import key_minus_query
@@ -24,6 +30,7 @@ from posenc.models.rope import RopeParameters
 from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
 from posenc.service.tables.alibi import AlibiBiasQuery
+from posenc.service.tables.fields import documented_within
 from posenc.service.tables.png import Curve, Heatmap, Panel, Picture, titled
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
 from posenc.service.tables.rope import RopeQuery
@@ -34,6 +41,16 @@ F64, I64 = np.dtype(np.float64), np.dtype(np.int64)
 Pairs = Field(256, ge=1, le=MAX_PAIRS, description="Random (m, n) pairs of the relativity and norm measurements.")
 Seed = Field(0, ge=0, le=2**32 - 1, description="Seed of the random vectors and pairs (same seed, same answer).")
 MAX_CURVES = 8  # heads drawn as curves in one panel
+# The documented maxima of the properties' sizes (`documented_within`): every combination they allow passes the
+# limits below, which join several parameters (the server checks the limits themselves)
+PROPERTY_WIDTH = MAX_PROPERTY_ELEMENTS // MAX_PROPERTY_ROWS  # a width that any row or pair count allowed fits
+PROPERTY_CUBE = 1 << (MAX_PROPERTY_ELEMENTS.bit_length() - 1) // 3  # three factors whose product fits
+WIDTH_RULE = (f"Properties: at most {MAX_PROPERTY_ROWS} positions, and positions × width and pairs × width at most "
+              f"{MAX_PROPERTY_ELEMENTS} each; the document's maxima keep within them.")
+ALIBI_RULE = (f"Properties: num_heads × query_length × key_length at most {MAX_PROPERTY_ELEMENTS} (and query_length + "
+              f"key_length − 1 at most {MAX_PROPERTY_ROWS}); the document's maxima keep within them.")
+OFFSETS_RULE = (f"Properties: query_length + key_length − 1 at most {MAX_PROPERTY_ROWS}; the document's maximum keeps "
+                "within it.")
 
 
 def summary(scalars: Mapping[str, Any]) -> dict[str, str]:
@@ -90,6 +107,9 @@ class RopePropertiesQuery(table_fields(RopeQuery, exclude=("layout", "form"))): 
                "default_inv_freq", "wavelength", "frequency_scale", "completes_turn", "relativity_position",
                "relativity_residual", "norm_ratio")
 
+    max_position: int = documented_within(RopeQuery, "max_position", MAX_PROPERTY_ROWS, WIDTH_RULE)
+    head_dim: int = documented_within(RopeQuery, "head_dim", PROPERTY_WIDTH, WIDTH_RULE)
+    rotary_dim: int | None = documented_within(RopeQuery, "rotary_dim", PROPERTY_WIDTH, WIDTH_RULE)
     pairs: int = Pairs
     seed: int = Seed
 
@@ -165,6 +185,8 @@ class SinusoidalPropertiesQuery(PropertiesQuery, SinusoidalQuery):
     tensors = ("distance", "pair_distance", "dot_product", "adjacent_distance", "omega", "relativity_position",
                "relativity_residual")  # type: ignore[assignment]  # curves, not the table's
 
+    max_position: int = documented_within(SinusoidalQuery, "max_position", MAX_PROPERTY_ROWS, WIDTH_RULE)
+    dim: int = documented_within(SinusoidalQuery, "dim", PROPERTY_WIDTH, WIDTH_RULE)
     pairs: int = Pairs
     seed: int = Seed
 
@@ -210,6 +232,9 @@ class AlibiPropertiesQuery(PropertiesQuery, AlibiBiasQuery):
 
     endpoint = "properties/alibi"
     tensors = ("relative_position", "bias_by_offset", "slopes")  # type: ignore[assignment]  # curves, not the table's
+    num_heads: int = documented_within(AlibiBiasQuery, "num_heads", PROPERTY_CUBE, ALIBI_RULE)
+    query_length: int = documented_within(AlibiBiasQuery, "query_length", PROPERTY_CUBE, ALIBI_RULE)
+    key_length: int = documented_within(AlibiBiasQuery, "key_length", PROPERTY_CUBE, ALIBI_RULE)
 
     def check(self) -> None:
         super().check()
@@ -244,6 +269,8 @@ class T5PropertiesQuery(PropertiesQuery, T5BucketsQuery):
 
     endpoint = "properties/t5"
     tensors = ("relative_position", "bucket", "boundaries")  # type: ignore[assignment]  # curves, not the table's
+    query_length: int = documented_within(T5BucketsQuery, "query_length", MAX_PROPERTY_ROWS // 2, OFFSETS_RULE)
+    key_length: int = documented_within(T5BucketsQuery, "key_length", MAX_PROPERTY_ROWS // 2, OFFSETS_RULE)
 
     def check(self) -> None:
         super().check()

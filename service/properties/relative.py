@@ -6,6 +6,7 @@ Same conventions as `posenc.service.properties.families`: the table route's para
 scalars as metadata, format=png draws the curves.
 """
 
+import math
 from collections.abc import Mapping
 from functools import cached_property
 from typing import ClassVar
@@ -14,18 +15,33 @@ import numpy as np
 
 from posenc.models.deberta import deberta_buckets, deberta_log_bucket_position
 from posenc.models.dtypes import np_dtype
-from posenc.models.properties.measures import MAX_PROPERTY_ELEMENTS, check_rows, check_work
+from posenc.models.properties.measures import MAX_PROPERTY_ELEMENTS, MAX_PROPERTY_ROWS, check_rows, check_work
 from posenc.models.properties.relative import TOEPLITZ_BLOCK, index_curve_properties, toeplitz_violation
 from posenc.models.properties.xlnet import xlnet_properties
 from posenc.models.relative import clipped_relative_indices, key_minus_query
 from posenc.models.xlnet import xlnet_rows
 from posenc.service.codec.encode import Bundle
 from posenc.service.errors import InvalidParameter
-from posenc.service.properties.families import F64, I64, Pairs, PropertiesQuery, Seed, summary
+from posenc.service.properties.families import (
+    F64,
+    I64,
+    PROPERTY_WIDTH,
+    WIDTH_RULE,
+    Pairs,
+    PropertiesQuery,
+    Seed,
+    summary,
+)
+from posenc.service.tables.fields import documented_within
 from posenc.service.tables.png import Curve, Heatmap, Panel
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_properties
 from posenc.service.tables.relative import ClippedQuery, DebertaBucketsQuery, RelativeQuery
 from posenc.service.tables.xlnet import XLNetRelativeQuery
+
+INDEX_SIDE = math.isqrt(MAX_PROPERTY_ELEMENTS)  # both sides at most this: the product and the offsets fit
+INDEX_RULE = (f"Properties: query_length × key_length at most {MAX_PROPERTY_ELEMENTS} and query_length + "
+              f"key_length − 1 at most {MAX_PROPERTY_ROWS}; the document's maxima keep within them.")
+XLNET_SIDE = MAX_PROPERTY_ROWS // 4  # klen + qlen rows, twice with bi_data, at most MAX_PROPERTY_ROWS
 
 
 class IndexPropertiesQuery(PropertiesQuery, RelativeQuery):
@@ -33,6 +49,9 @@ class IndexPropertiesQuery(PropertiesQuery, RelativeQuery):
     many offsets share it, the boundaries (offsets where the index changes), and the checks."""
 
     index_name: ClassVar[str] = "index"
+
+    query_length: int = documented_within(RelativeQuery, "query_length", INDEX_SIDE, INDEX_RULE)
+    key_length: int = documented_within(RelativeQuery, "key_length", INDEX_SIDE, INDEX_RULE)
 
     def per_offset(self, offsets: np.ndarray) -> np.ndarray:
         """The family's index of each key − query offset (int64), from the model's per-offset function."""
@@ -122,6 +141,9 @@ class XLNetPropertiesQuery(PropertiesQuery, XLNetRelativeQuery):
     tensors = ("distance", "pair_distance", "dot_product", "adjacent_distance", "omega", "relativity_distance",
                "relativity_residual")  # type: ignore[assignment]  # curves, not the table's
 
+    qlen: int = documented_within(XLNetRelativeQuery, "qlen", XLNET_SIDE, WIDTH_RULE)
+    klen: int = documented_within(XLNetRelativeQuery, "klen", XLNET_SIDE, WIDTH_RULE)
+    d_model: int = documented_within(XLNetRelativeQuery, "d_model", PROPERTY_WIDTH, WIDTH_RULE)
     pairs: int = Pairs
     seed: int = Seed
 

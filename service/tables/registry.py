@@ -83,7 +83,8 @@ class TableQuery(BaseModel):
     _upload: Any = PrivateAttr(default=None)
 
     # not part of the parameters (excluded from params()): a preset request keys as its spelled-out equivalent
-    # documented by examples, not an enum: GET /v1/presets lists the names, and public ids are accepted too
+    # the OpenAPI document makes it an enum per route: the slugs that fill the route's table (`preset_names(kind)`);
+    # public ids and any case are accepted too, as the description says
     preset: str | None = Field(None, max_length=200, exclude=True, description=PRESET_DESCRIPTION,
                                examples=preset_names()[:3])
 

@@ -44,6 +44,9 @@ LAYOUT_DOC = ("Channel order of form=full: half = cat(freqs, freqs) as HF rotate
               "interleaved = each frequency twice in a row (GPT-J, Meta complex).")
 MAX_CONFIG_BYTES = 1 << 20  # a config.json is a few KiB; Phi-3's factor lists included
 MAX_FACTOR_LIST = 1 << 20  # characters of a comma-separated longrope factor list
+_NUMBER = r"\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*"
+# the OpenAPI pattern of a factor list (the server parses it with float(), which accepts these and a few more)
+FACTOR_LIST: dict[str, Any] = {"pattern": f"^{_NUMBER}(,{_NUMBER})*$"}
 
 
 def _read_by(field: str) -> str:
@@ -146,7 +149,7 @@ class RopeQuery(RopeTableQuery):
     partial_rotary_factor: float | None = Field(None, gt=0, le=1, description=(
         "Fraction of head_dim that is rotated: rotary_dim = int(head_dim * factor) (transformers truncation; "
         "an odd result is refused). Not given: 1.0, or rotary_dim."))
-    rotary_dim: int | None = Field(None, ge=2, le=MAX_DIM, description=(
+    rotary_dim: int | None = Field(None, ge=2, le=MAX_DIM, json_schema_extra={"multipleOf": 2}, description=(
         "Rotated channels (even, <= head_dim), instead of partial_rotary_factor."))
     rope_theta: float = Field(DEFAULT_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
     rope_type: TransformersRopeType = Field(DEFAULT_ROPE_TYPE, description=(
@@ -177,9 +180,9 @@ class RopeQuery(RopeTableQuery):
         "Low-frequency factor (required). " + _read_by("low_freq_factor")))
     high_freq_factor: float | None = Field(None, gt=0, le=MAX_SCALE, description=(
         "High-frequency factor (!= low_freq_factor, required). " + _read_by("high_freq_factor")))
-    short_factor: str | None = Field(None, max_length=MAX_FACTOR_LIST, description=(
+    short_factor: str | None = Field(None, max_length=MAX_FACTOR_LIST, json_schema_extra=FACTOR_LIST, description=(
         "rotary_dim/2 comma-separated factors for short contexts (required). " + _read_by("short_factor")))
-    long_factor: str | None = Field(None, max_length=MAX_FACTOR_LIST, description=(
+    long_factor: str | None = Field(None, max_length=MAX_FACTOR_LIST, json_schema_extra=FACTOR_LIST, description=(
         "rotary_dim/2 comma-separated factors beyond original_max_position_embeddings (required). "
         + _read_by("long_factor")))
     alpha: float | None = Field(None, ge=1, le=MAX_SCALE, description=(

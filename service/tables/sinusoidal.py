@@ -5,7 +5,14 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from posenc.models.bounds import DEFAULT_SINUSOIDAL_BASE, MAX_DIM, MAX_OFFSET, MAX_ROWS, MAX_SINUSOIDAL_BASE
+from posenc.models.bounds import (
+    DEFAULT_SINUSOIDAL_BASE,
+    MAX_DIM,
+    MAX_OFFSET,
+    MAX_ROWS,
+    MAX_SINUSOIDAL_BASE,
+    MIN_SINUSOIDAL_BASE,
+)
 from posenc.models.dtypes import np_dtype
 from posenc.models.sinusoidal import DEFAULT_FAIRSEQ_PADDING_IDX, SinusoidalVariant, sinusoidal_table
 from posenc.service.codec.encode import Bundle
@@ -27,7 +34,7 @@ class SinusoidalQuery(TableQuery):
         "paper: interleaved sin/cos, base^(-2i/d). tensor2tensor: [sin|cos], exp(-i ln(base)/(d/2-1)). "
         "fairseq: tensor2tensor spacing, row padding_idx zeroed (dim >= 4). marian: [sin|cos] with the "
         "paper's frequencies."))
-    base: float = Field(DEFAULT_SINUSOIDAL_BASE, gt=0, le=MAX_SINUSOIDAL_BASE,
+    base: float = Field(DEFAULT_SINUSOIDAL_BASE, ge=MIN_SINUSOIDAL_BASE, le=MAX_SINUSOIDAL_BASE,
                         description="Frequency base (tensor2tensor: max_timescale).")
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description="Position of the first row.")
     padding_idx: int = Field(DEFAULT_FAIRSEQ_PADDING_IDX, ge=0, le=MAX_OFFSET,

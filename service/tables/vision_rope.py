@@ -35,6 +35,10 @@ from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import FLOAT64_TEMPORARY, TableQuery, TensorSpec, register_table
 
+# head_dim of a 2-D RoPE: two axes of head_dim / 4 frequencies each (`check_vision_head_dim`, and
+# `check_tower_head_dim` of the axial towers); the OpenAPI document's multipleOf
+AXES_HEAD_MULTIPLE = 4
+
 
 class VisionRopeQuery(TableQuery):
     """Per-patch cos/sin of a vision encoder's axial RoPE. Pixtral: an height × width patch grid,
@@ -50,8 +54,9 @@ class VisionRopeQuery(TableQuery):
 
     model: VisionRopeModel = Field("pixtral", description=(
         "pixtral (rotate_half layout) or llama4 (complex pairs: interleaved layout, CLS row last)."))
-    head_dim: int = Field(ge=4, le=MAX_DIM, description=(
-        "Vision attention head size (hidden_size // num_attention_heads), a multiple of 4."))
+    head_dim: int = Field(ge=AXES_HEAD_MULTIPLE, le=MAX_DIM, json_schema_extra={"multipleOf": AXES_HEAD_MULTIPLE},
+                          description=f"Vision attention head size (hidden_size // num_attention_heads), a multiple "
+                                      f"of {AXES_HEAD_MULTIPLE}.")
     rope_theta: float = Field(DEFAULT_VISION_ROPE_THETA, gt=1, le=MAX_THETA, description="RoPE base.")
     image_size: int | None = Field(None, ge=1, le=MAX_GRID * 1024, description=(
         "Largest image side in pixels; not given: the config default (pixtral 1024, llama4 448)."))

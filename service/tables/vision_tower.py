@@ -22,7 +22,7 @@ from posenc.models.vision_towers import TOWERS, TOWERS_BY_NAME, TowerScheme, Vis
 from posenc.service.codec.encode import Bundle
 from posenc.service.tables.fields import FloatDTypeField
 from posenc.service.tables.registry import TableQuery, TensorSpec, register_table
-from posenc.service.tables.vision_rope import VisionTowerQuery
+from posenc.service.tables.vision_rope import AXES_HEAD_MULTIPLE, VisionTowerQuery
 
 
 def _by_parameters(scheme: TowerScheme) -> bool:
@@ -32,6 +32,13 @@ def _by_parameters(scheme: TowerScheme) -> bool:
 
 
 GRID_TOWERS: tuple[str, ...] = tuple(scheme.name for scheme in TOWERS if _by_parameters(scheme))
+IMAGE_TOWERS = tuple(scheme.title for scheme in TOWERS if scheme.name in GRID_TOWERS and scheme.video == "images")
+# head_dim as the OpenAPI document states it: a value every tower of GRID_TOWERS takes (`check_tower_head_dim`: the
+# two-axis towers a multiple of 4, the three-band one at least 6, the 1-D one even); the server's bound stays 4
+TOWER_HEAD_DIM: dict[str, Any] = {"multipleOf": AXES_HEAD_MULTIPLE, "minimum": 2 * AXES_HEAD_MULTIPLE}
+# grid_thw as the OpenAPI document states it: three positive numbers of fewer digits than MAX_GRID (within it)
+_SIDE = rf"\s*0*[1-9]\d{{0,{len(str(MAX_GRID)) - 2}}}\s*"
+GRID_THW_DOCUMENTED = f"^{_SIDE},{_SIDE},{_SIDE}$"
 
 
 def default_window(scheme: TowerScheme, merge: int) -> int:
@@ -50,10 +57,12 @@ class VisionTowerTableQuery(TableQuery):
     tensors = ("cos", "sin", "inv_freq")
     row_tensors: ClassVar[tuple[str, ...]] = ("cos", "sin")
 
-    vision_tower: str = Field(description=(
-        "The tower, as from-config's metadata names it: " + ", ".join(GRID_TOWERS) + "."))
-    head_dim: int = Field(ge=4, le=MAX_DIM, description=(
-        "Vision attention head size (the vision config's hidden_size // num_heads, or its head_dim)."))
+    vision_tower: str = Field(json_schema_extra={"enum": list(GRID_TOWERS)}, description=(
+        "The tower, as from-config's metadata names it (the towers whose table these parameters fix)."))
+    head_dim: int = Field(ge=4, le=MAX_DIM, json_schema_extra=TOWER_HEAD_DIM, description=(
+        "Vision attention head size (the vision config's hidden_size // num_heads, or its head_dim). This document "
+        f"states a head every tower takes, a multiple of {AXES_HEAD_MULTIPLE} from {TOWER_HEAD_DIM['minimum']}; a "
+        "tower's own rule may take more (the two-axis towers: any multiple of 4; a 1-D table: any even size)."))
     rope_theta: float | None = Field(None, gt=1, le=MAX_THETA, description=(
         "The vision rotary base; not given: the tower's config class default."))
     spatial_merge_size: int | None = Field(None, ge=1, le=MAX_MERGE, description=(
@@ -63,8 +72,11 @@ class VisionTowerTableQuery(TableQuery):
         "Window attention towers (Qwen2.5-VL, Qwen2.5-Omni, EXAONE 4.5, Ovis2.5): the window side in merged "
         "patches, window_size // spatial_merge_size // patch_size; not given: the config class default's. "
         "Other towers: 0."))
-    grid_thw: str = Field(max_length=64, pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$", description=(
-        "The image or video grid t,h,w in patches before any merge, as image_grid_thw / video_grid_thw."))
+    grid_thw: str = Field(max_length=64, pattern=r"^\s*\d+\s*,\s*\d+\s*,\s*\d+\s*$",
+                          json_schema_extra={"pattern": GRID_THW_DOCUMENTED}, description=(
+        f"The image or video grid t,h,w in patches before any merge, as image_grid_thw / video_grid_thw: each in "
+        f"[1, {MAX_GRID}] (this document's pattern: up to {len(str(MAX_GRID)) - 1} digits), h and w multiples of "
+        "the spatial merge; image towers (" + ", ".join(IMAGE_TOWERS) + "): t = 1."))
     form: VisionForm = Field("full", description=(
         "full: [rows, rotary width] in the tower's pair layout; half: one column per angle."))
     dtype: FloatDTypeField = "float32"

@@ -26,7 +26,8 @@ class XLNetRelativeQuery(TableQuery):
 
     qlen: int = Field(ge=1, le=MAX_SEQUENCE, description="Query length (tokens of the current segment).")
     klen: int = Field(ge=1, le=MAX_SEQUENCE, description="Key length (memory + current segment).")
-    d_model: int = Field(ge=2, le=MAX_DIM, description="Model width (even): d_model/2 frequencies, [sin | cos].")
+    d_model: int = Field(ge=2, le=MAX_DIM, json_schema_extra={"multipleOf": 2},
+                         description="Model width (even): d_model/2 frequencies, [sin | cos].")
     attn_type: XLNetAttnType = Field("bi", description=(
         "bi: distances klen … −qlen + 1 (klen + qlen rows); uni: klen … 0 (klen + 1 rows)."))
     bi_data: bool = Field(False, description=(

@@ -213,8 +213,8 @@ def modules() -> list[Module]:
 
 def test_the_tree_holds_the_rooms_the_rules_name(modules: list[Module]) -> None:
     names = {m.name for m in modules}
-    for room in ("posenc.models", "posenc.service.http", "posenc.service.grpc", PROCESS, "posenc.service.tables", "posenc.service.properties",
-                 "posenc.service.check", "posenc.service.inference", "posenc.service.cli"):
+    for room in ("posenc.models", "posenc.service.http", "posenc.service.grpc", PROCESS, "posenc.service.tables",
+                 "posenc.service.properties", "posenc.service.check", "posenc.service.inference", "posenc.service.cli"):
         assert room in names, f"{room} is gone: the import rules below would check nothing there"
     routes = {"posenc.service.tables.routes", "posenc.service.check.routes", "posenc.service.inference.routes"}
     assert routes <= route_modules(modules)
