@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from posenc.models.rope_types import DEFAULT_ROPE_TYPE
+
 
 def attention_inputs(hq: int, hkv: int, head_dim: int, batch: int, seq: int, *, seed: int = 0,
                      start: int = 0) -> dict[str, np.ndarray]:
@@ -28,5 +30,5 @@ def layered_config(types: int) -> dict[str, Any]:
     names = [f"type_{index:05d}" for index in range(types)]
     return {"model_type": "gemma3_text", "hidden_size": 256, "num_attention_heads": 4, "head_dim": 64,
             "max_position_embeddings": 4096, "layer_types": names,
-            "rope_parameters": {name: {"rope_type": "default", "rope_theta": 10000.0 + index}
+            "rope_parameters": {name: {"rope_type": DEFAULT_ROPE_TYPE, "rope_theta": 10000.0 + index}
                                 for index, name in enumerate(names)}}
