@@ -76,7 +76,10 @@ FAMILIES: dict[str, Family] = {
     "codegen": Family(renamed=_GPTJ_KEYS, rotary_dim=True, layout="interleaved"),
     "jetmoe": Family(head_size=("kv_channels",)),
     "dbrx": Family(hidden=("d_model",), heads=("n_heads",)),
-    "falcon": Family(heads=("n_head",), kv_heads=("num_kv_heads",)),
+    # Falcon: transformers 5 saves `num_kv_heads` (the head count by default) beside `num_key_value_heads`, the KV
+    # heads FalconAttention runs (1 where multi_query and not new_decoder_architecture): that one first; the hub's
+    # configs have `num_kv_heads` alone (Falcon-40B's 8) or neither (Falcon-7B: multi-query, not stated)
+    "falcon": Family(heads=("n_head",), kv_heads=("num_key_value_heads", "num_kv_heads")),
     "gpt2": Family(hidden=("n_embd",), heads=("n_head",), rope=False),
     "bloom": Family(hidden=("n_embed",), heads=("n_head",), rope=False),
     "mpt": Family(hidden=("d_model",), heads=("n_heads",), rope=False),

@@ -7,7 +7,9 @@
 # dependencies) are unchanged; the source distribution is downloaded once into .cache/converters and checked
 # against its sha256. A missing tool fails the run here (POSENC_REQUIRE_CONVERTERS=1); elsewhere those tests
 # skip. The matrix (artifact, tool, reference, verdict, exit status, audit seconds, peak RSS) is printed at the
-# end. Arguments go to pytest (`scripts/converter-matrix-test.sh -k gemma`).
+# end. Arguments go to pytest (`scripts/converter-matrix-test.sh -k gemma`). The workers take whole groups
+# (--dist loadgroup, tests/converters/conftest.py): a module's tests together, each row of the architecture table
+# (test_architectures.py) on its own, so that each checkpoint is written and converted once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -58,7 +60,7 @@ export POSENC_REQUIRE_CONVERTERS=1 POSENC_LLAMA_CPP="$PWD/$LLAMA_CPP"
 export POSENC_CONVERTER_MATRIX_REPORT=${POSENC_CONVERTER_MATRIX_REPORT:-$CACHE/matrix.md}
 rm -f "$POSENC_CONVERTER_MATRIX_REPORT"
 status=0
-timeout 600 "$VENV/bin/python" -m pytest -m converters -p no:cacheprovider -q -n auto --dist loadfile \
+timeout 900 "$VENV/bin/python" -m pytest -m converters -p no:cacheprovider -q -n auto --dist loadgroup \
   tests/converters "$@" || status=$?
 [ -f "$POSENC_CONVERTER_MATRIX_REPORT" ] && cat "$POSENC_CONVERTER_MATRIX_REPORT"
 exit "$status"

@@ -17,11 +17,12 @@ import numpy as np
 
 from posenc.models.audit.divergence import Divergence, compare_caches
 from posenc.models.audit.found import Caches, Fact
-from posenc.models.audit.frequencies import describe, golden, theta_of
+from posenc.models.audit.frequencies import describe, golden, plain, theta_of
 from posenc.models.diagnosis.agreement import residual
 from posenc.models.diagnosis.hypothesis import REDUCED_STORAGE, Hypothesis, Tables
 from posenc.models.diagnosis.rope import RopeTable, angle_steps, rope_hypotheses
 from posenc.models.errors import ParameterError
+from posenc.models.rope import inv_freq_and_attention_factor
 from posenc.models.rope_frequencies import yarn_correction_range
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import rope_type_spec
@@ -42,6 +43,21 @@ class BranchedCaches(Caches):
     threshold: int | float | None = None
 
 
+@dataclass(frozen=True)
+class _AtLength(RopeTable):
+    """The first rows of caches `length` positions long, with the frequencies of that length: a scaling that
+    chooses its frequencies by the sequence length (longrope's long factors past original_max_position_embeddings)
+    computes every row of such caches with the long ones, the first rows included."""
+
+    length: int = 0
+
+    def frequencies(self, params: RopeParameters | None = None) -> tuple[np.ndarray, float]:
+        return inv_freq_and_attention_factor(params or self.params, max(self.length, self.offset + self.rows))
+
+    def reference(self) -> Tables:
+        return self.build(*self.frequencies())
+
+
 def _rounded_twice(table: RopeTable) -> list[Hypothesis]:
     """The golden cache rounded to another reduced dtype first, then to the cache's."""
     out = []
@@ -50,7 +66,7 @@ def _rounded_twice(table: RopeTable) -> list[Hypothesis]:
             continue
 
         def build(reduced: np.dtype = reduced) -> Tables:
-            ref = RopeTable(table.params, table.rows, 0, "half", "half", np.dtype(np.float64)).reference()
+            ref = dataclasses.replace(table, dtype=np.dtype(np.float64)).reference()
             return {k: ref[k].astype(reduced).astype(table.dtype) for k in ("cos", "sin")}
 
         out.append(Hypothesis("cache_rounded_twice", f"the cache was rounded to {name} and then to "
@@ -60,8 +76,12 @@ def _rounded_twice(table: RopeTable) -> list[Hypothesis]:
 
 def _scaled_theta(table: RopeTable, observed: Tables) -> list[Hypothesis]:
     """Another base with the reference's scaling kept (the check's theta estimate assumes unscaled columns): the
-    base of the two highest-frequency columns, which llama3 and yarn leave unscaled."""
+    base of the two highest-frequency columns, which llama3 and yarn leave unscaled, with the reference's own
+    division of each column undone first (longrope divides every column by its factor; linear all alike)."""
     steps = angle_steps(observed["cos"], observed["sin"], "half", "half", table.params.n_frequencies)
+    scaled = table.frequencies()[0].astype(np.float64)
+    if scaled.shape == steps.shape and np.all(scaled > 0):
+        steps = steps * (plain(table.params.rope_theta, table.params.rotary_dim).astype(np.float64) / scaled)
     theta = theta_of(steps.astype(np.float32), table.params.rotary_dim)
     if theta is None or theta == table.params.rope_theta or table.rows < 2:
         return []
@@ -121,6 +141,8 @@ def _diagnose(params: RopeParameters, caches: Caches) -> tuple[str, str]:
     rows = caches.cos.shape[0]
     shown = min(rows, DIAGNOSED_ROWS)
     table = RopeTable(params, shown, 0, "half", "half", caches.cos.dtype)
+    if not np.array_equal(table.frequencies()[0], inv_freq_and_attention_factor(params, rows)[0]):
+        table = _AtLength(params, shown, 0, "half", "half", caches.cos.dtype, length=rows)
     observed = {"cos": caches.cos[:shown], "sin": caches.sin[:shown]}
     best: tuple[float, Hypothesis] | None = None
     if caches.cos.shape[1] == params.n_frequencies:

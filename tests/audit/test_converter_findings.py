@@ -7,7 +7,9 @@ audit got wrong, each reproduced here with a hand-built file of what the tool wr
 - onnxruntime-genai's caches of a Phi-2 whose partial_rotary_factor was dropped: `cache_values_differ` ("match no
   known mistake") beside the partial_rotary_dim_wrong the facts named;
 - a Llama-3.1 converted without its rope_theta: rope_freqs said only to "not divide the base frequencies" where
-  it holds the llama3 factors of the wrong base.
+  it holds the llama3 factors of the wrong base;
+- a Falcon-7B config.json saved by transformers 5 (num_kv_heads 71 beside num_key_value_heads 1): the reference
+  expected 71 KV heads of the multi-query model, and its GGUF (head_count_kv 1) was WRONG head_count_wrong.
 """
 
 from __future__ import annotations
@@ -119,3 +121,25 @@ def test_llama3_factors_of_the_wrong_base_say_so(tmp_path: Path) -> None:
     freqs = next(f for f in result.facts if f.name == "rope_freqs")
     assert freqs.explanation.startswith("rope_freqs holds the llama3 factors of base 10000 (the file's freq_base), "
                                         "not of the model's 500000"), freqs.explanation
+
+
+def test_a_multi_query_falcon_saved_by_transformers_5_has_one_kv_head(tmp_path: Path) -> None:
+    """Falcon-7B (multi_query, the old decoder) as transformers 5 saves its config.json: `num_kv_heads` 71 (its
+    default, the head count) beside `num_key_value_heads` 1 (what FalconAttention runs: one KV head where
+    multi_query and not new_decoder_architecture). The converter writes head_count_kv 1. Before: the reference read
+    `num_kv_heads` first and the GGUF was WRONG head_count_wrong (expected 71)."""
+    config = {"model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 4544,
+              "num_attention_heads": 71, "num_kv_heads": 71, "num_key_value_heads": 1, "multi_query": True,
+              "new_decoder_architecture": False, "max_position_embeddings": 2048,
+              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+    meta = {"context_length": 2048, "embedding_length": 4544, "attention.head_count": 71,
+            "attention.head_count_kv": 1, "block_count": 32}
+    path = write_gguf(tmp_path / "falcon.gguf", "falcon", meta)
+    result = audit_file(path, config=config)
+    assert result.verdict == "correct" and not result.failing, result.document()["facts"]
+    assert result.reference.num_kv_heads == 1
+    # the hub's Falcon-40B (new_decoder_architecture: num_kv_heads alone) still states its 8 KV heads
+    hub_40b = {**config, "hidden_size": 8192, "num_attention_heads": 128, "num_kv_heads": 8,
+               "new_decoder_architecture": True}
+    hub_40b.pop("num_key_value_heads")
+    assert audit_file(path, config=hub_40b).reference.num_kv_heads == 8

@@ -242,3 +242,19 @@ def test_yarn_caches_rounded_where_the_model_does_not_are_named() -> None:
     divergence = compare_caches((gold.inv_freq, gold.attention_factor), cos, sin, 8192)
     facts = explain_caches(model, Caches(cos, sin), divergence)
     assert {f.mistake for f in facts if f.failing} == {"yarn_with_truncate"}, facts
+
+
+def test_longrope_caches_of_another_base_name_the_base(tmp_path: Path) -> None:
+    """onnxruntime-genai's longrope pair built from a config.json whose rope_theta is not the model's (the converter
+    matrix's Phi-4-mini). Before: both branches `cache_values_differ` ("the caches match no known mistake"): the
+    base was estimated from the first two columns as if unscaled, which longrope divides by its factors, and the long
+    caches were diagnosed with the short factors (the table of their first 4096 rows, not of their length)."""
+    params = from_preset(PHI).params
+    assert params is not None
+    other = dataclasses.replace(params, rope_theta=250000.0)
+    result = audit_file(_write(tmp_path, _if_onnx(_caches(other, 131072), _caches(other, 4096))), preset=PHI)
+    facts = {f.name: f for f in result.facts}
+    assert mistakes(result) == {"theta"}, result.document()["facts"]
+    for name in ("cache_values", "cache_values.short"):
+        assert facts[name].mistake == "theta" and "the base (rope_theta) is 250000" in facts[name].explanation, \
+            facts[name]

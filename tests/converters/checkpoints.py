@@ -64,9 +64,9 @@ def sentencepiece_tokenizer(folder: Path) -> Path:
     return folder
 
 
-def byte_level_tokenizer(folder: Path) -> Path:
-    """A byte-level BPE of VOCAB tokens (GPT-2's pre-tokenizer, <|endoftext|>) trained on the documentation, saved
-    by transformers (tokenizer.json, tokenizer_config.json: GPT2Tokenizer)."""
+def byte_level_tokenizer(folder: Path, specials: tuple[str, ...] = ("<|endoftext|>",)) -> Path:
+    """A byte-level BPE of VOCAB tokens (GPT-2's pre-tokenizer, the special tokens `specials`) trained on the
+    documentation, saved by transformers (tokenizer.json, tokenizer_config.json: GPT2Tokenizer)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -74,7 +74,7 @@ def byte_level_tokenizer(folder: Path) -> Path:
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(_documentation_lines(), trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        vocab_size=VOCAB, special_tokens=list(specials), initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False))
     tokenizer = transformers.GPT2Tokenizer(tokenizer_object=bpe)
     assert len(tokenizer) == VOCAB, len(tokenizer)

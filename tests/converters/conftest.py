@@ -22,6 +22,21 @@ def pytest_configure(config: pytest.Config) -> None:
         records.unlink(missing_ok=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its worker's own hook)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The groups pytest-xdist's loadgroup hands out whole (scripts/converter-matrix-test.sh): a module's tests
+    together (they share its checkpoints), but a table's rows (a test parametrized with `row`) each a group of its
+    own, so that the architectures of one table spread over the workers, each row's checkpoint built once."""
+    here = Path(__file__).parent
+    for item in items:
+        if here not in item.path.parents or item.get_closest_marker("xdist_group") is not None:
+            continue
+        callspec = getattr(item, "callspec", None)
+        row = callspec.params.get("row") if callspec is not None else None
+        name = item.path.stem if row is None else f"{item.path.stem}[{row.model.name}]"
+        item.add_marker(pytest.mark.xdist_group(name))
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     import os
 
@@ -40,3 +55,10 @@ def sentencepiece_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def byte_level_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need_modules("torch", "transformers", "tokenizers")
     return byte_level_tokenizer(tmp_path_factory.mktemp("byte-level"))
+
+
+@pytest.fixture(scope="session")
+def byte_level_chat_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The byte-level BPE with a chat turn's special token too (GLM-4's converter looks up <|user|>)."""
+    need_modules("torch", "transformers", "tokenizers")
+    return byte_level_tokenizer(tmp_path_factory.mktemp("byte-level-chat"), ("<|endoftext|>", "<|user|>"))
