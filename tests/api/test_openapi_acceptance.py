@@ -29,33 +29,36 @@ EXAMPLES = 20
 #   /v1/properties/t5/bias, /v1/audit, every /v1/check/...): random bytes are not a file; infer and model checks
 #   (a tensor's data must match its shape); shared memory (off unless POSENC_SHARED_MEMORY); the M-RoPE and
 #   from-config routes (a config or sequence description couples its fields beyond JSON Schema).
-# Where the floor is below 0.9, the rule that still refuses some is one JSON Schema cannot state (the descriptions
+# Where the floor is below 0.75, the rule that still refuses some is one JSON Schema cannot state (the descriptions
 # say it): format=npy with bfloat16 or without ?tensor= on a several-tensor table (400); T5's max_distance >
 # num_buckets/4 and DeBERTa's max_relative_positions > position_buckets/2 + 1 (422); RoPE's int(head_dim ·
 # partial_rotary_factor) even, rotary_dim or partial_rotary_factor but not both, and a rope_type's required fields;
 # vision RoPE's height and width <= image_size // patch_size, Llama 4's fixed grid and a `model` other than the
 # preset's; a vision tower's h and w multiples of its spatial merge, t = 1 for the image towers, and a window or a
 # merge only where the tower has one.
+# Each floor sits about 0.2 (two standard deviations of a share of 20 draws) below the share measured with the
+# pinned tools, so that another hypothesis version's draws (the lower-bounds run) do not fail it; before the schema
+# stated these constraints most of these operations served none (properties/alibi 11 of 40).
 ACCEPTED = {
-    "GET /v1/alibi/slopes": 0.9,
-    "GET /v1/alibi/bias": 0.9,
-    "GET /v1/sinusoidal": 0.9,
-    "GET /v1/relative/sinusoidal": 0.9,
-    "GET /v1/relative/clipped": 0.9,
-    "GET /v1/deberta/buckets": 0.75,
-    "GET /v1/t5/buckets": 0.75,
-    "GET /v1/rope": 0.5,
-    "GET /v1/properties/alibi": 0.9,
-    "GET /v1/properties/sinusoidal": 0.9,
-    "GET /v1/properties/xlnet": 0.9,
-    "GET /v1/properties/relative": 0.9,
-    "GET /v1/properties/deberta": 0.75,
-    "GET /v1/properties/t5": 0.75,
-    "GET /v1/properties/rope": 0.5,
-    "GET /v1/presets/{preset}": 0.9,
-    "GET /v1/rope/vision": 0.4,
-    "GET /v1/properties/rope/vision": 0.4,
-    "GET /v1/rope/vision/tower": 0.15,
+    "GET /v1/alibi/slopes": 0.75,
+    "GET /v1/alibi/bias": 0.75,
+    "GET /v1/sinusoidal": 0.8,
+    "GET /v1/relative/sinusoidal": 0.8,
+    "GET /v1/relative/clipped": 0.8,
+    "GET /v1/deberta/buckets": 0.6,
+    "GET /v1/t5/buckets": 0.55,
+    "GET /v1/rope": 0.35,
+    "GET /v1/properties/alibi": 0.75,
+    "GET /v1/properties/sinusoidal": 0.75,
+    "GET /v1/properties/xlnet": 0.75,
+    "GET /v1/properties/relative": 0.8,
+    "GET /v1/properties/deberta": 0.55,
+    "GET /v1/properties/t5": 0.55,
+    "GET /v1/properties/rope": 0.35,
+    "GET /v1/presets/{preset}": 0.8,
+    "GET /v1/rope/vision": 0.3,
+    "GET /v1/properties/rope/vision": 0.35,
+    "GET /v1/rope/vision/tower": 0.1,
 }
 
 
