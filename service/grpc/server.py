@@ -36,7 +36,7 @@ from posenc.service.process import ServiceProcess
 log = logging.getLogger("posenc.grpc")
 
 # this process's started gRPC servers and their health services (`drain`)
-_SERVING: dict[grpc.aio.Server, health.aio.HealthServicer] = {}
+_SERVING: dict[grpc.aio.Server, RestrictedHealth] = {}
 _STOPPING: set[asyncio.Task[None]] = set()  # the stops `drain` began
 
 GRPC_ACCESS_MESSAGE = "%s %s %s %.1fms %dB"  # GRPC, method path, code, duration, response bytes (a stream: responses)
@@ -168,12 +168,13 @@ def drain(grace: float) -> None:
     """Begin the graceful stop of this process's gRPC servers (no new calls; those in flight get `grace` seconds),
     at the moment the HTTP server begins its own drain after SIGTERM, so both drain together."""
     for server, checker in list(_SERVING.items()):
+        checker.servicer.draining = True  # streams waiting for their next request end now
         task = asyncio.ensure_future(_stop(server, checker, grace))
         _STOPPING.add(task)
         task.add_done_callback(_STOPPING.discard)
 
 
-async def _stop(server: grpc.aio.Server, checker: health.aio.HealthServicer, grace: float) -> None:
+async def _stop(server: grpc.aio.Server, checker: RestrictedHealth, grace: float) -> None:
     await checker.enter_graceful_shutdown()  # every service NOT_SERVING: probes see the drain
     await server.stop(grace)
 

@@ -94,6 +94,8 @@ WRITE_COPIES = 2  # a stream's answer being written: its bytes and gRPC's copy o
 # A message being received: gRPC core's buffer and the bytes it hands over, both whole at that moment. Its size is
 # unknown until it has arrived, so its read holds this many times POSENC_MAX_REQUEST_BYTES (lent: `RECLAIM_SECONDS`).
 RECEIVE_COPIES = 2
+DRAINING = "the server is shutting down: this stream has every answer written; open a new stream (another replica)"
+DRAIN_CHECK_SECONDS = 0.5  # how often a stream waiting for its client's next request looks whether the server drains
 # A unary call's message is handed to the client's gRPC core with the call (its first 64 KiB are in the server's before
 # posenc asks for it), so once asked it arrives at the speed of its link. One not in this long after it was asked,
 # while others wait for memory, loses the memory held for it; at most half of POSENC_MEMORY_WAIT_SECONDS, so that those
@@ -218,6 +220,9 @@ class Servicer:
         self.active = 0  # calls in progress, streams included (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
         self.streams = 0  # streams in progress (`stream_cap` bounds them)
         self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
+        # the server drains (SIGTERM): a stream with every answer written ends at once (`DRAINING`) rather than be
+        # cut at the graceful timeout with its client still sending
+        self.draining = False
         # what glibc's heaps may keep of freed memory by the settings (`receive` trims past it)
         self.kept_bytes = kept_bound(plane.settings.malloc_arenas, plane.settings.malloc_keep_bytes)
 
@@ -539,13 +544,17 @@ class Servicer:
                     if got:
                         task = pending.get_nowait()
                     while not got:
+                        if self.draining:  # every answer written: the stream ends now, not at the drain's cut
+                            await self._end_stream(context, grpc.StatusCode.UNAVAILABLE, DRAINING)
+                            code = "CANCELLED"
+                            return
                         waited = 0.0 if asked is None else time.monotonic() - max(asked_at, answered_at)
                         if waited >= idle:
                             await self._end_idle(context, idle)  # raises AbortError, unless the call had ended
                             code = "CANCELLED"
                             return
                         with contextlib.suppress(TimeoutError):
-                            task = await asyncio.wait_for(pending.get(), idle - waited)
+                            task = await asyncio.wait_for(pending.get(), min(idle - waited, DRAIN_CHECK_SECONDS))
                             got = True
                     if task is None:
                         break
@@ -603,15 +612,20 @@ class Servicer:
                     raise
                 await asyncio.sleep(float(exc.headers.get("Retry-After", 1)))
 
+    @classmethod
+    async def _end_idle(cls, context: grpc.aio.ServicerContext, idle: float) -> None:
+        """End a stream that stayed idle: DEADLINE_EXCEEDED naming the setting."""
+        await cls._end_stream(context, grpc.StatusCode.DEADLINE_EXCEEDED, (
+            f"the stream sent no request for {idle:g} s with none in progress "
+            "(POSENC_GRPC_STREAM_IDLE_SECONDS): it is ended to give its place to other calls; "
+            "open a new stream to send more"))
+
     @staticmethod
-    async def _end_idle(context: grpc.aio.ServicerContext, idle: float) -> None:
-        """End a stream that stayed idle: DEADLINE_EXCEEDED naming the setting (AbortError, as every abort). Returns
-        when the call had ended meanwhile (cancelled, or cut by the server's stop): there is nothing to tell."""
+    async def _end_stream(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+        """End a stream with nothing in progress: `code` and `details` (AbortError, as every abort). Returns when the
+        call had ended meanwhile (cancelled, or cut by the server's stop): there is nothing to tell."""
         try:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, (
-                f"the stream sent no request for {idle:g} s with none in progress "
-                "(POSENC_GRPC_STREAM_IDLE_SECONDS): it is ended to give its place to other calls; "
-                "open a new stream to send more"))
+            await context.abort(code, details)
         except grpc.aio.AbortError:
             raise
         except Exception:  # the status could not be sent: the call is over

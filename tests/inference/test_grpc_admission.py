@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -228,3 +229,25 @@ def test_a_large_message_trims_the_heaps_only_past_what_they_may_keep(monkeypatc
 
     assert asyncio.run(scenario()) == RELEASE_AFTER_BYTES
     assert trims == ([1] if trimmed else []) and budget.reserved == 0
+
+
+def test_a_stream_waiting_for_its_next_request_ends_when_the_server_drains() -> None:
+    """The soak's SIGTERM found a stream whose client kept sending: it was cut at the graceful timeout (exit 1). A
+    stream with every answer written now ends UNAVAILABLE once the server drains, long before its idle time."""
+    settings = Settings(grpc_stream_idle_seconds=60)
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(settings, budget)
+    requests = Asked(b"\xff\xff")  # malformed: answered with its own error, no model needed
+    context = Context()
+
+    async def scenario() -> float:
+        call = asyncio.ensure_future(servicer.stream("ModelStreamInfer")(requests(), context))
+        await _until(lambda: context.written, "the first answer written")
+        servicer.draining = True
+        start = time.monotonic()
+        with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: the server is shutting down"):
+            await asyncio.wait_for(call, 10)
+        return time.monotonic() - start
+
+    assert asyncio.run(scenario()) < 5
+    assert budget.reserved == 0 and servicer.active == 0
