@@ -93,8 +93,9 @@ def _code(exc: Any) -> str:
 OVERLOADED = "RESOURCE_EXHAUSTED+retry-after"
 
 
-def _outcome(soak: Any, kind: str, code: str, expected: str, start: float, sent: float) -> bool:
-    """Record a call; False once the server refuses calls after the SIGTERM (the client stops)."""
+def _outcome(soak: Any, kind: str, code: str, expected: str, start: float, sent: float, details: str = "") -> bool:
+    """Record a call (`details`: its status message); False once the server refuses calls after the SIGTERM (the
+    client stops)."""
     if code == OVERLOADED:  # allowed, counted apart as over HTTP
         soak.record(kind, "503+Retry-After", start, sent)
         return True
@@ -104,9 +105,17 @@ def _outcome(soak: Any, kind: str, code: str, expected: str, start: float, sent:
         # in a handler are answered (a stream's too).
         soak.record(kind, f"{code} at shutdown", start, None)
         return False
-    violation = None if code == expected else f"{code}, expected {expected}"
+    violation = None if code == expected else f"{code}, expected {expected}{_when(soak, start, details)}"
     soak.record(kind, HTTP_LIKE.get(code, code), start, sent, violation)
     return True
+
+
+def _when(soak: Any, start: float, details: str) -> str:
+    """When a call that went wrong began and ended, against the SIGTERM, and what its status said."""
+    now, sigterm = time.monotonic(), soak.sigterm_at
+    when = (f" (began {start - sigterm:+.1f} s, ended {now - sigterm:+.1f} s from the SIGTERM)" if sigterm is not None
+            else f" (after {now - start:.1f} s, before the SIGTERM)")
+    return when + (f": {details[:300]}" if details else "")
 
 
 async def _unary(soak: Any, infer: Any, index: int, bodies: dict[str, list[bytes]]) -> None:
@@ -117,12 +126,13 @@ async def _unary(soak: Any, infer: Any, index: int, bodies: dict[str, list[bytes
         case = rng.choices(list(EXPECTED), [1, 1, 6])[0]
         data = rng.choice(bodies[case])
         start = sent = time.monotonic()
+        details = ""
         try:
             await infer(data, timeout=60)
             code = "OK"
         except grpc.aio.AioRpcError as exc:
-            code = _code(exc)
-        if not _outcome(soak, "grpc-infer", code, EXPECTED[case], start, sent):
+            code, details = _code(exc), exc.details() or ""
+        if not _outcome(soak, "grpc-infer", code, EXPECTED[case], start, sent, details):
             return
 
 
@@ -132,13 +142,14 @@ async def _streams(soak: Any, stream: Any, requests: list[bytes]) -> None:
 
     while _running(soak):
         start = sent = time.monotonic()
+        details = ""
         try:
             answers = [pb.ModelStreamInferResponse.FromString(a) async for a in stream(iter(requests), timeout=60)]
             errors = [bool(a.error_message) for a in answers]
             code = "OK" if errors == [i == 3 for i in range(8)] else f"{len(answers)} answers, errors at {errors}"
         except grpc.aio.AioRpcError as exc:
-            code = _code(exc)
-        if not _outcome(soak, "grpc-stream", code, "OK", start, sent):
+            code, details = _code(exc), exc.details() or ""
+        if not _outcome(soak, "grpc-stream", code, "OK", start, sent, details):
             return
 
 

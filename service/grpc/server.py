@@ -168,7 +168,7 @@ def drain(grace: float) -> None:
     """Begin the graceful stop of this process's gRPC servers (no new calls; those in flight get `grace` seconds),
     at the moment the HTTP server begins its own drain after SIGTERM, so both drain together."""
     for server, checker in list(_SERVING.items()):
-        checker.servicer.draining = True  # streams waiting for their next request end now
+        checker.servicer.drain(grace)  # quiet streams and messages not yet sent end before the cut
         task = asyncio.ensure_future(_stop(server, checker, grace))
         _STOPPING.add(task)
         task.add_done_callback(_STOPPING.discard)

@@ -96,6 +96,14 @@ WRITE_COPIES = 2  # a stream's answer being written: its bytes and gRPC's copy o
 RECEIVE_COPIES = 2
 DRAINING = "the server is shutting down: this stream has every answer written; open a new stream (another replica)"
 DRAIN_CHECK_SECONDS = 0.5  # how often a stream waiting for its client's next request looks whether the server drains
+# Once the server drains, a stream with every answer written ends when its client has sent nothing for this long: a
+# client still writing is served on (ended under a write, a stream ends INTERNAL on the client, grpc/grpc#36066)
+DRAIN_QUIET_SECONDS = 1.0
+# Once the server drains, a unary call whose message has not arrived gets this share of the graceful timeout for it,
+# then ends UNAVAILABLE (a call that sends nothing is not cut at the timeout, which exits 1)
+DRAIN_RECEIVE_SHARE = 0.5
+UNSENT_AT_DRAIN = ("the server is shutting down: the request message had not arrived {seconds:g} s after the drain "
+                   "began; retry (another replica)")
 # A unary call's message is handed to the client's gRPC core with the call (its first 64 KiB are in the server's before
 # posenc asks for it), so once asked it arrives at the speed of its link. One not in this long after it was asked,
 # while others wait for memory, loses the memory held for it; at most half of POSENC_MEMORY_WAIT_SECONDS, so that those
@@ -220,11 +228,31 @@ class Servicer:
         self.active = 0  # calls in progress, streams included (POSENC_GRPC_MAX_CONCURRENT_RPCS bounds them)
         self.streams = 0  # streams in progress (`stream_cap` bounds them)
         self.freed: asyncio.Event | None = None  # set when a call ends (for streams waiting for a place)
-        # the server drains (SIGTERM): a stream with every answer written ends at once (`DRAINING`) rather than be
-        # cut at the graceful timeout with its client still sending
+        # the server drains (SIGTERM, `drain`): a stream with every answer written and a quiet client, or a unary call
+        # whose message has not come, ends UNAVAILABLE rather than be cut at the graceful timeout
         self.draining = False
+        self.drain_waiters: set[asyncio.Future[None]] = set()  # `_drain_cut`s waiting for the drain
+        self.drain_receive_seconds = DRAIN_RECEIVE_SHARE * plane.settings.graceful_shutdown_timeout
         # what glibc's heaps may keep of freed memory by the settings (`receive` trims past it)
         self.kept_bytes = kept_bound(plane.settings.malloc_arenas, plane.settings.malloc_keep_bytes)
+
+    def drain(self, grace: float) -> None:
+        """The server drains, its calls given `grace` seconds: streams waiting for a quiet client and messages not
+        yet arrived are ended before the calls still running are cut."""
+        self.draining, self.drain_receive_seconds = True, DRAIN_RECEIVE_SHARE * grace
+        for waiter in self.drain_waiters:
+            _settle(waiter)
+
+    async def _drain_cut(self) -> None:
+        """Returns `drain_receive_seconds` after the drain began."""
+        if not self.draining:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.drain_waiters.add(waiter)
+            try:
+                await waiter
+            finally:
+                self.drain_waiters.discard(waiter)
+        await asyncio.sleep(self.drain_receive_seconds)
 
     @property
     def stream_cap(self) -> int:
@@ -388,7 +416,8 @@ class Servicer:
         lent: if it has not come `reclaim_seconds` later, a request waiting for memory takes them and the call ends
         RESOURCE_EXHAUSTED (a call that sends nothing keeps no memory from others). Once in, the reservation keeps
         `PARSE_COPIES` x its size, what an HTTP body of that size holds (the data plane grows it on to the run). A
-        message that has not arrived in time (`RECEIVE_BYTES_PER_SECOND`) is DEADLINE_EXCEEDED."""
+        message that has not arrived in time (`RECEIVE_BYTES_PER_SECOND`) is DEADLINE_EXCEEDED; one that has not
+        arrived `drain_receive_seconds` after the server began to drain, UNAVAILABLE."""
         settings = self.plane.settings
         seconds = settings.body_timeout + settings.max_request_bytes / RECEIVE_BYTES_PER_SECOND
         async with self.admit_message("a gRPC message being received") as admitted:
@@ -397,13 +426,16 @@ class Servicer:
             reclaimed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             held.lend(partial(_settle, reclaimed), self.reclaim_seconds)
             reading = asyncio.ensure_future(_message_reader(messages, context)())
+            drain_cut = asyncio.ensure_future(self._drain_cut())
             try:
                 async with asyncio.timeout(seconds):
-                    await asyncio.wait((reading, reclaimed), return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait((reading, reclaimed, drain_cut), return_when=asyncio.FIRST_COMPLETED)
                 if reclaimed.done():  # (even if the message came at that moment: its memory is no longer held)
                     raise Unavailable(self.reclaimed_message(
                         f"the request message had not arrived {self.reclaim_seconds:g} s after the server asked for it"
                     ), retry_after=1, overloaded=True)
+                if not reading.done():
+                    raise Unavailable(UNSENT_AT_DRAIN.format(seconds=self.drain_receive_seconds))
                 data = reading.result()
             except TimeoutError:
                 raise RequestTimeout(f"the request message did not arrive within {seconds:g} s of its read "
@@ -412,6 +444,7 @@ class Servicer:
             finally:
                 held.keep()
                 await _stop(reading)
+                await _stop(drain_cut)
             if data is None:
                 raise BadRequest("the call carried no request message")
             if len(data) >= RELEASE_AFTER_BYTES and holds_more_free_than(self.kept_bytes):
@@ -466,7 +499,8 @@ class Servicer:
         progress: later ones stay unread until a response is written, so a client that stops reading its
         responses stops the server reading its requests. With every request answered, a stream that sends no
         request for POSENC_GRPC_STREAM_IDLE_SECONDS ends DEADLINE_EXCEEDED (an idle stream holds a place); only the
-        time the server waits for its client counts.
+        time the server waits for its client counts. Once the server drains, `DRAIN_QUIET_SECONDS` of that end it
+        UNAVAILABLE.
 
         Each request is asked of gRPC core once the data plane admits it (`admit_message`; a full queue or memory
         not free in time: the stream waits, unread; no model ready: the stream ends UNAVAILABLE after answering what
@@ -544,11 +578,12 @@ class Servicer:
                     if got:
                         task = pending.get_nowait()
                     while not got:
-                        if self.draining:  # every answer written: the stream ends now, not at the drain's cut
+                        waited = 0.0 if asked is None else time.monotonic() - max(asked_at, answered_at)
+                        if self.draining and asked is not None and waited >= DRAIN_QUIET_SECONDS:
+                            # every answer written, its client quiet: the stream ends now, not at the drain's cut
                             await self._end_stream(context, grpc.StatusCode.UNAVAILABLE, DRAINING)
                             code = "CANCELLED"
                             return
-                        waited = 0.0 if asked is None else time.monotonic() - max(asked_at, answered_at)
                         if waited >= idle:
                             await self._end_idle(context, idle)  # raises AbortError, unless the call had ended
                             code = "CANCELLED"

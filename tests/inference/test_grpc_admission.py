@@ -233,7 +233,9 @@ def test_a_large_message_trims_the_heaps_only_past_what_they_may_keep(monkeypatc
 
 def test_a_stream_waiting_for_its_next_request_ends_when_the_server_drains() -> None:
     """The soak's SIGTERM found a stream whose client kept sending: it was cut at the graceful timeout (exit 1). A
-    stream with every answer written now ends UNAVAILABLE once the server drains, long before its idle time."""
+    stream with every answer written now ends UNAVAILABLE once the server drains and its client has been quiet for
+    DRAIN_QUIET_SECONDS (ended at once, a stream whose client was writing ended INTERNAL on the client: the next
+    soak), long before its idle time."""
     settings = Settings(grpc_stream_idle_seconds=60)
     budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
     servicer = _servicer(settings, budget)
@@ -243,7 +245,7 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_server_drains() -> 
     async def scenario() -> float:
         call = asyncio.ensure_future(servicer.stream("ModelStreamInfer")(requests(), context))
         await _until(lambda: context.written, "the first answer written")
-        servicer.draining = True
+        servicer.drain(10)
         start = time.monotonic()
         with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: the server is shutting down"):
             await asyncio.wait_for(call, 10)
@@ -251,3 +253,49 @@ def test_a_stream_waiting_for_its_next_request_ends_when_the_server_drains() -> 
 
     assert asyncio.run(scenario()) < 5
     assert budget.reserved == 0 and servicer.active == 0
+
+
+def test_a_stream_whose_client_writes_is_served_on_while_the_server_drains() -> None:
+    """A stream whose client sends a request every 0.3 s (never quiet for DRAIN_QUIET_SECONDS) is not ended by the
+    drain: every request it sends is answered, until it ends its requests itself."""
+    settings = Settings(grpc_stream_idle_seconds=60)
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(settings, budget)
+    context = Context()
+
+    async def requests() -> AsyncIterator[bytes]:
+        for _ in range(8):
+            yield b"\xff\xff"
+            await asyncio.sleep(0.3)
+
+    async def scenario() -> None:
+        call = asyncio.ensure_future(servicer.stream("ModelStreamInfer")(requests(), context))
+        await _until(lambda: context.written, "the first answer written")
+        servicer.drain(10)
+        await asyncio.wait_for(call, 10)
+
+    asyncio.run(scenario())
+    assert len(context.written) == 8 and budget.reserved == 0 and servicer.active == 0
+
+
+def test_a_call_whose_message_has_not_come_ends_when_the_server_drains() -> None:
+    """The next soak: a ModelInfer that sent its headers and no message, 3 s before the SIGTERM, was cut at the
+    graceful timeout (exit 1, a WARNING naming it). It now ends UNAVAILABLE half the graceful timeout after the drain
+    began, its memory back."""
+    budget = MemoryBudget(GiB, max_waiters=8, wait_seconds=None)
+    servicer = _servicer(Settings(), budget)
+    silent = Asked()
+
+    async def scenario() -> float:
+        infer = servicer.unary("ModelInfer", pb.ModelInferRequest, servicer.ModelInfer)
+        call = asyncio.ensure_future(infer(silent(), Context()))
+        await _until(lambda: budget.lent_bytes, "the message's memory lent")
+        servicer.drain(1.0)
+        start = time.monotonic()
+        with pytest.raises(grpc.aio.AbortError, match=r"^UNAVAILABLE: the server is shutting down: the request "
+                                                      r"message had not arrived 0\.5 s after the drain began"):
+            await asyncio.wait_for(call, 10)
+        return time.monotonic() - start
+
+    assert 0.4 < asyncio.run(scenario()) < 5
+    assert budget.reserved == 0 and budget.lent_bytes == 0 and servicer.active == 0
