@@ -211,3 +211,36 @@ RUNTIME_SCALING = Convention(
          "and its converter writes none for it: the file runs the unscaled frequencies",
     source="include/llama.h, enum llama_rope_scaling_type; convert_hf_to_gguf.py, conversion/base.py, "
            "TextModel.set_gguf_parameters: rope_type \"dynamic\" writes nothing")
+
+
+# (h) YaRN's correction range: ggml rounds it to whole dims always (transformers' truncate=True). A model made with
+# truncate=false (gpt-oss) runs other frequencies in llama.cpp, and no GGUF key can say otherwise (vLLM and SGLang
+# fixed the same rounding in their runtimes: vllm-project/vllm#27722, sgl-project/sglang#14270).
+YARN_ROUNDING = Convention(
+    key="rope.scaling.type",
+    says="rounds YaRN's correction range to whole dims (the floor of its low end, the ceiling of its high end) "
+         "whatever the model's truncate, and no GGUF key says otherwise",
+    source="ggml/src/ggml.c, ggml_rope_yarn_corr_dims: start = floorf(...), end = ceilf(...)")
+
+
+@dataclass(frozen=True)
+class WrittenContext:
+    """A context length the converter writes for a model whose scaling reads the parameter `reads`, whatever
+    config.json's max_position_embeddings says (the model's own, by its makers' account): `says` completes "the
+    converter ...", `source` where."""
+
+    length: int
+    reads: str
+    says: str
+    source: str
+
+
+# (i) `general.architecture` → the context length its converter writes on purpose
+WRITTEN_CONTEXT: Mapping[str, WrittenContext] = MappingProxyType({
+    "hunyuan-dense": WrittenContext(
+        256 * 1024, "alpha",
+        says="writes 262144 for an NTK-alpha HunYuan model (its config.json says 32768; alpha 1000 is made for 256K, "
+             "Hunyuan-A13B's technical report)",
+        source="convert_hf_to_gguf.py, conversion/hunyuan.py, HunYuanModel.set_gguf_parameters: "
+               "add_context_length(256 * 1024)"),
+})

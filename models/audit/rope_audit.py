@@ -21,11 +21,18 @@ from posenc.models.audit.explain_caches import explain_caches
 from posenc.models.audit.factor_facts import frequency_factor_facts, longrope_factor_facts
 from posenc.models.audit.found import OPTIONAL_POSITION_SOURCES, Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
-from posenc.models.audit.llama_cpp import RUNTIME_SCALING, YARN_MULTIPLIER, YARN_MULTIPLIER_KEY
+from posenc.models.audit.llama_cpp import (
+    RUNTIME_SCALING,
+    WRITTEN_CONTEXT,
+    YARN_MULTIPLIER,
+    YARN_MULTIPLIER_KEY,
+    YARN_ROUNDING,
+)
 from posenc.models.audit.reference import SLIDING_LAYER_TYPE, Reference, expected_sizes
 from posenc.models.bounds import DEFAULT_ROPE_THETA, MAX_DIM
 from posenc.models.diagnosis.agreement import number
 from posenc.models.errors import ParameterError
+from posenc.models.rope_frequencies import ntk_alpha_rope_theta
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import GGUF_FREQ_FACTOR_TYPES, GGUF_SCALING_TYPES, rope_type_spec
 
@@ -179,8 +186,12 @@ def _rope_facts(found: Found, ref: Reference, params: RopeParameters, facts: lis
                 else "freq_base / rope_theta"
             default = " (a converter that did not read rope_theta writes the default)" \
                 if theta == DEFAULT_ROPE_THETA else ""
-            _fact(facts, "rope_theta", params.rope_theta, theta, "wrong_freq_base",
-                  f"the file's base ({key}) is {theta:g}; the model's is {params.rope_theta:g}{default}")
+            want, whose = params.rope_theta, ""
+            if found.source == "gguf" and "alpha" in rope_type_spec(params.rope_type).reads:
+                # llama.cpp has no alpha: the converter writes the stretched base (conversion/hunyuan.py)
+                want, whose = ntk_alpha_rope_theta(params), " NTK-alpha base θ·α^(d/(d−2))"
+            _fact(facts, "rope_theta", want, theta, "wrong_freq_base",
+                  f"the file's base ({key}) is {theta:g}; the model's{whose} is {want:g}{default}")
     if ref.theta_swa is not None and found.source == "gguf":
         _fact(facts, "rope_theta_swa", ref.theta_swa, found.theta_swa, "sliding_window_base_missing",
               f"sliding-window layers use base {ref.theta_swa:g}; the file "
@@ -267,6 +278,10 @@ def _gguf_scaling(found: Found, params: RopeParameters, context: int, facts: lis
               found.scaling.get("original_max_position_embeddings"), "scaling_original_length_wrong",
               "the original context length is missing or differs from the model's")
     _yarn_multiplier_fact(found, params, facts)
+    if "truncate" in spec.reads and not params.truncate:
+        facts.append(Fact("scaling.truncate", False, True, "wrong", "yarn_with_truncate",
+                          f"the model's YaRN ramp is not rounded (truncate=false); llama.cpp {YARN_ROUNDING.says} "
+                          f"({YARN_ROUNDING.source}): its frequencies differ from the model's"))
 
 
 def _yarn_multiplier_fact(found: Found, params: RopeParameters, facts: list[Fact]) -> None:
@@ -308,6 +323,12 @@ def _size_facts(found: Found, ref: Reference, facts: list[Fact], part: Part) -> 
             _fact(facts, name, want, mine, SIZE_MISTAKES.get(name, f"{name}_wrong"), why)
     if found.context_length is not None and ref.context_length is not None and part != "layer":
         longer = found.context_length > ref.context_length
+        written = WRITTEN_CONTEXT.get(found.architecture or "") if found.source == "gguf" else None
+        if longer and written is not None and written.length == found.context_length and ref.params is not None \
+                and written.reads in rope_type_spec(ref.params.rope_type).reads:
+            facts.append(Fact("context_length", ref.context_length, found.context_length, "note", None,
+                              f"the converter {written.says} ({written.source})"))
+            return
         facts.append(Fact("context_length", ref.context_length, found.context_length,
                           "wrong" if longer else "ok" if found.context_length == ref.context_length else "note",
                           "context_beyond_model" if longer else None,

@@ -20,6 +20,8 @@ from typing import Any
 from tests.converters.tools import ROOT
 
 VOCAB = 512
+# the small sizes of a checkpoint without a preset: four heads of 64 channels, two KV heads
+SMALL = dict(vocab_size=VOCAB, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.converters.checkpoints import Model
+from tests.converters.checkpoints import SMALL, Model
 from tests.converters.matrix import (
     Architecture,
     Built,
@@ -28,10 +28,8 @@ from tests.converters.matrix import (
     with_rope,
     without_keys,
 )
+from tests.converters.more_architectures import MORE_ARCHITECTURES
 from tests.converters.tools import need_builder, need_llama_cpp
-
-# the small sizes of a row without a preset: four heads of 64 channels, two KV heads
-SMALL = dict(vocab_size=512, hidden_size=256, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64)
 
 ARCHITECTURES: list[Architecture] = [
     # Qwen3-8B (the catalogue's qwen3-8b): q/k norms, head_dim 128 stated apart from hidden // heads
@@ -168,7 +166,10 @@ ARCHITECTURES += [
         SMALL, num_key_value_heads=4, num_hidden_layers=1, max_position_embeddings=2048, pad_token_id=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
         gguf="olmo", onnx=True, tokenizer="byte-level", mistakes=(gguf_base("olmo", 500000.0),)),
+    *MORE_ARCHITECTURES,
 ]
+REMOTE_CODE = "transformers 5.25 has no model class for it (the hub's checkpoints are remote code): no checkpoint " \
+    "save_pretrained writes"
 
 UNSUPPORTED: list[Unsupported] = [
     Unsupported("gpt-j", "GPTJForCausalLM", f"{NEITHER} it (GPT-J's interleaved partial rotary, rotary_dim 64)"),
@@ -181,6 +182,14 @@ UNSUPPORTED: list[Unsupported] = [
     Unsupported("internlm3", "InternLM3ForCausalLM", "the converter registers it (InternLM3Model) but transformers "
                 "5.25 has only InternLM3Config, no model class (the hub's checkpoints are remote code): no checkpoint "
                 "save_pretrained writes", converter=True, no_model_class=True),
+    Unsupported("chatglm", "ChatGLMModel", f"both tools register it, but {REMOTE_CODE}", converter=True, builder=True,
+                no_model_class=True),
+    Unsupported("internlm2", "InternLM2ForCausalLM", f"both tools register it, but {REMOTE_CODE}", converter=True,
+                builder=True, no_model_class=True),
+    Unsupported("phimoe", "PhimoeForCausalLM", "transformers writes PhimoeForCausalLM, which neither tool registers "
+                "(both register the hub's remote-code spelling, PhiMoEForCausalLM)"),
+    Unsupported("phi-3-small", "Phi3SmallForCausalLM", f"the builder builds it, but {REMOTE_CODE}", builder=True,
+                no_model_class=True),
 ]
 
 
