@@ -9,6 +9,7 @@ after a bound.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import os
 import signal
 import subprocess
@@ -24,6 +25,11 @@ from posenc.service.testing.http import http_request
 from posenc.service.testing.ports import LOOPBACK, free_port, require_loopback
 
 SOURCE_ROOT = Path(posenc.__file__).resolve().parent.parent  # what holds the `posenc` package
+# A port `free_port` chose may be taken by another process before the server binds it (two test workers starting
+# servers at once: one's gRPC port was the other's HTTP port, and the other's readiness probe read HTTP/2). A server
+# on chosen ports that exits for a port in use is started again on fresh ones, this many times at most.
+PORT_ATTEMPTS = 3
+PORT_IN_USE = ("address already in use", "grpc cannot listen on")  # in the log (lower case) of one that cannot bind
 
 
 def setting_variable(name: str) -> str:
@@ -87,28 +93,39 @@ class ServerProcess:
                  pythonpath: Sequence[str | Path] | None = None, name: str = "posenc serve",
                  grpc: bool = False) -> None:
         self.host, self.name = require_loopback(host), name
-        self.port = port if port is not None else free_port(host)
         self.ready, self.ready_timeout, self.stop_timeout = ready, ready_timeout, stop_timeout
-        self.argv = [part.replace("{host}", host).replace("{port}", str(self.port))
-                     for part in (command if command is not None else serve_command())] + list(args)
+        self._command = [*(command if command is not None else serve_command()), *args]
         # No gRPC unless asked for (`grpc=True`: on a free port of its own) or set in the base environment, so
         # servers never share port 8001.
         base = os.environ if base_env is None else base_env
-        grpc_env = {"POSENC_GRPC_PORT": str(free_port(host) if grpc else 0)}
+        grpc_env = {"POSENC_GRPC_PORT": "0"}
         if not grpc and "POSENC_GRPC_PORT" in base:
             grpc_env = {}
         self.env = serve_env(settings, base=base_env, pythonpath=pythonpath,
-                             env={**grpc_env, **(env or {}), "POSENC_HOST": host, "POSENC_PORT": str(self.port)})
-        self.grpc_port = int(self.env.get("POSENC_GRPC_PORT", "0") or 0)
+                             env={**grpc_env, **(env or {}), "POSENC_HOST": host})
+        # ports this object chose (a caller's own are never changed): chosen again when another process took them
+        self._chosen = (port is None, grpc and "POSENC_GRPC_PORT" not in (env or {}))
+        self._place(port if port is not None else free_port(host),
+                    free_port(host) if self._chosen[1] else int(self.env.get("POSENC_GRPC_PORT", "0") or 0))
         self.cwd = cwd
         self._own_log = log_path is None
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix=f"posenc-server-{self.port}-", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
+        self.log_path = self._new_log() if log_path is None else Path(log_path)
         self._log_text: str | None = None
         self._signalled = False
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _place(self, port: int, grpc_port: int) -> None:
+        """The server's ports: its command line and environment say them."""
+        self.port, self.grpc_port = port, grpc_port
+        self.argv = [part.replace("{host}", self.host).replace("{port}", str(port)) for part in self._command]
+        self.env["POSENC_PORT"] = str(port)
+        if grpc_port or "POSENC_GRPC_PORT" in self.env:
+            self.env["POSENC_GRPC_PORT"] = str(grpc_port)
+
+    def _new_log(self) -> Path:
+        fd, path = tempfile.mkstemp(prefix=f"posenc-server-{self.port}-", suffix=".log")
+        os.close(fd)
+        return Path(path)
 
     # -- where it is
 
@@ -136,16 +153,30 @@ class ServerProcess:
         """Start the process; wait for `ready` (a failure stops it and raises RuntimeError with the log's tail)."""
         if self.proc is not None:
             raise RuntimeError(f"{self.name} was started already")
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
-        if self.ready is not None:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            with self.log_path.open("wb") as log:
+                self.proc = subprocess.Popen(self.argv, cwd=self.cwd, env=self.env, stdout=log,
+                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            if self.ready is None:
+                return self
             try:
                 self.wait_ready()
+                return self
+            except RuntimeError:
+                taken = self.proc.poll() is not None and any(sign in self.log().lower() for sign in PORT_IN_USE)
+                self.stop(signal.SIGKILL)
+                if not (taken and any(self._chosen)) or attempt == PORT_ATTEMPTS:
+                    raise
             except BaseException:
                 self.stop(signal.SIGKILL)
                 raise
-        return self
+            # another process took a port this object chose: fresh ones, a fresh log
+            self._place(free_port(self.host) if self._chosen[0] else self.port,
+                        free_port(self.host) if self._chosen[1] else self.grpc_port)
+            if self._own_log:
+                self.log_path = self._new_log()
+            self.proc, self._signalled, self._log_text = None, False, None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def wait_ready(self, path: str | None = None, timeout: float | None = None) -> None:
         """Poll `path` (default: `ready`) until it answers 200; RuntimeError if the process ends or time runs out."""
@@ -153,9 +184,10 @@ class ServerProcess:
         deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
         while True:
             try:
-                if http_request(self.port, path, timeout=5, host=self.host)[0] == 200:
+                # a 200 from a process that has ended is another server's on a port it took first
+                if http_request(self.port, path, timeout=5, host=self.host)[0] == 200 and proc.poll() is None:
                     return
-            except OSError:
+            except (OSError, http.client.HTTPException):  # not listening yet, or another server's port (HTTP/2)
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
                 state = f"exited with {proc.returncode}" if proc.returncode is not None else "timed out"

@@ -5,6 +5,7 @@ failed start and are stopped within a bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
@@ -25,6 +26,7 @@ from posenc.service.testing import (
     decode_response,
     kserve_request,
 )
+from posenc.service.testing.http import http_request
 
 
 def _array(dtype: np.dtype) -> np.ndarray:
@@ -120,3 +122,36 @@ def test_a_server_that_ignores_sigterm_is_killed_after_the_bound() -> None:
         time.sleep(0.05)
     assert server.stop() == -signal.SIGKILL
     assert server.log() == "up\n"
+
+
+@pytest.mark.timeout(120)
+def test_a_port_another_process_took_first_is_chosen_again() -> None:
+    """A CI run: the port a server was given was another worker's gRPC port by the time it bound it; its readiness
+    probe read that server's HTTP/2 preface and failed the test (http.client.BadStatusLine). Here another
+    "server" takes the chosen port first and answers every connection with an HTTP/2 SETTINGS frame: the probe
+    waits, the server exits for the port in use, and it starts again on a fresh port."""
+    import socket
+    import threading
+
+    server = ServerProcess({"log_level": "warning"}, ready_timeout=60)
+    taken = server.port
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind((LOOPBACK, taken))
+    squatter.listen(16)
+    settings_frame = bytes.fromhex("000000040000000000")  # a gRPC server's first bytes
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                peer, _ = squatter.accept()
+                with peer:
+                    peer.sendall(settings_frame)
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        with server:
+            assert server.port != taken and "address already in use" not in server.log().lower()
+            assert http_request(server.port, "/readyz")[0] == 200
+    finally:
+        squatter.close()
