@@ -41,8 +41,8 @@ def create_app(settings: Settings | None = None, *, process: ServiceProcess | No
     """The HTTP transport on `process` (`app.state.process`; the only state the app keeps besides its request
     recorder). Without one, the app assembles its own from `settings` (default: read from `POSENC_*` now, at call
     time) and its lifespan runs it: the models load before serving, or with `load_in_background` while serving, each
-    not ready until loaded. A `process` given is run by whoever gave it (`posenc.service.serving.process`, which puts
-    gRPC on the same one)."""
+    not ready until loaded. A `process` given is run by whoever gave it (`posenc.service.serving.process`, which
+    serves its other transports on the same one)."""
     owned = process is None
     if process is None:
         process = ServiceProcess(settings if settings is not None else Settings())
