@@ -118,9 +118,7 @@ class ServerProcess:
         """The server's ports: its command line and environment say them."""
         self.port, self.grpc_port = port, grpc_port
         self.argv = [part.replace("{host}", self.host).replace("{port}", str(port)) for part in self._command]
-        self.env["POSENC_PORT"] = str(port)
-        if grpc_port or "POSENC_GRPC_PORT" in self.env:
-            self.env["POSENC_GRPC_PORT"] = str(grpc_port)
+        self.env["POSENC_PORT"], self.env["POSENC_GRPC_PORT"] = str(port), str(grpc_port)
 
     def _new_log(self) -> Path:
         fd, path = tempfile.mkstemp(prefix=f"posenc-server-{self.port}-", suffix=".log")
