@@ -10,10 +10,11 @@ itself, in `text_config`, in `decoder_config` (Dia), in `thinker_config.text_con
 (`FAMILIES`); the rules that hold for every config are the generic key lists below. docs/ENCODINGS.md §1.1.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from posenc.models import hub_configs
 from posenc.models.errors import ParameterError
 
 PairLayout = Literal["half", "interleaved"]
@@ -48,6 +49,8 @@ class Family:
     mrope_section: the M-RoPE sections the rotary module takes when the config names none;
     mrope_order: how its sections share out the frequencies (`posenc.models.mrope.mrope_axis`): contiguous (Qwen2-VL),
         interleaved (T H W T H W ...: Qwen3-VL) or alternating_hw (ERNIE-4.5-VL).
+    hub_form: the config class's rewrite of the hub's spelling into transformers 5's form (`posenc.models.
+        hub_configs`), applied to the text model's section before anything reads it.
     """
 
     head_size: tuple[str, ...] = ()
@@ -60,6 +63,7 @@ class Family:
     layout: PairLayout = "half"
     mrope_section: tuple[int, int, int] | None = None
     mrope_order: Literal["contiguous", "interleaved", "alternating_hw"] = "contiguous"
+    hub_form: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
 
 _QWEN2_VL = Family(mrope_section=(16, 24, 24))
@@ -90,7 +94,9 @@ FAMILIES: dict[str, Family] = {
     "cohere": _INTERLEAVED, "cohere2": _INTERLEAVED, "cohere2_moe": _INTERLEAVED,
     "ernie4_5": _INTERLEAVED, "ernie4_5_moe": _INTERLEAVED, "glm": _INTERLEAVED, "glm4": _INTERLEAVED,
     "llama4": _INTERLEAVED, "llama4_text": _INTERLEAVED,
-    "deepseek_v2": _INTERLEAVED, "deepseek_v4": _INTERLEAVED,
+    "deepseek_v2": _INTERLEAVED, "deepseek_v4": Family(layout="interleaved", hub_form=hub_configs.deepseek_v4),
+    # Dots3-Note: the published config.json's swa_* keys and DSA layers named full_attention
+    "dots3_note": Family(hub_form=hub_configs.dots3_note),
     # M-RoPE: the sections each family's rotary module defaults to, and their order
     "qwen2_vl": _QWEN2_VL, "qwen2_5_vl": _QWEN2_VL, "qwen2_5_omni": _QWEN2_VL, "paddleocr_vl": _QWEN2_VL,
     "qwen2_5_omni_talker": _QWEN2_VL, "qwen2_5_omni_thinker": _QWEN2_VL,
@@ -152,14 +158,20 @@ def model_section(config: Mapping[str, Any], path: str | None = None) -> tuple[s
         section = _at(config, path)
         if section is None:
             raise ParameterError("config_section", f"{path[:100]!r} names no object of the config")
-        return path, section
+        return path, _in_transformers_form(config, section)
     if _has_heads(config, config):
-        return "", config
+        return "", _in_transformers_form(config, config)
     for path in SECTIONS:
         section = _at(config, path)
         if section is not None and _has_heads(section, config):
-            return path, section
-    return "", config
+            return path, _in_transformers_form(config, section)
+    return "", _in_transformers_form(config, config)
+
+
+def _in_transformers_form(config: Mapping[str, Any], section: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`section` as its family's config class reads it: the hub's spelling rewritten where the family has one."""
+    rewrite = family(model_type_of(config, section)).hub_form
+    return section if rewrite is None else rewrite(section)
 
 
 def model_type_of(config: Mapping[str, Any], section: Mapping[str, Any]) -> str | None:
@@ -196,5 +208,7 @@ def head_size(section: Mapping[str, Any], model_type: str | None) -> int:
     )
 
 
-# The keys a layer type's `per_layer_config` overrides can change the head size through.
-HEAD_SIZE_INPUTS = frozenset((*HEAD_SIZE_KEYS, *HIDDEN_KEYS, *HEADS_KEYS, "kv_channels", "attention_head_dim"))
+# The keys a layer type's `per_layer_config` overrides can change the head size through (and, in a model with
+# multi-head latent attention, its q/k head and KV latent: Dots3-Note's sliding layers have their own).
+HEAD_SIZE_INPUTS = frozenset((*HEAD_SIZE_KEYS, *HIDDEN_KEYS, *HEADS_KEYS, *MLA_KEYS, "kv_channels",
+                              "attention_head_dim"))

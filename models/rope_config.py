@@ -62,7 +62,7 @@ def _with_class_spellings(cfg: Mapping[str, Any], model_type: str | None) -> Map
     return out
 
 
-def _layer_config(config: Mapping[str, Any], layer_type: str | None) -> Mapping[str, Any]:
+def layer_config(config: Mapping[str, Any], layer_type: str | None) -> Mapping[str, Any]:
     """`config` as the rotary module of `layer_type`'s layers sees it: the global keys with that layer type's
     `per_layer_config` overrides of the head size's inputs on top, as transformers 5's
     `config.per_layer_config[layer_type]` builds it (integrations/heterogeneity/configuration_utils.py,
@@ -220,7 +220,7 @@ def rope_parameters_from_config(
         scaling["truncate"] = bool(rope.get("truncate", True))
 
     params = make_rope_parameters(
-        head_dim=head_size(_layer_config(cfg, layer_type), model_type),
+        head_dim=head_size(layer_config(cfg, layer_type), model_type),
         partial_rotary_factor=entry.get("partial_rotary_factor"),
         rope_theta=entry["rope_theta"] if entry["rope_theta"] is not None else _null_theta(),
         rope_type=rope_type,

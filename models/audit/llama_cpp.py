@@ -85,6 +85,11 @@ ABSENT: Mapping[str, Convention] = MappingProxyType({c.key: c for c in (
     Convention(key="rope.dimension_count_swa", same_as="rope.dimension_count",
                says="gives the sliding layers rope.dimension_count",
                source=f"{_LOAD_HPARAMS}, head size and n_rot for SWA layers: n_rot_swa = n_rot_full"),
+    Convention(key="attention.key_length_mla_swa", same_as="attention.key_length_mla",
+               says="gives the sliding layers the q/k head of attention.key_length_mla",
+               source="src/models/dots3note.cpp, load_arch_hparams: get_key(LLM_KV_ATTENTION_KEY_LENGTH_MLA_SWA, "
+                      "n_embd_head_k_mla_swa); build: n_embd_head_k_mla = is_swa ? n_embd_head_k_mla_swa : "
+                      "n_embd_head_k_mla()"),
 )})
 
 
@@ -122,7 +127,8 @@ MASK = Convention(
 # (Gemma4Model.set_gguf_parameters writes rope.dimension_count = global_head_dim beside that mask: "proportional")
 
 # (c) the keys of the sliding-window layers, read and reported beside the full layers' ones
-SWA_KEYS: tuple[str, ...] = ("attention.key_length_swa", "rope.dimension_count_swa", "rope.freq_base_swa")
+SWA_KEYS: tuple[str, ...] = ("attention.key_length_swa", "rope.dimension_count_swa", "rope.freq_base_swa",
+                             "attention.key_length_mla_swa")
 # where an architecture's loader reads the sliding layers' own base (BY_ARCHITECTURE), it leaves their frequency
 # scale at 1 (rope_freq_scale_train_swa's default): its sliding layers are not scaled; the loaders that give them
 # the full layers' base give them the full layers' scale too (rope_freq_scale_train_swa = rope_freq_scale_train)
@@ -162,6 +168,9 @@ MLA_ONE_KV_HEAD: Mapping[str, str] = MappingProxyType({
     "kimi-k3": f"convert_hf_to_gguf.py, conversion/kimi_k3.py, {_ONE_KV_HEAD}",
     "kimi-linear": f"convert_hf_to_gguf.py, conversion/kimi_linear.py, {_ONE_KV_HEAD}",
     "bailingmoe3": f"convert_hf_to_gguf.py, conversion/bailingmoe3.py, {_ONE_KV_HEAD}",
+    "mistral4": f"convert_hf_to_gguf.py, conversion/mistral3.py, Mistral3Model.Mistral4Model (DeepseekV2Model's) "
+                f"{_ONE_KV_HEAD}",
+    "dots3note": f"convert_hf_to_gguf.py, conversion/dots3.py, Dots3NoteModel (DeepseekV2Model's) {_ONE_KV_HEAD}",
 })
 
 
@@ -196,6 +205,9 @@ YARN_MULTIPLIER: Mapping[str, YarnMultiplier] = MappingProxyType({
         "src/models/deepseek2.cpp, llm_build_deepseek2: kq_scale = mscale^2 / sqrt(n_embd_head_k)")),
     "deepseek32": YarnMultiplier(divisor=0.1, mscale_is_all=False, source=(
         f"src/models/deepseek32.cpp, load_arch_hparams: rope_yarn_log_mul /= 0.1f; {_YARN_FACTOR}, mscale = 1")),
+    "mistral4": YarnMultiplier(divisor=0.1, mscale_is_all=False, source=(
+        "src/models/models.h, llama_model_mistral4: llama_model_deepseek2's load_arch_hparams (rope_yarn_log_mul /= "
+        f"0.1f) and graph; {_YARN_FACTOR}, mscale = 1 (the DeepSeek-V2 case is LLM_ARCH_DEEPSEEK2's alone)")),
     "mistral3": YarnMultiplier(divisor=1.0, mscale_is_all=False, source=(
         f"src/models/mistral3.cpp, load_arch_hparams: get_key(LLM_KV_ROPE_SCALING_YARN_LOG_MUL); {_YARN_FACTOR}, "
         "mscale = 1")),
@@ -243,4 +255,38 @@ WRITTEN_CONTEXT: Mapping[str, WrittenContext] = MappingProxyType({
              "Hunyuan-A13B's technical report)",
         source="convert_hf_to_gguf.py, conversion/hunyuan.py, HunYuanModel.set_gguf_parameters: "
                "add_context_length(256 * 1024)"),
+})
+
+
+@dataclass(frozen=True)
+class CompressedLayers:
+    """An architecture whose layers with a KV compressor have a RoPE of their own (DeepSeek-V4): `ratios` the
+    per-layer key of compression ratios (0: a layer without a compressor), `base` the key of the compressed layers'
+    base. The layers without a compressor run rope.freq_base unscaled; the compressed ones run `base` with the file's
+    scaling and attention factor 1 (llama.cpp divides ggml's YaRN factor out, as transformers' DeepseekV4Config sets
+    attention_factor 1 for them). `main`, `compressed`: transformers' names of the two RoPEs (its rope_parameters'
+    keys)."""
+
+    ratios: str
+    base: str
+    main: str
+    compressed: str
+    source: str
+
+    def note(self, arch: str, ratios: list[int], base: float | None) -> str:
+        layers = sum(1 for ratio in ratios if ratio)
+        return (f"{arch}.{self.ratios}: {layers} of {len(ratios)} layers compressed; llama.cpp gives them base "
+                f"{arch}.{self.base} ({base:g}) with the file's scaling at attention factor 1, the others "
+                f"rope.freq_base unscaled ({self.source})")
+
+
+# (j) `general.architecture` → its compressed layers' RoPE
+COMPRESSED_LAYERS: Mapping[str, CompressedLayers] = MappingProxyType({
+    "deepseek4": CompressedLayers(
+        ratios="attention.compress_ratios", base="attention.compress_rope_freq_base", main="main",
+        compressed="compress",
+        source="src/models/deepseek4.cpp, build_attn: use_compress_rope = dsv4_compress_ratios[il] != 0, "
+               "freq_base_l = use_compress_rope ? dsv4_compress_rope_base : freq_base, freq_scale_l and ext_factor_l "
+               "1 and 0 otherwise, attn_factor_l = dsv4_rope_attn_factor (1 / (1 + 0.1 ln(1 / freq_scale)) against "
+               "ggml's rope_yarn)"),
 })

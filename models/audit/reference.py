@@ -30,7 +30,7 @@ from posenc.models.audit.found import Found
 from posenc.models.audit.llama_cpp import MLA_HEAD, MLA_ONE_KV_HEAD
 from posenc.models.errors import ParameterError
 from posenc.models.presets import Preset, catalogue, find_preset
-from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
+from posenc.models.rope_config import layer_config, rope_layer_types, rope_parameters_from_config
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 
 # config.json model_type → the architecture name GGUF files carry (`general.architecture`) where they differ
@@ -147,13 +147,14 @@ class Sizes:
     mla: Mla | None
 
 
-def model_sizes(config: Mapping[str, Any]) -> Sizes:
+def model_sizes(config: Mapping[str, Any], layer_type: str | None = None) -> Sizes:
     """The sizes of the text model `config` describes, read through the table of architectures: one reading for the
-    reference and for a config.json audited (`posenc.service.audit.config_reader`)."""
+    reference and for a config.json audited (`posenc.service.audit.config_reader`). The MLA head of `layer_type`'s
+    layers where its `per_layer_config` gives them their own."""
     cfg = text_section(config)
     model_type = model_type_of(config, cfg)
     cfg = with_family_spellings(cfg, model_type)
-    nope, rope, rank = (first_int(cfg, (key,)) for key in MLA_KEYS)
+    nope, rope, rank = (first_int(layer_config(cfg, layer_type), (key,)) for key in MLA_KEYS)
     return Sizes(model_type, first_int(cfg, hidden_keys(model_type)), first_int(cfg, heads_keys(model_type)),
                  first_int(cfg, kv_heads_keys(model_type)), first_int(cfg, CONTEXT_KEYS),
                  Mla(nope, rope, rank) if nope is not None and rope is not None else None)
@@ -240,7 +241,7 @@ def _from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Map
         params, info = rope_parameters_from_config(config, layer_type=layer_type)
     except ParameterError as exc:
         problem = str(exc)
-    sizes = model_sizes(config)
+    sizes = model_sizes(config, layer_type)
     model_type, heads = sizes.model_type, sizes.num_heads
     context = info.get("max_position_embeddings") or sizes.context_length
     learned = _int(cfg.get("n_positions")) if params is None else None

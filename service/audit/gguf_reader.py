@@ -24,6 +24,7 @@ import numpy as np
 from posenc.models.audit.found import Found
 from posenc.models.audit.llama_cpp import (
     ABSENT,
+    COMPRESSED_LAYERS,
     FREQS_OF_FULL_LAYERS_ONLY,
     MASK,
     MLA_HEAD,
@@ -218,6 +219,7 @@ def _number(meta: dict[str, Any], key: str) -> Any:
 # the keys (after `{arch}.`) that hold counts and sizes; the other numbers read are reals
 INT_KEYS = frozenset({"context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
                       "attention.key_length", "attention.key_length_swa", "attention.key_length_mla",
+                      "attention.key_length_mla_swa",
                       "rope.dimension_count", "rope.dimension_count_swa", "rope.scaling.original_context_length"})
 
 
@@ -283,8 +285,29 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         if stem in tensors:
             setattr(found, field_name, np.frombuffer(tensors[stem], dtype="<f4").copy())
     _sliding_view(found, arch, key)
+    _compressed_view(found, arch, key, meta)
     _unrotated_pairs(found)
     return found
+
+
+def _compressed_view(found: Found, arch: str, key: Any, meta: dict[str, Any]) -> None:
+    """The two RoPEs of an architecture whose compressed layers have their own (`llama_cpp.COMPRESSED_LAYERS`):
+    `found.layers` under transformers' names of them, the file's scaling on the compressed layers alone (the whole
+    file's facts are its main layers')."""
+    rule = COMPRESSED_LAYERS.get(arch)
+    if rule is None:
+        return
+    ratios = meta.get(f"{arch}.{rule.ratios}")
+    ratios = values.integers(f"GGUF: {arch}.{rule.ratios}", ratios) if isinstance(ratios, list) else []
+    base = key(rule.base)
+    scaling = dict(found.scaling)
+    if scaling.get("rope_type") is not None and "attention_factor" in ROPE_TYPES[scaling["rope_type"]].reads:
+        scaling["attention_factor"] = 1.0
+    found.scaling = {}
+    found.layers[rule.main] = replace(found, facts=[], notes=[], layers={}, layer_type=rule.main)
+    found.layers[rule.compressed] = replace(found, rope_theta=base, scaling=scaling, facts=[], notes=[], layers={},
+                                            layer_type=rule.compressed)
+    found.notes.append(rule.note(arch, list(ratios), base))
 
 
 def _yarn_multiplier(found: Found, arch: str, stored: float | None) -> None:
@@ -342,11 +365,14 @@ def _sliding_layers(found: Found, arch: str, key: Any) -> None:
     if not stated:
         return
     full = {"attention.key_length": found.head_dim, "rope.dimension_count": found.rotary_dim,
-            "rope.freq_base": found.rope_theta or ABSENT["rope.freq_base"].value}
+            "rope.freq_base": found.rope_theta or ABSENT["rope.freq_base"].value,
+            "attention.key_length_mla": found.key_length_mla}
     for name in SWA_KEYS:
         rule = convention(arch, name)
         if name not in stated and rule is not None and rule.same_as is not None:
             value = full.get(rule.same_as)
+            if value is None:
+                continue  # nothing to inherit (a sliding MLA head where the file has no MLA)
             found.notes.append(rule.note(arch, takes=value if isinstance(value, int | float) else None))
 
 
@@ -367,11 +393,14 @@ def _sliding_view(found: Found, arch: str, key: Any) -> None:
     fixed = _own_sliding_rope(arch)
     if not any(stated.values()) and not fixed:
         return
-    sizes = {"head_dim": stated["attention.key_length_swa"], "rotary_dim": stated["rope.dimension_count_swa"]}
-    inherited = tuple(name for name, value in sizes.items() if value is None)
+    sizes = {"head_dim": stated["attention.key_length_swa"], "rotary_dim": stated["rope.dimension_count_swa"],
+             "key_length_mla": stated["attention.key_length_mla_swa"]}
+    inherited = tuple(name for name, value in sizes.items()
+                      if value is None and (name != "key_length_mla" or found.key_length_mla is not None))
     without_factors = arch in FREQS_OF_FULL_LAYERS_ONLY
     found.layers[SLIDING_LAYER_TYPE] = replace(
         found, head_dim=sizes["head_dim"] or found.head_dim, rotary_dim=sizes["rotary_dim"] or found.rotary_dim,
+        key_length_mla=sizes["key_length_mla"] or found.key_length_mla,
         rope_theta=found.rope_theta if found.theta_swa is None else found.theta_swa, theta_swa=None,
         scaling={} if fixed else dict(found.scaling), facts=[], notes=[], layers={}, layer_type=SLIDING_LAYER_TYPE,
         inherited=inherited + (("rope_theta",) if found.theta_swa is None else ()),

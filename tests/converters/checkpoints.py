@@ -119,3 +119,14 @@ def edited_copy(checkpoint: Path, folder: Path, edit: Callable[[dict[str, Any]],
             os.symlink(path, folder / path.name)
     (folder / "config.json").write_text(json.dumps(edit(read_config(checkpoint)), indent=2))
     return folder
+
+
+def rewrite_weights(folder: Path, rewrite: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """`folder`'s model.safetensors (a link to the saved one) replaced by a file of its tensors as `rewrite` gives
+    them: the hub's names and layout."""
+    import safetensors.torch
+
+    path = folder / "model.safetensors"
+    tensors = safetensors.torch.load_file(str(path))
+    path.unlink()
+    safetensors.torch.save_file(rewrite(tensors), str(path), metadata={"format": "pt"})

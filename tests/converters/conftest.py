@@ -60,7 +60,7 @@ def byte_level_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def byte_level_chat_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The byte-level BPE with a chat's special tokens too (GLM-4's converter looks up <|user|>; GLM-4.5's
-    [gMASK] and <|observation|> as well)."""
+    [gMASK] and <|observation|> as well; Dots3-Note's <|endofassistant|>)."""
     need_modules("torch", "transformers", "tokenizers")
     return byte_level_tokenizer(tmp_path_factory.mktemp("byte-level-chat"),
-                                ("<|endoftext|>", "<|user|>", "[gMASK]", "<|observation|>"))
+                                ("<|endoftext|>", "<|user|>", "[gMASK]", "<|observation|>", "<|endofassistant|>"))

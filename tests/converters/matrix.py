@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import pytest
 
-from tests.converters.checkpoints import Model, edited_copy, save_checkpoint
+from tests.converters.checkpoints import Model, edited_copy, rewrite_weights, save_checkpoint
 from tests.converters.tools import (
     AuditRun,
     Row,
@@ -175,10 +175,11 @@ class Architecture:
     byte-level BPE with `model.pre_tokenizer` declared; `-chat`: with a chat turn's special token), `mistakes` those
     planted in what the tools write. `onnx_refusal`: the builder's error where it refuses a model it claims (held
     as a test: a pin that lifts it fails, and the row's ONNX model is audited instead); `hub_config`: the config.json
-    the converter is handed, as the hub holds it, where the one transformers 5 saves stops the converter (the audits'
-    reference stays the saved one); `gguf_divergence`, `onnx_divergence`: a tool's own divergence from the model
-    that no input to it can avoid (the runtime computes other tables), which the audit must name instead of passing
-    the artifact."""
+    the converter is handed, as the hub holds it, where the one transformers 5 saves stops the converter (the GGUF is
+    audited against both); `hub_weights`: the checkpoint's tensors as the hub stores them, where the converter reads
+    only the hub's names and layout (the tensors transformers saved → those handed over); `gguf_divergence`,
+    `onnx_divergence`: a tool's own divergence from the model that no input to it can avoid (the runtime computes
+    other tables), which the audit must name instead of passing the artifact."""
 
     model: Model
     gguf: str | None = None
@@ -187,6 +188,7 @@ class Architecture:
     mistakes: tuple[Mistake, ...] = ()
     onnx_refusal: str | None = None
     hub_config: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    hub_weights: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     gguf_divergence: frozenset[str] = frozenset()
     onnx_divergence: frozenset[str] = frozenset()
 
@@ -220,11 +222,23 @@ class Built:
     def gguf(self, row: Architecture) -> Path:
         def convert() -> Path:
             checkpoint = self.checkpoint(row)
-            handed = checkpoint if row.hub_config is None else edited_copy(checkpoint, checkpoint.parent / "hub",
-                                                                           row.hub_config)
+            handed = self.handed(row)
             return convert_to_gguf(handed, checkpoint.parent / f"{row.model.name}.gguf", row.model.pre_tokenizer,
                                    row.model.config_json)
         return self._once(row, "gguf", convert)
+
+    def handed(self, row: Architecture) -> Path:
+        """The checkpoint as the converter is handed it: the saved one, or the hub's form of it (`hub_config`,
+        `hub_weights`)."""
+        def hub_form() -> Path:
+            checkpoint = self.checkpoint(row)
+            folder = edited_copy(checkpoint, checkpoint.parent / "hub", row.hub_config or (lambda config: config))
+            if row.hub_weights is not None:
+                rewrite_weights(folder, row.hub_weights)
+            return folder
+        if row.hub_config is None and row.hub_weights is None:
+            return self.checkpoint(row)
+        return self._once(row, "hub", hub_form)
 
     def onnx(self, row: Architecture) -> Path:
         def build() -> Path:
@@ -248,14 +262,26 @@ def assert_judged(model: Model, checkpoint: Path, artifact: Path, divergence: fr
 
 def check_correct(row: Architecture, built: Built) -> None:
     """The row's config.json and every artifact its tools write, audited correct against the config.json and the
-    preset; the GGUF of the architecture the row names. (Its safetensors, where transformers 5 stores no position
-    tensor, is judged from the config.json alone: the other modules audit that once per tool.)"""
+    preset, and the GGUF and the saved config.json against the hub's config.json the converter was handed where
+    the row has one; the GGUF of the architecture the row names. (Its safetensors, where transformers 5 stores no
+    position tensor, is judged from the config.json alone: the other modules audit that once per tool.)"""
     checkpoint = built.checkpoint(row)
     assert_correct(row.model, checkpoint, checkpoint / "config.json")
     if row.gguf is not None:
         for run in assert_judged(row.model, checkpoint, built.gguf(row), row.gguf_divergence):
             found = (run.report or {}).get("found", {})
             assert found.get("architecture") == row.gguf, found
+        if row.hub_config is not None:  # the config.json the converter read, as the hub holds it: read alike
+            hub = built.handed(row) / "config.json"
+            for artifact in (built.gguf(row), checkpoint / "config.json"):
+                run = audited(row.model, artifact, ["--config", str(hub)], "the hub's config.json")
+                divergence = row.gguf_divergence if artifact.suffix == ".gguf" else frozenset()
+                if divergence:
+                    assert_named(run, set(divergence), f"{artifact.name} against the hub's config.json")
+                else:
+                    assert run.exit == 0 and run.verdict == "correct" and not run.mistakes, (
+                        f"{artifact.name} against the hub's config.json: {run.verdict}, exit {run.exit}\n"
+                        + "\n".join(run.failing_facts()) + run.stderr)
     if row.onnx:
         assert_judged(row.model, checkpoint, built.onnx(row), row.onnx_divergence)
     if row.onnx_refusal is not None:

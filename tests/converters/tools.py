@@ -83,7 +83,7 @@ def run_tool(args: list[str], what: str) -> subprocess.CompletedProcess[str]:
 # - `config_json`: the converter reads a checkpoint's hyperparameters through transformers' AutoConfig (to_dict),
 #   which in transformers 5 drops keys of the hub's config.json that it renamed (GPT-NeoX's `rotary_pct`), keys the
 #   converter still reads (its requirements pin transformers 4.57); made to fail, AutoConfig leaves the converter to
-#   its own fallback, config.json read as it is.
+#   its own fallback, config.json read as it is (only the converter's own read: AutoTokenizer reads the config too).
 LAUNCHER_CONVERT = """
 import runpy, sys
 folder, pre, config_json = sys.argv[1:4]
@@ -92,8 +92,11 @@ from conversion import base
 if pre:
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
 if config_json == "1":
+    auto_config = base.AutoConfig.from_pretrained
     def refuse(*args, **kwargs):
-        raise ValueError("config.json read as it is")
+        if sys._getframe(1).f_globals.get("__name__") == "conversion.base":
+            raise ValueError("config.json read as it is")
+        return auto_config(*args, **kwargs)
     base.AutoConfig.from_pretrained = refuse
 sys.argv = [folder + "/convert_hf_to_gguf.py", *sys.argv[4:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
