@@ -49,6 +49,11 @@ class Family:
     mrope_section: the M-RoPE sections the rotary module takes when the config names none;
     mrope_order: how its sections share out the frequencies (`posenc.models.mrope.mrope_axis`): contiguous (Qwen2-VL),
         interleaved (T H W T H W ...: Qwen3-VL) or alternating_hw (ERNIE-4.5-VL).
+    xdrope: the model's `mrope_section` is XD-RoPE's four sections (position, width, height, image index: HunyuanOCR),
+        which span the rotated frequencies; text positions are the same on every axis.
+    rope_switch: (the config key, the value) that turns the model's RoPE on; any other value (or none) leaves its
+        attention without positions (NoPE: GraniteMoeHybrid's position_embedding_type). Its rotary module, built
+        directly, still computes a table: the resolver serves it; the audit judges files against no RoPE.
     hub_form: the config class's rewrite of the hub's spelling into transformers 5's form (`posenc.models.
         hub_configs`), applied to the text model's section before anything reads it.
     """
@@ -63,6 +68,8 @@ class Family:
     layout: PairLayout = "half"
     mrope_section: tuple[int, int, int] | None = None
     mrope_order: Literal["contiguous", "interleaved", "alternating_hw"] = "contiguous"
+    xdrope: bool = False
+    rope_switch: tuple[str, str] | None = None
     hub_form: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
 
@@ -87,9 +94,14 @@ FAMILIES: dict[str, Family] = {
     "gpt2": Family(hidden=("n_embd",), heads=("n_head",), rope=False),
     "bloom": Family(hidden=("n_embed",), heads=("n_head",), rope=False),
     "mpt": Family(hidden=("d_model",), heads=("n_heads",), rope=False),
+    # GLM-5-Next's text model: linear-attention layers and MLA layers without a rotated part (qk_rope_head_dim 0)
+    "glm5_next": Family(rope=False),
     "moonshine": Family(heads=("decoder_num_attention_heads", "encoder_num_attention_heads"),
                         kv_heads=("decoder_num_key_value_heads", "encoder_num_key_value_heads")),
     "zamba2": Family(head_size=("attention_head_dim",)),
+    # nomic-bert's published config.json (nomic-ai's remote code): GPT-2's size keys, the RoPE under rotary_emb_*
+    "nomic_bert": Family(hidden=("n_embd",), heads=("n_head",),
+                         renamed={"rotary_emb_base": "rope_theta", "rotary_emb_fraction": "partial_rotary_factor"}),
     # rotary modules that pair neighbouring channels (repeat_interleave, complex products, rotate_every_two)
     "cohere": _INTERLEAVED, "cohere2": _INTERLEAVED, "cohere2_moe": _INTERLEAVED,
     "ernie4_5": _INTERLEAVED, "ernie4_5_moe": _INTERLEAVED, "glm": _INTERLEAVED, "glm4": _INTERLEAVED,
@@ -97,6 +109,11 @@ FAMILIES: dict[str, Family] = {
     "deepseek_v2": _INTERLEAVED, "deepseek_v4": Family(layout="interleaved", hub_form=hub_configs.deepseek_v4),
     # Dots3-Note: the published config.json's swa_* keys and DSA layers named full_attention
     "dots3_note": Family(hub_form=hub_configs.dots3_note),
+    # ModernBERT's global_rope_theta / local_rope_theta; MiMo-V2-Flash's hybrid_layer_pattern and swa_rope_theta
+    "modernbert": Family(hub_form=hub_configs.modernbert),
+    "mimo_v2_flash": Family(hub_form=hub_configs.mimo_v2_flash),
+    # Step-3.5/3.7's per-layer rope_theta and partial_rotary_factors lists
+    "step3p5": Family(hub_form=hub_configs.step3p5),
     # M-RoPE: the sections each family's rotary module defaults to, and their order
     "qwen2_vl": _QWEN2_VL, "qwen2_5_vl": _QWEN2_VL, "qwen2_5_omni": _QWEN2_VL, "paddleocr_vl": _QWEN2_VL,
     "qwen2_5_omni_talker": _QWEN2_VL, "qwen2_5_omni_thinker": _QWEN2_VL,
@@ -105,6 +122,8 @@ FAMILIES: dict[str, Family] = {
     "glm4v": Family(layout="interleaved", mrope_section=(8, 12, 12)), "glm4v_moe": _GLM4_V, "glm_image": _GLM4_V,
     "glm_ocr": Family(layout="interleaved", mrope_section=(8, 12, 12)),
     "ernie4_5_vl_moe": Family(layout="interleaved", mrope_section=(22, 22, 20), mrope_order="alternating_hw"),
+    "hunyuan_vl": Family(xdrope=True),
+    "granitemoehybrid": Family(rope_switch=("position_embedding_type", "rope")),
     "hy_v4_vl": Family(layout="interleaved", mrope_section=(24, 20, 20), mrope_order="interleaved"),
 }
 
@@ -114,6 +133,12 @@ def family(model_type: str | None) -> Family:
     is GLM-4V's), else the generic one."""
     name = model_type or ""
     return FAMILIES.get(name) or FAMILIES.get(name.removesuffix("_text")) or Family()
+
+
+def rope_switched_off(section: Mapping[str, Any], model_type: str | None) -> bool:
+    """Whether the family's switch (`Family.rope_switch`) leaves this config's model without RoPE."""
+    switch = family(model_type).rope_switch
+    return switch is not None and section.get(switch[0]) != switch[1]
 
 
 def positive_int(value: Any) -> bool:

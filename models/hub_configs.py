@@ -164,3 +164,116 @@ def deepseek_v4(section: Mapping[str, Any]) -> Mapping[str, Any]:
                  "partial_rotary_factor": partial},
         "compress": compress}
     return out
+
+
+def _two_ropes(section: Mapping[str, Any], thetas: Mapping[str, tuple[str, float]], kinds: list[str],
+               partial: float | None) -> dict[str, Any]:
+    """A config with RoPE per layer type built from the hub's flat keys: `thetas` {layer type: (the key of its
+    base, the class's default)}, the flat `rope_scaling` (if any) merged into each, `partial` each one's
+    partial_rotary_factor (None: none stated)."""
+    scaling = section.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ParameterError("rope_scaling", "must be a JSON object")
+    out = {key: value for key, value in section.items() if key != "rope_scaling"}
+    out["layer_types"] = kinds
+    rope: dict[str, Any] = {}
+    for kind, (key, default) in thetas.items():
+        entry: dict[str, Any] = {"rope_type": DEFAULT_ROPE_TYPE, **(scaling or {})}
+        entry["rope_theta"] = _number(section, key, default)
+        if partial is not None:
+            entry["partial_rotary_factor"] = partial
+        rope[kind] = entry
+    out["rope_parameters"] = rope
+    return out
+
+
+def _saved(section: Mapping[str, Any], names: set[str]) -> bool:
+    """Already in transformers 5's form: RoPE per layer type and the layer types stated."""
+    return isinstance(section.get("layer_types"), list) and _is_nested(section.get("rope_parameters"), names)
+
+
+# ModernBertConfig (transformers 5.25, models/modernbert/configuration_modernbert.py): the published config.json
+# gives every `global_attn_every_n_layers`-th layer (from the first) global attention over base `global_rope_theta`,
+# the others local attention over `local_rope_theta`
+_MODERNBERT = {"full_attention": ("global_rope_theta", 160_000.0), "sliding_attention": ("local_rope_theta", 10_000.0)}
+
+
+def modernbert(section: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A ModernBERT config in transformers 5's form."""
+    if _saved(section, set(_MODERNBERT)):
+        return section
+    kinds = section.get("layer_types")
+    if not isinstance(kinds, list):
+        every = _int(section, "global_attn_every_n_layers", 3)
+        kinds = ["sliding_attention" if i % every else "full_attention" for i in range(_layer_count(section))]
+    return _two_ropes(section, _MODERNBERT, kinds, None)
+
+
+# MiMo-V2-Flash's published config.json (its makers' spelling; MiMoV2FlashConfig's defaults are the released model's
+# values): `hybrid_layer_pattern` (1: a sliding-window layer), the full layers' base `rope_theta`, the sliding ones'
+# `swa_rope_theta`, one `partial_rotary_factor` for both
+_MIMO = {"full_attention": ("rope_theta", 5_000_000.0), "sliding_attention": ("swa_rope_theta", 10_000.0)}
+
+
+def mimo_v2_flash(section: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A MiMo-V2-Flash config in transformers 5's form."""
+    if _saved(section, set(_MIMO)):
+        return section
+    kinds = section.get("layer_types")
+    pattern = section.get("hybrid_layer_pattern")
+    if not isinstance(kinds, list) and isinstance(pattern, list):
+        if not all(flag in (0, 1) and not isinstance(flag, float) for flag in pattern):
+            raise ParameterError("hybrid_layer_pattern", "must be a list of 0 (full) and 1 (sliding window)")
+        kinds = ["sliding_attention" if flag else "full_attention" for flag in pattern]
+    elif not isinstance(kinds, list):
+        kinds = ["full_attention" if i == 0 or not (i + 1) % 6 else "sliding_attention"
+                 for i in range(_layer_count(section))]
+    partial = section.get("partial_rotary_factor", 0.334)
+    if isinstance(partial, bool) or not isinstance(partial, int | float):
+        raise ParameterError("partial_rotary_factor", f"must be a number, got {repr(partial)[:40]}")
+    return _two_ropes(section, _MIMO, kinds, float(partial))
+
+
+# Step-3.5/3.7's published text config (Step3p7TextConfig, transformers 5.25, models/step3p7/configuration_step3p7.py):
+# `rope_theta` and `partial_rotary_factors` one entry a layer (or one base for all), the full layers' scaling in
+# `rope_scaling`; each layer type takes the values of its first layer
+_STEP_THETA = 10_000.0
+
+
+def _per_layer(section: Mapping[str, Any], key: str, index: int, default: float | None) -> float | None:
+    value = section.get(key, default)
+    if isinstance(value, list):
+        if index >= len(value):
+            raise ParameterError(key, f"has {len(value)} entries; layer {index} needs one")
+        value = value[index]
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ParameterError(key, f"must be positive numbers, got {repr(value)[:40]}")
+    return float(value)
+
+
+def step3p5(section: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A Step-3.5/3.7 text config in transformers 5's form."""
+    kinds = section.get("layer_types")
+    if not isinstance(kinds, list) or not all(isinstance(kind, str) for kind in kinds):
+        kinds = ["full_attention"] * _layer_count(section)
+    if _is_nested(section.get("rope_parameters"), set(kinds)):
+        return section
+    scaling = section.get("rope_scaling")
+    if scaling is not None and not isinstance(scaling, Mapping):
+        raise ParameterError("rope_scaling", "must be a JSON object")
+    rope: dict[str, Any] = {}
+    for kind in sorted(set(kinds)):
+        index = kinds.index(kind)
+        entry: dict[str, Any] = {"rope_type": DEFAULT_ROPE_TYPE,
+                                 "rope_theta": _per_layer(section, "rope_theta", index, _STEP_THETA)}
+        partial = _per_layer(section, "partial_rotary_factors", index, None)
+        if partial is not None:
+            entry["partial_rotary_factor"] = partial
+        if scaling and kind == "full_attention":
+            entry.update(scaling)
+        rope[kind] = entry
+    out = {key: value for key, value in section.items()
+           if key not in ("rope_theta", "partial_rotary_factors", "rope_scaling")}
+    return {**out, "layer_types": kinds, "rope_parameters": rope}

@@ -187,6 +187,17 @@ def check_mrope_section(section: Sequence[int], n_frequencies: int,
     return section[0], section[1], section[2]
 
 
+def check_xdrope_section(section: Sequence[int], n_frequencies: int) -> tuple[int, int, int, int]:
+    """XD-RoPE's four positive section sizes (position, width, height, image index: HunyuanOCR's rotary module splits
+    the frequencies by them), summing to rotary_dim / 2."""
+    if len(section) != 4 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in section):
+        raise ParameterError("mrope_section", f"must be four positive integers (XD-RoPE), got {list(section)[:8]}")
+    if sum(section) != n_frequencies:
+        raise ParameterError("mrope_section", f"must sum to rotary_dim/2 = {n_frequencies}, got {list(section)} "
+                                              f"(sum {sum(section)})")
+    return section[0], section[1], section[2], section[3]
+
+
 def mrope_axis(section: Sequence[int], order: SectionOrder | bool, n_frequencies: int | None = None) -> np.ndarray:
     """Which position axis (0 t, 1 h, 2 w) drives each frequency → int64 [n_frequencies] (default sum(section)).
 

@@ -43,7 +43,7 @@ from posenc.models.architectures import (
 )
 from posenc.models.bounds import DEFAULT_ROPE_THETA
 from posenc.models.errors import ParameterError
-from posenc.models.mrope import check_mrope_section
+from posenc.models.mrope import check_mrope_section, check_xdrope_section
 from posenc.models.rope_params import RopeParameters, make_rope_parameters
 from posenc.models.rope_types import DEFAULT_ROPE_TYPE, ROPE_TYPES, resolve_variant, rope_type_spec
 
@@ -188,7 +188,8 @@ def rope_parameters_from_config(
     # a model chosen by path is its own family; the text model found by the search may inherit its wrapper's
     model_type = str(cfg.get("model_type") or "") or None if chosen else model_type_of(config, cfg)
     if not family(model_type).rope:
-        raise ParameterError("model_type", f"{model_type} has no rotary positions (learned or ALiBi)")
+        raise ParameterError("model_type",
+                             f"{model_type} has no rotary positions in its text model (learned, ALiBi or none)")
     cfg = _with_class_spellings(cfg, model_type)
     source = next((key for key in ("rope_scaling", "rope_parameters") if cfg.get(key)), "none")
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -248,7 +249,10 @@ def _mrope_info(model_type: str | None, entry: Mapping[str, Any], params: RopePa
     if section is None:
         return {}
     if not isinstance(section, list | tuple):
-        raise ParameterError("mrope_section", f"must be a list of three integers, got {section!r}")
+        raise ParameterError("mrope_section", f"must be a list of three integers, got {repr(section)[:40]}")
+    if known.xdrope:
+        return {"mrope_section": list(check_xdrope_section(section, params.n_frequencies)), "mrope_order": "xdrope",
+                "mrope_interleaved": False}
     order = "interleaved" if entry.get("mrope_interleaved") else known.mrope_order
     return {"mrope_section": list(check_mrope_section(section, params.n_frequencies, order)), "mrope_order": order,
             "mrope_interleaved": order == "interleaved"}

@@ -98,12 +98,22 @@ def caches_of(config: Mapping[str, Any], rows: int, dtype: Any = np.float16) -> 
 
 
 def genai_onnx(cos: np.ndarray, sin: np.ndarray, *, heads: int = 8, kv_heads: int = 2, interleaved: int = 0,
-               op: str = "GroupQueryAttention") -> bytes:
+               op: str = "GroupQueryAttention", mrope_section: tuple[int, ...] = ()) -> bytes:
     """onnxruntime-genai's builder shape: cos_cache / sin_cache initializers feeding GroupQueryAttention with
-    do_rotary=1 (or com.microsoft's RotaryEmbedding, or opset 23's: op="RotaryEmbedding23")."""
+    do_rotary=1 (or com.microsoft's RotaryEmbedding, or opset 23's: op="RotaryEmbedding23"; or, with
+    `mrope_section`, com.microsoft's MRotaryEmbedding on q and on k, as it writes Qwen2.5-VL and Qwen3-VL)."""
     from onnx import TensorProto, helper, numpy_helper
 
     inits = [numpy_helper.from_array(cos, "cos_cache"), numpy_helper.from_array(sin, "sin_cache")]
+    if mrope_section:
+        nodes = [helper.make_node("MRotaryEmbedding", [x, "position_ids", "cos_cache", "sin_cache"], [f"{x}_rotated"],
+                                  domain="com.microsoft", interleaved=interleaved, num_heads=count,
+                                  mrope_section=list(mrope_section), mrope_layout=0)
+                 for x, count in (("q", heads), ("k", kv_heads))]
+        graph = helper.make_graph(nodes, "genai", [helper.make_tensor_value_info("q", TensorProto.FLOAT16, None)],
+                                  [helper.make_tensor_value_info("q_rotated", TensorProto.FLOAT16, None)], inits)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23),
+                                                       helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
     if op == "GroupQueryAttention":
         node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_k", "past_v", "seqlens_k", "total_len",
                                                         "cos_cache", "sin_cache"], ["out", "present_k", "present_v"],

@@ -111,6 +111,7 @@ class Found:
     layer_type: str | None = None
     inherited: tuple[str, ...] = ()
     layers: dict[str, Found] = field(default_factory=dict)
+    rope_off: str | None = None  # the runtime applies no RoPE at all, and why (a GGUF's switch: llama_cpp.ROPE_SWITCH)
 
     @property
     def states_frequencies(self) -> bool:

@@ -60,6 +60,9 @@ def _whole_head_type() -> str:
 
 
 UNIFORM_SCALING_SPELLING = _uniform_scaling_spelling()
+# ... whose factor 1 (or none) scales nothing: what a converter that writes the type for every model means by it
+UNIFORM_SCALE_ONE = ("llama.cpp divides the frequencies by 1, an unscaled RoPE (src/llama-model.cpp, "
+                     "llama_model::load_hparams: rope_freq_scale_train = ropescale == 0.0f ? 1.0f : 1.0f/ropescale)")
 WHOLE_HEAD_TYPE = _whole_head_type()
 
 # (a) what the loader assumes when a key is absent, for every architecture
@@ -110,7 +113,13 @@ BY_ARCHITECTURE: Mapping[str, Mapping[str, Convention]] = MappingProxyType({
         ("gemma3", "src/models/gemma3.cpp", "llama_model_gemma3::load_arch_hparams"),
         ("gemma3n", "src/models/gemma3n.cpp", "llama_model_gemma3n::load_arch_hparams"),
         ("gemma-embedding", "src/models/gemma-embedding.cpp", "llama_model_gemma_embedding::load_arch_hparams"),
-        ("gemma4", "src/models/gemma4.cpp", "llama_model_gemma4::load_arch_hparams"))
+        ("gemma4", "src/models/gemma4.cpp", "llama_model_gemma4::load_arch_hparams"),
+        ("gemma4-assistant", "src/models/gemma4-assistant.cpp", "load_arch_hparams"),
+        ("mimo2", "src/models/mimo2.cpp", "load_arch_hparams"),
+        ("modern-bert", "src/models/modern-bert.cpp", "load_arch_hparams"),
+        ("plamo3", "src/models/plamo3.cpp", "load_arch_hparams"),
+        ("step35", "src/models/step35.cpp", "llama_model_step35::load_arch_hparams"),
+        ("dots3note", "src/models/dots3note.cpp", "load_arch_hparams"))
 })
 
 # (b) partial rotary as a mask: ggml divides each pair's frequency by its rope_freqs factor (theta / ff), so a
@@ -133,11 +142,45 @@ SWA_KEYS: tuple[str, ...] = ("attention.key_length_swa", "rope.dimension_count_s
 # scale at 1 (rope_freq_scale_train_swa's default): its sliding layers are not scaled; the loaders that give them
 # the full layers' base give them the full layers' scale too (rope_freq_scale_train_swa = rope_freq_scale_train)
 
+@dataclass(frozen=True)
+class UnscaledSliding:
+    """An architecture whose loader gives its sliding layers the full layers' base (or `rope.freq_base_swa`, where
+    `reads_swa_base`) but not their scaling: rope_freq_scale_train_swa = 1, so a YaRN of the full layers leaves the
+    sliding ones plain (OLMo-3, Laguna). `source`: where in llama.cpp."""
+
+    reads_swa_base: bool
+    source: str
+
+    def note(self, arch: str) -> str:
+        base = "rope.freq_base_swa (else rope.freq_base)" if self.reads_swa_base else "rope.freq_base"
+        return f"{arch}: llama.cpp runs the sliding layers at {base} without the file's scaling ({self.source})"
+
+
+# (c') `general.architecture` → its sliding layers' unscaled RoPE
+UNSCALED_SLIDING_LAYERS: Mapping[str, UnscaledSliding] = MappingProxyType({
+    "olmo2": UnscaledSliding(reads_swa_base=False, source=(
+        "src/models/olmo2.cpp, load_arch_hparams: rope_freq_scale_train_swa = 1.0; graph: is_swa layers call "
+        "ggml_rope_ext(freq_base, freq_scale 1.0, ext_factor 0.0, attn_factor 1.0), freq_base the context's")),
+    "laguna": UnscaledSliding(reads_swa_base=True, source=(
+        "src/models/laguna.cpp, load_arch_hparams: rope_freq_scale_train_swa = 1.0f, "
+        "get_key(LLM_KV_ROPE_FREQ_BASE_SWA, rope_freq_base_train_swa, false); graph: freq_base_l = is_swa_il ? "
+        "rope_freq_base_train_swa : freq_base")),
+})
+
 # (d) architectures whose graph divides only the full-attention layers' frequencies by `rope_freqs` (the sliding
 # layers get no divisors): architecture → where in llama.cpp
 FREQS_OF_FULL_LAYERS_ONLY: Mapping[str, str] = MappingProxyType({
     "gemma4": "src/models/gemma4-iswa.cpp, llm_build_gemma4_iswa: freq_factors = model.layers[il].rope_freqs only "
-              "where !hparams.is_swa(il)"})
+              "where !hparams.is_swa(il)",
+    "step35": "src/models/step35.cpp, graph: rope_factors = is_swa ? nullptr : model.get_rope_factors(cparams, il)"})
+
+# (d') architectures whose loader halves the full layers' rotated channels after the sliding layers took theirs
+# (rope.dimension_count, else the head): the full layers rotate half of it, and ggml reads only the first half of
+# `rope_freqs` (the converter writes the factors of the rotated channels, padded with 1)
+HALVED_FULL_ROTARY: Mapping[str, str] = MappingProxyType({
+    "step35": "src/models/step35.cpp, llama_model_step35::load_arch_hparams: n_rot_full = n_rot_full / 2 (after "
+              "src/llama-model.cpp, load_hparams: n_rot_swa = n_rot_full); graph: ggml_rope_ext(..., rope_factors, "
+              "n_rot_l, ...) reads n_rot_l / 2 factors"})
 
 
 def convention(arch: str, key: str) -> Convention | None:
@@ -255,6 +298,12 @@ WRITTEN_CONTEXT: Mapping[str, WrittenContext] = MappingProxyType({
              "Hunyuan-A13B's technical report)",
         source="convert_hf_to_gguf.py, conversion/hunyuan.py, HunYuanModel.set_gguf_parameters: "
                "add_context_length(256 * 1024)"),
+    "hunyuan-moe": WrittenContext(
+        256 * 1024, "alpha",
+        says="writes 262144 for an NTK-alpha HunYuan mixture of experts (Hunyuan-A13B: its config.json says 32768; "
+             "alpha 1000 is made for 256K, its technical report)",
+        source="convert_hf_to_gguf.py, conversion/hunyuan.py, HunYuanMoEModel.set_gguf_parameters: "
+               "add_context_length(256 * 1024)"),
 })
 
 
@@ -290,3 +339,20 @@ COMPRESSED_LAYERS: Mapping[str, CompressedLayers] = MappingProxyType({
                "1 and 0 otherwise, attn_factor_l = dsv4_rope_attn_factor (1 / (1 + 0.1 ln(1 / freq_scale)) against "
                "ggml's rope_yarn)"),
 })
+
+
+# (k) `general.architecture` → its loader stretches rope.freq_base by rope.scaling.alpha when it loads the file
+# (NTK-alpha: base · alpha^(d / (d − 2)), d the head size), where other converters write the stretched base
+ALPHA_AT_LOAD: Mapping[str, str] = MappingProxyType({
+    "hunyuan_vl": "src/models/hunyuan-vl.cpp, llama_model_hunyuan_vl::load_arch_hparams: rope_freq_base_train *= "
+                  "powf(rope_scaling_alpha, dim / (dim - 2)), dim = n_embd_head_k()"})
+
+
+# (l) `general.architecture` → its loader takes rope.scaling.finetuned as the switch of RoPE on every layer (absent:
+# on): the Granite converters write false for a hybrid with Mamba layers (the released Granite-4 hybrids are NoPE)
+ROPE_SWITCH_KEY = "rope.scaling.finetuned"
+ROPE_SWITCH: Mapping[str, str] = MappingProxyType({
+    arch: f"src/models/{path}, load_arch_hparams: get_key(LLM_KV_ROPE_SCALING_FINETUNED, rope_finetuned, false); "
+          "std::fill(rope_pattern, rope_finetuned); graph: ggml_rope_ext only where has_rope(il)"
+    for arch, path in (("granite", "granite.cpp"), ("granitehybrid", "granite-hybrid.cpp"),
+                       ("graniteswitch", "granite-switch.cpp"))})

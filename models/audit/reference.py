@@ -24,6 +24,7 @@ from posenc.models.architectures import (
     kv_heads_keys,
     model_section,
     model_type_of,
+    rope_switched_off,
     with_family_spellings,
 )
 from posenc.models.audit.found import Found
@@ -96,6 +97,7 @@ class Reference:
     # head_dim are those of its main layers (the ones GGUF's keys without _swa describe), for a match by shape
     layers: tuple[Reference, ...] = ()
     mla: Mla | None = None  # a model with multi-head latent attention: its head's sizes
+    nope: bool = False  # the model's attention has no positions (its config switches RoPE off)
 
     def document(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": self.kind, "label": self.label}
@@ -108,6 +110,8 @@ class Reference:
                            if v is not None}
         for name in ("context_length", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "architecture",
                      "theta_swa", "learned_positions", "alibi_heads", "alibi_mode", "problem"):
+            if name == "problem" and self.nope:
+                continue
             if getattr(self, name) is not None and not (self.layers and name == "head_dim"):
                 out[name] = getattr(self, name)
         if self.sections is not None:
@@ -195,6 +199,11 @@ def _swa_theta(cfg: Mapping[str, Any]) -> float | None:
     return None
 
 
+def _states_rope(cfg: Mapping[str, Any]) -> bool:
+    """Whether a config names any RoPE setting (`rope_*`, `rotary_*`: every family's spelling starts so)."""
+    return any(isinstance(key, str) and key.startswith(("rope", "rotary")) for key in cfg)
+
+
 # the layer type whose RoPE GGUF states under the `_swa` keys; the model's other layers are its main ones
 SLIDING_LAYER_TYPE = "sliding_attention"
 
@@ -244,7 +253,8 @@ def _from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Map
     sizes = model_sizes(config, layer_type)
     model_type, heads = sizes.model_type, sizes.num_heads
     context = info.get("max_position_embeddings") or sizes.context_length
-    learned = _int(cfg.get("n_positions")) if params is None else None
+    # a learned table only where the config states no RoPE at all: a RoPE config that does not resolve is a problem
+    learned = _int(cfg.get("n_positions")) if params is None and not _states_rope(cfg) else None
     return Reference(
         kind=kind, label=label, params=params, context_length=context, hidden_size=sizes.hidden_size,
         num_heads=heads, num_kv_heads=sizes.num_kv_heads, mla=sizes.mla,
@@ -256,7 +266,8 @@ def _from_config(config: Mapping[str, Any], kind: Kind, label: str, serving: Map
         # a preset's serving layout, else the pairing of the config's family (ERNIE-4.5, GLM-4, Llama 4: interleaved)
         interleaved=serving.get("layout", family(model_type).layout) == "interleaved", learned_positions=learned,
         alibi_heads=heads if serving.get("mode") is not None else None, alibi_mode=serving.get("mode"),
-        problem=problem, layer_type=layer_type)
+        problem=problem, layer_type=layer_type,
+        nope=rope_switched_off(with_family_spellings(cfg, model_type), model_type))
 
 
 def from_preset(name: str) -> Reference:

@@ -22,6 +22,8 @@ from posenc.models.audit.factor_facts import frequency_factor_facts, longrope_fa
 from posenc.models.audit.found import OPTIONAL_POSITION_SOURCES, Fact, Found, Verdict
 from posenc.models.audit.frequencies import Frequencies, describe, divided, explain, golden, same
 from posenc.models.audit.llama_cpp import (
+    ROPE_SWITCH,
+    ROPE_SWITCH_KEY,
     RUNTIME_SCALING,
     WRITTEN_CONTEXT,
     YARN_MULTIPLIER,
@@ -390,6 +392,9 @@ def _judged(found: Found, ref: Reference, part: Part) -> Audit:
         return result
     if part == "whole":
         _other_facts(found, ref, facts)
+    if ref.nope or found.rope_off:
+        _switch_facts(found, ref, facts)
+        return result
     context = _context(found, ref)
     params = ref.params
     if params is not None and params.table_dim > MAX_DIM:
@@ -416,6 +421,29 @@ def _judged(found: Found, ref: Reference, part: Part) -> Audit:
     if found.inv_freq is not None:
         facts += _constant_facts(params, implied, result.golden, result.divergence, context)
     return result
+
+
+def _switch_facts(found: Found, ref: Reference, facts: list[Fact]) -> None:
+    """A model whose config switches RoPE off (NoPE), or a file whose runtime applies none (`found.rope_off`): no
+    table to compare, only whether both are without positions."""
+    if ref.nope and found.rope_off:
+        facts.append(Fact("rope", "none", "none", "ok"))
+    elif ref.nope and found.source == "gguf" and (found.architecture or "") in ROPE_SWITCH:
+        facts.append(Fact("rope", "none", "rotary", "wrong", "rope_not_in_model",
+                          f"the model's attention has no positions (its config switches RoPE off); llama.cpp rotates "
+                          f"q and k of this file ({ROPE_SWITCH_KEY} absent or true: "
+                          f"{ROPE_SWITCH[found.architecture or '']})"))
+    elif ref.nope and found.source == "config.json":
+        facts.append(Fact("rope", "none", "rotary", "wrong", "rope_not_in_model",
+                          "the model's attention has no positions (its config switches RoPE off); this config's "
+                          "rotates q and k"))
+    elif ref.nope:
+        facts.append(Fact("rope", "none", None, "note", None,
+                          "the model's attention has no positions (its config switches RoPE off): the file's RoPE "
+                          "facts describe no model computation"))
+    else:
+        facts.append(Fact("rope", "rotary", "none", "wrong", "rope_missing",
+                          f"the model rotates q and k; {found.rope_off}"))
 
 
 def _constant_facts(params: RopeParameters, implied: Frequencies, gold: Frequencies, divergence: Divergence,

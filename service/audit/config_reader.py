@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from posenc.models.architectures import rope_switched_off, with_family_spellings
 from posenc.models.audit.found import Fact, Found
 from posenc.models.audit.reference import SLIDING_LAYER_TYPE, model_sizes, text_section
 from posenc.models.errors import ParameterError
@@ -61,6 +62,8 @@ def to_found(config: Mapping[str, Any]) -> Found:
     found = Found("config.json", architecture=sizes.model_type)
     if _learned_positions(found, cfg):
         return found
+    if rope_switched_off(with_family_spellings(cfg, sizes.model_type), sizes.model_type):
+        found.rope_off = "its config switches RoPE off (a model without positions)"
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     names = layer_types(config, "config.json")
     if isinstance(rope, Mapping):

@@ -24,18 +24,26 @@ import numpy as np
 from posenc.models.audit.found import Found
 from posenc.models.audit.llama_cpp import (
     ABSENT,
+    ALPHA_AT_LOAD,
     COMPRESSED_LAYERS,
     FREQS_OF_FULL_LAYERS_ONLY,
+    HALVED_FULL_ROTARY,
     MASK,
     MLA_HEAD,
+    ROPE_SWITCH,
+    ROPE_SWITCH_KEY,
     SWA_KEYS,
+    UNIFORM_SCALE_ONE,
+    UNIFORM_SCALING_SPELLING,
     UNROTATED_FACTOR,
+    UNSCALED_SLIDING_LAYERS,
     WHOLE_HEAD_TYPE,
     YARN_MULTIPLIER,
     YARN_MULTIPLIER_KEY,
     convention,
 )
 from posenc.models.audit.reference import SLIDING_LAYER_TYPE
+from posenc.models.bounds import DEFAULT_ROPE_THETA
 from posenc.models.rope_types import GGUF_SCALING_TYPES, ROPE_TYPES
 from posenc.service.audit import values
 from posenc.service.audit.stream import Cursor, Layout, NeedMore
@@ -251,6 +259,7 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         found.notes.append(MLA_HEAD.note(arch, absent=False))
     if found.rope_theta is None:
         _note_absent(found, arch, "rope.freq_base")
+    _alpha_at_load(found, arch, key("rope.scaling.alpha"))
     _sliding_layers(found, arch, key)
     kind = meta.get(f"{arch}.rope.scaling.type")
     if isinstance(kind, str):
@@ -272,6 +281,9 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
         if default is not None and isinstance(default.value, str):
             found.scaling = {"rope_type": GGUF_SCALING_TYPES[default.value], "factor": factor}
             found.notes.append(default.note(arch))
+    if kind == UNIFORM_SCALING_SPELLING and factor in (None, 1.0):  # BitNet's and CodeShell's converters write it
+        found.scaling = {}
+        found.notes.append(f"{arch}.rope.scaling.type {kind!r} with factor {factor or 1:g}: {UNIFORM_SCALE_ONE}")
     _yarn_multiplier(found, arch, key(YARN_MULTIPLIER_KEY))
     factor_tensors = any(stem in tensors for stem in NEEDED)
     if found.scaling and "rope_type" not in found.scaling and not factor_tensors:
@@ -279,15 +291,44 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
     sections = meta.get(f"{arch}.rope.dimension_sections")
     if isinstance(sections, list):
         found.sections = values.integers(f"GGUF: {arch}.rope.dimension_sections", sections)
-    if meta.get(f"{arch}.rope.scaling.finetuned") is not None:
-        found.notes.append(f"rope.scaling.finetuned = {meta[f'{arch}.rope.scaling.finetuned']}")
+    switch = meta.get(f"{arch}.{ROPE_SWITCH_KEY}")
+    if arch in ROPE_SWITCH and switch is False:
+        found.rope_off = f"{arch}.{ROPE_SWITCH_KEY} = false: llama.cpp applies no RoPE ({ROPE_SWITCH[arch]})"
+        found.notes.append(found.rope_off)
+    elif switch is not None:
+        found.notes.append(f"{ROPE_SWITCH_KEY} = {switch}")
     for stem, field_name in NEEDED.items():
         if stem in tensors:
             setattr(found, field_name, np.frombuffer(tensors[stem], dtype="<f4").copy())
     _sliding_view(found, arch, key)
+    _halved_full_rotary(found, arch)
     _compressed_view(found, arch, key, meta)
     _unrotated_pairs(found)
     return found
+
+
+def _alpha_at_load(found: Found, arch: str, alpha: float | None) -> None:
+    """The base an architecture's loader stretches by rope.scaling.alpha (`llama_cpp.ALPHA_AT_LOAD`)."""
+    source = ALPHA_AT_LOAD.get(arch)
+    if source is None or not alpha or not found.head_dim or found.head_dim < 3:
+        return
+    written = found.rope_theta or DEFAULT_ROPE_THETA
+    found.rope_theta = float(np.float32(written) * np.float32(alpha ** (found.head_dim / (found.head_dim - 2))))
+    found.notes.append(f"{arch}.rope.scaling.alpha = {alpha:g}: llama.cpp runs base {found.rope_theta:g}, "
+                       f"rope.freq_base {written:g} stretched ({source})")
+
+
+def _halved_full_rotary(found: Found, arch: str) -> None:
+    """The full layers of an architecture whose loader halves their rotated channels (`llama_cpp.HALVED_FULL_ROTARY`):
+    half of the file's rotary dim, and the first half of its frequency factors."""
+    source = HALVED_FULL_ROTARY.get(arch)
+    if source is None or not found.rotary_dim:
+        return
+    found.rotary_dim //= 2
+    if found.freq_factors is not None and found.freq_factors.shape[0] > found.rotary_dim // 2:
+        found.freq_factors = found.freq_factors[: found.rotary_dim // 2]
+    found.notes.append(f"{arch}: llama.cpp rotates {found.rotary_dim} channels of the full layers, half of "
+                       f"rope.dimension_count ({source})")
 
 
 def _compressed_view(found: Found, arch: str, key: Any, meta: dict[str, Any]) -> None:
@@ -391,8 +432,13 @@ def _sliding_view(found: Found, arch: str, key: Any) -> None:
     them no divisors (`llama_cpp`)."""
     stated = {name: key(name) or None for name in SWA_KEYS}
     fixed = _own_sliding_rope(arch)
-    if not any(stated.values()) and not fixed:
+    unscaled = UNSCALED_SLIDING_LAYERS.get(arch)
+    windowed = unscaled is not None and bool(key("attention.sliding_window"))
+    if not any(stated.values()) and not fixed and not windowed:
         return
+    if unscaled is not None and windowed:
+        found.notes.append(unscaled.note(arch))
+    theta_swa = found.theta_swa if unscaled is None or unscaled.reads_swa_base else None
     sizes = {"head_dim": stated["attention.key_length_swa"], "rotary_dim": stated["rope.dimension_count_swa"],
              "key_length_mla": stated["attention.key_length_mla_swa"]}
     inherited = tuple(name for name, value in sizes.items()
@@ -401,9 +447,12 @@ def _sliding_view(found: Found, arch: str, key: Any) -> None:
     found.layers[SLIDING_LAYER_TYPE] = replace(
         found, head_dim=sizes["head_dim"] or found.head_dim, rotary_dim=sizes["rotary_dim"] or found.rotary_dim,
         key_length_mla=sizes["key_length_mla"] or found.key_length_mla,
-        rope_theta=found.rope_theta if found.theta_swa is None else found.theta_swa, theta_swa=None,
-        scaling={} if fixed else dict(found.scaling), facts=[], notes=[], layers={}, layer_type=SLIDING_LAYER_TYPE,
-        inherited=inherited + (("rope_theta",) if found.theta_swa is None else ()),
+        rope_theta=found.rope_theta if theta_swa is None else theta_swa, theta_swa=None,
+        scaling={} if fixed or windowed else dict(found.scaling), facts=[], notes=[], layers={},
+        layer_type=SLIDING_LAYER_TYPE,
+        # a base the sliding layers take from freq_base by their loader's design is no key missing
+        inherited=inherited + (("rope_theta",) if theta_swa is None and (unscaled is None or unscaled.reads_swa_base)
+                               else ()),
         freq_factors=None if without_factors else found.freq_factors)
 
 

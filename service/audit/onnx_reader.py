@@ -467,7 +467,9 @@ def _cache_pair(graph: _Graph, cos_name: str, sin_name: str, interleaved: bool |
 def to_found(model: Any, base: Path | None = None) -> Found:
     graph = _Graph(model, base)
     found = Found("onnx")
-    rotary = [n for n in graph.nodes if n.op_type == "RotaryEmbedding"]
+    # onnxruntime-genai writes Qwen2.5-VL's and Qwen3-VL's M-RoPE as com.microsoft's MRotaryEmbedding: the same inputs
+    # (x, position_ids, cos_cache, sin_cache) with the sections as an attribute
+    rotary = [n for n in graph.nodes if n.op_type in ("RotaryEmbedding", "MRotaryEmbedding")]
     gqa = [n for n in graph.nodes if n.op_type == "GroupQueryAttention" and _attribute(n, "do_rotary", 0)]
     for node in rotary:
         contrib = node.domain == "com.microsoft"
@@ -477,7 +479,13 @@ def to_found(model: Any, base: Path | None = None) -> Found:
         found.interleaved = bool(_attribute(node, "interleaved", 0))
         dim = _attribute(node, "rotary_embedding_dim", 0)
         found.rotary_dim = dim or found.rotary_dim
-        found.num_heads = _attribute(node, "num_heads", 0) or found.num_heads
+        # q's node and k's (MRotaryEmbedding applies to each apart): the query heads are the larger count
+        found.num_heads = max(_attribute(node, "num_heads", 0), found.num_heads or 0) or None
+        sections = _attribute(node, "mrope_section", None) if node.op_type == "MRotaryEmbedding" else None
+        if sections is not None and found.sections is None:
+            found.sections = values.integers(f"ONNX: {node.op_type}.mrope_section", list(sections)[:8])
+            found.notes.append(f"{node.name or node.op_type}: M-RoPE sections {list(found.sections)}, mrope_layout "
+                               f"{_attribute(node, 'mrope_layout', 0)}")
         if _attribute(node, "is_packed_batching", 0):
             found.notes.append(f"{node.name or node.op_type}: is_packed_batching")
         if found.caches is None:
@@ -497,6 +505,6 @@ def to_found(model: Any, base: Path | None = None) -> Found:
     elif found.inv_freq is not None:
         found.rotary_dim = found.rotary_dim or 2 * found.inv_freq.shape[-1]
     if not rotary and not gqa and found.inv_freq is None:
-        found.notes.append("no RotaryEmbedding, GroupQueryAttention with do_rotary or Cos of a constant: no RoPE "
+        found.notes.append("no (M)RotaryEmbedding, GroupQueryAttention with do_rotary or Cos of a constant: no RoPE "
                            "in this graph")
     return found

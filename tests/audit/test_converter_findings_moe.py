@@ -5,7 +5,10 @@ reproduced here with a hand-built GGUF of what llama.cpp's converter wrote, with
   tables differ from the model's from position 4 on (> 1e-3); the audit called the file WRONG without naming why;
 - Hunyuan-7B (NTK-alpha: `dynamic` with `alpha` 1000): the converter writes the stretched base
   10000 · 1000^(128/126) and a 262144-token context on purpose; the audit called both wrong (`wrong_freq_base`,
-  `context_beyond_model`) where llama.cpp runs the model's own tables.
+  `context_beyond_model`) where llama.cpp runs the model's own tables;
+- OLMo-3 (`olmo2`: sliding layers beside full ones with YaRN): llama.cpp's loader leaves the sliding layers unscaled
+  (rope_freq_scale_train_swa = 1), as the model does; the audit gave them the file's YaRN and called the correct GGUF
+  WRONG (`scaling_not_in_model` on the sliding layers).
 """
 
 from __future__ import annotations
@@ -70,3 +73,30 @@ def test_a_hunyuan_gguf_of_another_base_or_context_is_still_wrong(tmp_path: Path
     plain = {**HUNYUAN, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
     unscaled = write_gguf(tmp_path / "plain.gguf", "hunyuan-dense", {**HUNYUAN_GGUF, "rope.freq_base": 10000.0})
     assert mistakes(audit_file(unscaled, config=plain)) == {"context_beyond_model"}
+
+
+# Olmo-3-7B: sliding and full layers over base 500000, YaRN (factor 8 over 8192) on the full layers alone
+OLMO3 = {"model_type": "olmo3", "architectures": ["Olmo3ForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
+         "num_key_value_heads": 32, "max_position_embeddings": 65536, "sliding_window": 4096,
+         "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+         "rope_parameters": {
+             "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                "original_max_position_embeddings": 8192, "beta_fast": 32.0, "beta_slow": 1.0},
+             "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}}
+OLMO3_GGUF = {"context_length": 65536, "embedding_length": 4096, "block_count": 4, "attention.head_count": 32,
+              "attention.head_count_kv": 32, "rope.freq_base": 500000.0, "rope.freq_base_swa": 500000.0,
+              "rope.scaling.type": "yarn", "rope.scaling.factor": 8.0, "rope.scaling.original_context_length": 8192,
+              "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0,
+              "attention.sliding_window": 4096}
+
+
+def test_an_olmo3_gguf_leaves_its_sliding_layers_unscaled(tmp_path: Path) -> None:
+    result = audit_file(write_gguf(tmp_path / "olmo3.gguf", "olmo2", OLMO3_GGUF), config=OLMO3)
+    assert result.verdict == "correct", [f.explanation for f in result.failing]
+    assert any("rope_freq_scale_train_swa = 1.0" in note for note in result.document()["notes"])
+    wrong = audit_file(write_gguf(tmp_path / "base.gguf", "olmo2", {**OLMO3_GGUF, "rope.freq_base": 10000.0}),
+                       config=OLMO3)
+    assert mistakes(wrong) == {"wrong_freq_base"}
+    unscaled = {key: value for key, value in OLMO3_GGUF.items() if not key.startswith("rope.scaling")}
+    assert mistakes(audit_file(write_gguf(tmp_path / "plain.gguf", "olmo2", unscaled), config=OLMO3)) == {
+        "scaling_missing"}

@@ -61,6 +61,10 @@ def configs() -> Iterator[dict[str, Config]]:
         if rotary.name in NOT_THE_TEXT_MODEL:  # still so: the audit finds another model in the whole config
             assert model_section(whole_json)[0] != path, f"{rotary.name}: the audit finds its model now"
             whole_json = _json(config)
+        _, section = model_section(whole_json)
+        switch = family(model_type_of(whole_json, section)).rope_switch
+        if switch is not None and isinstance(section, dict):  # a model that uses its rotary module only when on
+            section[switch[0]] = switch[1]
         out[rotary.name] = whole_json
     assert len(out) > 150, sorted(out)
     yield out

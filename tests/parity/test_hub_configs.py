@@ -13,8 +13,10 @@ import transformers
 from posenc.models.audit.reference import model_sizes
 from posenc.models.rope_config import rope_layer_types, rope_parameters_from_config
 from tests.audit.test_converter_findings_mla import DEEPSEEK_V4_HUB, DOTS3_HUB
+from tests.audit.test_converter_findings_registered import MIMO_HUB, MODERNBERT_HUB
 
-PUBLISHED = {"dots3_note": ("Dots3NoteConfig", DOTS3_HUB), "deepseek_v4": ("DeepseekV4Config", DEEPSEEK_V4_HUB)}
+PUBLISHED = {"dots3_note": ("Dots3NoteConfig", DOTS3_HUB), "deepseek_v4": ("DeepseekV4Config", DEEPSEEK_V4_HUB),
+             "modernbert": ("ModernBertConfig", MODERNBERT_HUB), "mimo_v2_flash": ("MiMoV2FlashConfig", MIMO_HUB)}
 
 
 @pytest.mark.parametrize("family", sorted(PUBLISHED))
