@@ -60,7 +60,7 @@ export POSENC_REQUIRE_CONVERTERS=1 POSENC_LLAMA_CPP="$PWD/$LLAMA_CPP"
 export POSENC_CONVERTER_MATRIX_REPORT=${POSENC_CONVERTER_MATRIX_REPORT:-$CACHE/matrix.md}
 rm -f "$POSENC_CONVERTER_MATRIX_REPORT"
 status=0
-timeout 900 "$VENV/bin/python" -m pytest -m converters -p no:cacheprovider -q -n auto --dist loadgroup \
+timeout 2000 "$VENV/bin/python" -m pytest -m converters -p no:cacheprovider -q -n auto --dist loadgroup \
   tests/converters "$@" || status=$?
 [ -f "$POSENC_CONVERTER_MATRIX_REPORT" ] && cat "$POSENC_CONVERTER_MATRIX_REPORT"
 exit "$status"
