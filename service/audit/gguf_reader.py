@@ -310,10 +310,12 @@ def to_found(header: dict[str, Any], tensors: dict[str, bytes]) -> Found:
 def _alpha_at_load(found: Found, arch: str, alpha: float | None) -> None:
     """The base an architecture's loader stretches by rope.scaling.alpha (`llama_cpp.ALPHA_AT_LOAD`)."""
     source = ALPHA_AT_LOAD.get(arch)
-    if source is None or not alpha or not found.head_dim or found.head_dim < 3:
-        return
+    if source is None or alpha is None or not alpha > 0 or not found.head_dim or found.head_dim < 3:
+        return  # the loader stretches only by a positive alpha
     written = found.rope_theta or DEFAULT_ROPE_THETA
-    found.rope_theta = float(np.float32(written) * np.float32(alpha ** (found.head_dim / (found.head_dim - 2))))
+    with np.errstate(all="ignore"):  # a hostile alpha overflows to an infinite base, which the tables show
+        stretch = np.power(np.float64(alpha), found.head_dim / (found.head_dim - 2))
+        found.rope_theta = float(np.float32(written) * np.float32(stretch))
     found.notes.append(f"{arch}.rope.scaling.alpha = {alpha:g}: llama.cpp runs base {found.rope_theta:g}, "
                        f"rope.freq_base {written:g} stretched ({source})")
 

@@ -237,3 +237,17 @@ def test_step37s_published_config_reads_per_layer_type(tmp_path: Path) -> None:
     sliding, _ = rope_parameters_from_config(STEP37_HUB, layer_type="sliding_attention")
     assert (full.rope_theta, full.rotary_dim, sliding.rope_theta, sliding.rotary_dim) == (5e6, 64, 1e4, 128)
     assert _audited(tmp_path, "step35", STEP35_GGUF, STEP37_HUB).verdict == "correct"
+
+
+
+@pytest.mark.parametrize("alpha", [-4.0, 3e38])
+def test_a_hostile_alpha_is_judged_not_a_crash(tmp_path: Path, alpha: float) -> None:
+    result = _audited(tmp_path, "hunyuan_vl", {**HUNYUAN_OCR_GGUF, "rope.scaling.alpha": alpha}, HUNYUAN_OCR)
+    assert result.verdict == "wrong"  # before: a complex power (TypeError) and an OverflowError, both a 500
+
+
+def test_an_infinite_alpha_is_a_clear_error(tmp_path: Path) -> None:
+    from posenc.service.errors import BadRequest
+
+    with pytest.raises(BadRequest, match="alpha must be a finite number"):
+        _audited(tmp_path, "hunyuan_vl", {**HUNYUAN_OCR_GGUF, "rope.scaling.alpha": float("inf")}, HUNYUAN_OCR)
