@@ -32,8 +32,11 @@ def _cpu(data: bytes) -> float:
 
 def test_unknown_fields_are_refused_in_time_that_does_not_grow_with_them() -> None:
     small, large = _cpu(_unknown_fields(1 * MiB)), _cpu(_unknown_fields(4 * MiB))
-    assert large < 0.5, large  # was 3 s: every field walked and kept as an object
+    # the invariant: 4x the fields cost no more than a constant factor (walking every field and keeping each as an
+    # object, as before, grew with them: 3 s at 4 MiB); the absolute bound only catches that old cost, with room for
+    # a loaded CI machine (0.67 s of CPU was measured there once against a former 0.5 s bound)
     assert large < 8 * max(small, 0.01), (small, large)
+    assert large < 1.5, large
 
 
 def test_a_few_unknown_fields_still_reach_protobuf() -> None:
