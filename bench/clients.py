@@ -70,8 +70,10 @@ class TritonClients:
         self.http = httpclient.InferenceServerClient(http_address, network_timeout=TIMEOUT_S) if http_address else None
         self.grpc = grpcclient.InferenceServerClient(grpc_address) if grpc_address else None
 
-    def calls(self, model: str, arrays: dict[str, np.ndarray]) -> dict[str, Callable[[], np.ndarray]]:
-        """{"http": ..., "grpc": ...}: infer with InferInputs set once (binary over HTTP), `as_numpy` on the result."""
+    def calls(self, model: str, arrays: dict[str, np.ndarray],
+              grpc_headers: dict[str, str] | None = None) -> dict[str, Callable[[], np.ndarray]]:
+        """{"http": ..., "grpc": ...}: infer with InferInputs set once (binary over HTTP), `as_numpy` on the result
+        (`grpc_headers`: metadata of every gRPC call)."""
         import tritonclient.grpc as grpcclient
         import tritonclient.http as httpclient
 
@@ -95,7 +97,7 @@ class TritonClients:
                 tensors.append(tensor)
 
             def over_grpc() -> np.ndarray:
-                return grpc.infer(model, tensors, client_timeout=TIMEOUT_S).as_numpy("output")
+                return grpc.infer(model, tensors, client_timeout=TIMEOUT_S, headers=grpc_headers).as_numpy("output")
             calls["grpc"] = over_grpc
         return calls
 

@@ -10,9 +10,12 @@ Run on the same server, loop, protocol and process as posenc, the difference bet
 itself adds.
 
 With `--grpc-echo-port`, the same process also serves the gRPC echo, the anchor of the gRPC columns: a bare
-`grpc.aio` server (what posenc's gRPC service runs on, in the same event loop) whose one method,
-`/bench.Echo/Echo`, takes the request's bytes unparsed and answers the number of bytes its `x-echo-bytes`
-metadata names, with no protobuf either way.
+`grpc.aio` server (what posenc's gRPC service runs on, in the same event loop) whose method `/bench.Echo/Echo`
+takes the request's bytes unparsed and answers the number of bytes its `x-echo-bytes` metadata names, with no
+protobuf either way. Its `/inference.GRPCInferenceService/ModelInfer` does the same for a client library that
+needs a real answer (tritonclient): the request's bytes dropped unparsed, a `ModelInferResponse` answered whose
+one output, `output`, holds the zeros of the datatype and shape its `x-echo-output` metadata names
+(`FP32:8,8,512,64`), serialized once per shape.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ ANSWER_HEADER = b"x-echo-bytes"
 GRPC_ECHO_METHOD = "/bench.Echo/Echo"
 GRPC_ECHO_ENV = "BENCH_GRPC_ECHO"  # host:port of the gRPC echo, for the factory (uvicorn builds the app)
 GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+INFER_ECHO_SERVICE, INFER_ECHO_METHOD = "inference.GRPCInferenceService", "ModelInfer"
+INFER_ECHO_KEY = "x-echo-output"  # metadata: the answer's output, `<KServe datatype>:<shape, comma-separated>`
 
 
 @cache
@@ -73,6 +78,33 @@ async def grpc_echo(request: bytes, context: Any) -> bytes:
     return _payload(int(metadata.get(ANSWER_HEADER.decode(), "0")))
 
 
+def infer_echo_value(datatype: str, shape: tuple[int, ...]) -> str:
+    """The `x-echo-output` metadata value of an output of `datatype` (KServe name) and `shape`."""
+    return f"{datatype}:{','.join(str(dim) for dim in shape)}"
+
+
+@cache
+def _infer_answer(output: str) -> bytes:
+    """The serialized `ModelInferResponse` of the `x-echo-output` value `output`: zeros in `raw_output_contents`."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    from posenc.models.dtypes import BY_KSERVE
+
+    datatype, _, dims = output.partition(":")
+    shape = [int(dim) for dim in dims.split(",") if dim]
+    size = BY_KSERVE[datatype].numpy.itemsize
+    for dim in shape:
+        size *= dim
+    response = pb.ModelInferResponse(model_name="echo", outputs=[pb.ModelInferResponse.InferOutputTensor(
+        name="output", datatype=datatype, shape=shape)], raw_output_contents=[bytes(size)])
+    return response.SerializeToString()
+
+
+async def grpc_infer_echo(request: bytes, context: Any) -> bytes:
+    """The gRPC echo's ModelInfer: the request's bytes, read and dropped; the answer `x-echo-output` names."""
+    return _infer_answer(str(dict(context.invocation_metadata()).get(INFER_ECHO_KEY, "FP32:0")))
+
+
 @contextlib.asynccontextmanager
 async def grpc_echo_server(host: str, port: int) -> AsyncIterator[None]:
     """The gRPC echo on `host:port` while the block runs (in the running event loop)."""
@@ -80,8 +112,10 @@ async def grpc_echo_server(host: str, port: int) -> AsyncIterator[None]:
 
     server = grpc.aio.server(options=GRPC_OPTIONS)
     service, method = GRPC_ECHO_METHOD.strip("/").split("/")
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        service, {method: grpc.unary_unary_rpc_method_handler(grpc_echo)}),))
+    server.add_generic_rpc_handlers((
+        grpc.method_handlers_generic_handler(service, {method: grpc.unary_unary_rpc_method_handler(grpc_echo)}),
+        grpc.method_handlers_generic_handler(INFER_ECHO_SERVICE, {
+            INFER_ECHO_METHOD: grpc.unary_unary_rpc_method_handler(grpc_infer_echo)})))
     if not server.add_insecure_port(f"{host}:{port}"):
         raise RuntimeError(f"the gRPC echo cannot listen on {host}:{port}")
     await server.start()

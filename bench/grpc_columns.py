@@ -14,6 +14,11 @@ columns use (its POSENC_GRPC_PORT turned on), measured side by side with them.
   transport alone, the anchor of what posenc's gRPC service adds, as the echo is for HTTP. onnxruntime /
   (onnxruntime + gRPC echo) is the most onnxruntime / gRPC raw can read on the machine even if posenc added
   nothing but the run.
+* gRPC tritonclient echo: the gRPC tritonclient column's call (the same InferInputs, `infer`, `as_numpy`) sent to
+  that echo's ModelInfer, which drops the request unparsed and answers a response of posenc's output shape: the
+  client library and the transport alone. onnxruntime plus it is the least any gRPC server can answer that client
+  in, so HTTP tritonclient / (onnxruntime + gRPC tritonclient echo) is the most the "HTTP / gRPC, tritonclient"
+  ratio can read on the machine, and a peer's gRPC latency over that sum the most lead any server can take over it.
 
 Ratios and targets (docs/grpc.md): each protocol against the other as sent the same way, at every case: HTTP
 binary / gRPC raw ≥ 1.0 (prepared bodies) and HTTP tritonclient / gRPC tritonclient ≥ 1.0 (what a Python user
@@ -28,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from bench.clients import TritonClients, datatype
-from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD, GRPC_OPTIONS
+from bench.echo_asgi import ANSWER_HEADER, GRPC_ECHO_METHOD, GRPC_OPTIONS, INFER_ECHO_KEY, infer_echo_value
 from bench.harness import Row, med, spread
 from posenc.service.request_kit import phases
 from posenc.service.testing import ServerProcess, free_port
@@ -37,10 +42,11 @@ SERVICE = "/inference.GRPCInferenceService/"
 GRPC_TARGET = 1.0  # HTTP binary / gRPC, at every case
 LARGE_TARGET, LARGE_ROWS = 0.8, 4096  # onnxruntime / gRPC from this B·S on
 OPTIONS = GRPC_OPTIONS  # no message size limit on the client's side (the server's own limits apply)
-HEADER = (" | gRPC echo | gRPC raw | HTTP tritonclient | gRPC tritonclient | HTTP binary / gRPC raw (≥ 1.0) "
-          "| HTTP / gRPC, tritonclient (≥ 1.0) | onnxruntime / gRPC raw (≥ 0.8 at B·S ≥ 4096) "
-          "| its bound: onnxruntime / (onnxruntime + gRPC echo)")
-COLUMNS = 8  # the table's columns above
+HEADER = (" | gRPC echo | gRPC raw | HTTP tritonclient | gRPC tritonclient | gRPC tritonclient echo "
+          "| HTTP binary / gRPC raw (≥ 1.0) | HTTP / gRPC, tritonclient (≥ 1.0) "
+          "| its bound: HTTP tritonclient / (onnxruntime + gRPC tritonclient echo) "
+          "| onnxruntime / gRPC raw (≥ 0.8 at B·S ≥ 4096) | its bound: onnxruntime / (onnxruntime + gRPC echo)")
+COLUMNS = 10  # the table's columns above
 
 
 def server_settings() -> dict[str, object]:
@@ -82,6 +88,7 @@ class GrpcColumns:
         self.echo = self.echo_channel.unary_unary(GRPC_ECHO_METHOD)
         # tritonclient over both protocols: the same code measures PyTriton (bench/peer_columns.py)
         self.triton = TritonClients(server.address, self.address)
+        self.triton_echo = TritonClients(None, echo_address(echo_server))
 
     def calls(self, model: str, arrays: dict[str, np.ndarray]) -> dict[str, Callable[[], Any]]:
         """The columns' calls for one case (each returns the output array)."""
@@ -100,8 +107,11 @@ class GrpcColumns:
             return self.echo(data, metadata=echo_metadata, timeout=600)
 
         triton = self.triton.calls(model, arrays)
+        output = raw()
+        triton_echo = self.triton_echo.calls(model, arrays, {INFER_ECHO_KEY: infer_echo_value(
+            datatype(output), output.shape)})["grpc"]
         return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton["grpc"],
-                "http tritonclient": triton["http"]}
+                "http tritonclient": triton["http"], "grpc tritonclient echo": triton_echo}
 
     def timing_call(self, model: str, arrays: dict[str, np.ndarray]) -> Callable[[], str | None]:
         """A call of the gRPC raw column that answers its `server-timing` trailing metadata (the server's phases)."""
@@ -117,15 +127,16 @@ class GrpcColumns:
         """The case's cells of the latency table (after the HTTP columns)."""
         ms = {name: med(values) for name, values in times.items()}
         return (f" | {ms['grpc echo']:.2f} ms | {ms['grpc']:.2f} ms | {ms['http tritonclient']:.2f} ms"
-                f" | {ms['grpc tritonclient']:.2f} ms | {ms['binary'] / ms['grpc']:.2f}"
-                f" | {ms['http tritonclient'] / ms['grpc tritonclient']:.2f} | {ms['ort'] / ms['grpc']:.2f}"
-                f" | {ms['ort'] / (ms['ort'] + ms['grpc echo']):.2f}")
+                f" | {ms['grpc tritonclient']:.2f} ms | {ms['grpc tritonclient echo']:.2f} ms"
+                f" | {ms['binary'] / ms['grpc']:.2f} | {ms['http tritonclient'] / ms['grpc tritonclient']:.2f}"
+                f" | {ms['http tritonclient'] / (ms['ort'] + ms['grpc tritonclient echo']):.2f}"
+                f" | {ms['ort'] / ms['grpc']:.2f} | {ms['ort'] / (ms['ort'] + ms['grpc echo']):.2f}")
 
     def rows(self, model: str, batch: int, seq: int, times: dict[str, list[float]]) -> list[Row]:
         """The case's ratio rows, with their targets."""
         where = f"{model} B={batch} S={seq}"
         grpc, triton, binary, ort = times["grpc"], times["grpc tritonclient"], times["binary"], times["ort"]
-        echo = times["grpc echo"]
+        echo, triton_echo = times["grpc echo"], times["grpc tritonclient echo"]
         triton_http = times["http tritonclient"]
         large = batch * seq >= LARGE_ROWS
         # two identical onnxruntime anchors measured the same way (bench/infer.py): outside 1 ± 3 % a row is NOISY
@@ -135,6 +146,9 @@ class GrpcColumns:
                 f"{spread(grpc, binary, False)}; ratio = HTTP binary latency / gRPC latency"),
             Row(f"gRPC tritonclient vs HTTP tritonclient {where}", med(triton), med(triton_http), "ms", False,
                 GRPC_TARGET, f"{spread(triton, triton_http, False)}; what a Python user runs on each protocol"),
+            Row(f"onnxruntime + gRPC tritonclient echo vs HTTP tritonclient {where}", med(ort) + med(triton_echo),
+                med(triton_http), "ms", False, None, "the bound of HTTP / gRPC, tritonclient: the run, tritonclient's "
+                "gRPC client and the transport alone, a server adding nothing else"),
             Row(f"gRPC raw vs in-process onnxruntime {where}", med(grpc), med(ort), "ms", False,
                 LARGE_TARGET if large else None, f"{spread(grpc, ort, False)}; ratio = onnxruntime's share"),
             Row(f"gRPC tritonclient vs in-process onnxruntime {where}", med(triton), med(ort), "ms", False,
@@ -152,5 +166,6 @@ class GrpcColumns:
 
     def close(self) -> None:
         self.triton.close()
+        self.triton_echo.close()
         self.channel.close()
         self.echo_channel.close()

@@ -21,7 +21,8 @@ side by side in this run (each column once per round, the order reversed every o
 * onnxruntime in-process with numpy in/out (and, with --device cuda, with I/O binding: inputs and output as
   OrtValues on the device, bound once);
 * torch eager (the module the models were exported from), when torch is installed;
-* gRPC raw and gRPC tritonclient: the same request over the server's gRPC service (bench/grpc_columns.py).
+* gRPC raw and gRPC tritonclient: the same request over the server's gRPC service, and tritonclient's over the
+  gRPC echo (its client and the transport alone: bench/grpc_columns.py).
 * KServe's ModelServer, NVIDIA PyTriton (HTTP and gRPC) and LitServe (HTTP), on the CPU: the same graph served by
   each in its own virtual environment (bench/peers.py), at 1 client (columns measured with the rest) and 8 clients
   (req/s, rounds of their own); their table and the ratios posenc / peer per protocol: bench/peer_columns.py.
@@ -306,7 +307,8 @@ def run(bench: Bench) -> Report:
                     profile_row(case, "HTTP shm zero-copy", ms["shm"], ms["ort"], spans["shm"]),
                     profile_row(case, "gRPC raw", ms["grpc"], ms["ort"], spans["grpc"], ms["grpc echo"]),
                     profile_row(case, "HTTP tritonclient", ms["http tritonclient"], ms["ort"], spans["binary"]),
-                    profile_row(case, "gRPC tritonclient", ms["grpc tritonclient"], ms["ort"], spans["grpc"])]
+                    profile_row(case, "gRPC tritonclient", ms["grpc tritonclient"], ms["ort"], spans["grpc"],
+                                ms["grpc echo"], ms["grpc tritonclient echo"] - ms["grpc echo"])]
                 for line in profile[-5:]:
                     log(line)
         finally:

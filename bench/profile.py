@@ -40,7 +40,8 @@ HEADER = ("| model | B | S | path | latency | onnxruntime alone | client library
 NOTE = ("# where the time goes, ms: latency from the table above; onnxruntime alone: the in-process anchor; "
         "route .. encode: the server's phases (Server-Timing, gRPC's server-timing trailer; median); transport: the "
         "HTTP echo over a bare socket, or the gRPC echo; client library: the HTTP echo with geventhttpclient less "
-        "the socket's; other: the rest (the answer's send, client work): bench/profile.py")
+        "the socket's, or tritonclient's gRPC call to the gRPC echo less the raw one's; other: the rest (the "
+        "answer's send, client work): bench/profile.py")
 
 
 class SocketEcho:
