@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 from collections.abc import AsyncIterator
 from functools import cache
@@ -92,9 +93,7 @@ def _infer_answer(output: str) -> bytes:
 
     datatype, _, dims = output.partition(":")
     shape = [int(dim) for dim in dims.split(",") if dim]
-    size = BY_KSERVE[datatype].numpy.itemsize
-    for dim in shape:
-        size *= dim
+    size = BY_KSERVE[datatype].numpy.itemsize * math.prod(shape)
     response = pb.ModelInferResponse(model_name="echo", outputs=[pb.ModelInferResponse.InferOutputTensor(
         name="output", datatype=datatype, shape=shape)], raw_output_contents=[bytes(size)])
     return response.SerializeToString()

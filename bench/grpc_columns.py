@@ -101,15 +101,16 @@ class GrpcColumns:
             output = response.outputs[0]
             return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(tuple(output.shape))
 
-        echo_metadata = ((ANSWER_HEADER.decode(), str(len(self.infer(data, timeout=600)))),)
+        answer = self.infer(data, timeout=600)  # posenc's response: its size and output, what the echoes answer
+        echo_metadata = ((ANSWER_HEADER.decode(), str(len(answer))),)
+        output = pb.ModelInferResponse.FromString(answer).outputs[0]
 
         def echo() -> bytes:
             return self.echo(data, metadata=echo_metadata, timeout=600)
 
         triton = self.triton.calls(model, arrays)
-        output = raw()
         triton_echo = self.triton_echo.calls(model, arrays, {INFER_ECHO_KEY: infer_echo_value(
-            datatype(output), output.shape)})["grpc"]
+            output.datatype, tuple(output.shape))})["grpc"]
         return {"grpc": raw, "grpc echo": echo, "grpc tritonclient": triton["grpc"],
                 "http tritonclient": triton["http"], "grpc tritonclient echo": triton_echo}
 

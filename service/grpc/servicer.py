@@ -458,9 +458,9 @@ class Servicer:
     def trims_alone(self) -> bool:
         """Whether a large message just received may trim the heaps: only while it is the one gRPC call in progress.
         With others in progress, the memory freed is what their own copies take next (8 clients of 25 MB messages:
-        a trim per message had every copy fault its pages in again, a quarter of the server's CPU, 7.5 against 10
-        requests a second); the budget bounds what they hold, and the heaps are trimmed by the next message received
-        alone, or when the models go idle (`posenc.service.inference.runtime.arena`)."""
+        a trim per message had every copy fault its pages in again, an eighth of the server's core clearing pages,
+        9.0-9.4 against 9.8-12.0 requests a second); the budget bounds what they hold, and the heaps are trimmed by
+        the next message received alone, or when the models go idle (`posenc.service.inference.runtime.arena`)."""
         return self.active <= 1
 
     def reclaimed_message(self, what: str) -> str:

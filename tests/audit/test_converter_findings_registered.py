@@ -239,7 +239,6 @@ def test_step37s_published_config_reads_per_layer_type(tmp_path: Path) -> None:
     assert _audited(tmp_path, "step35", STEP35_GGUF, STEP37_HUB).verdict == "correct"
 
 
-
 @pytest.mark.parametrize("alpha", [-4.0, 3e38])
 def test_a_hostile_alpha_is_judged_not_a_crash(tmp_path: Path, alpha: float) -> None:
     result = _audited(tmp_path, "hunyuan_vl", {**HUNYUAN_OCR_GGUF, "rope.scaling.alpha": alpha}, HUNYUAN_OCR)
