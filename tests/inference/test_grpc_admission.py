@@ -213,8 +213,8 @@ def test_a_large_message_trims_the_heaps_only_past_what_they_may_keep(monkeypatc
     """`malloc_trim` after every message of 16 MiB or more cost 20-30 ms of a 25 MB ModelInfer (the trim, then the
     next allocations faulting the pages in again); it runs only once the heaps hold more freed memory than
     POSENC_MALLOC_ARENAS x POSENC_MALLOC_KEEP_BYTES, or where that cannot be known, and only while no other gRPC
-    call is in progress (`others`): with 8 clients of 25 MB messages, a trim per message was a quarter of the
-    server's CPU in page faults, since the other calls' copies took that memory next."""
+    call is in progress (`others`): with 8 clients of 25 MB messages, a trim per message had an eighth of the
+    server's core clearing pages, since the other calls' copies took that memory next."""
     from posenc.service import budget as budget_module
     from posenc.service.budget import RELEASE_AFTER_BYTES
     from posenc.service.grpc import servicer as servicer_module
